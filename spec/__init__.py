@@ -1,0 +1,37 @@
+"""kvbound.spec: the vocabulary and the executable reference of vLLM's load plan.
+
+Imports nothing from the other layers (proofs, impl and the tool import it).
+"""
+
+from .cases import (
+    CaseError,
+    case_from_dict,
+    case_to_dict,
+    dump_cases,
+    load_case_paths,
+    load_cases,
+    parse_block,
+    parse_table,
+)
+from .plan import load_start_gpu_block_idx, plan_load, scan_from
+from .versions import UnsupportedVersion, parse_version, variant_for_version
+from .vocab import (
+    NULL,
+    AssertName,
+    Assertion,
+    Block,
+    BlockState,
+    Case,
+    Group,
+    GroupConfig,
+    GroupKind,
+    GroupPlan,
+    H,
+    LoadPlan,
+    U,
+    Variant,
+    cdiv,
+    lcm_all,
+)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

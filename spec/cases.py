@@ -1,0 +1,248 @@
+"""Case files: the JSON form of a ``Case``, and the rules a case must obey.
+
+Every error names the case, the field and the rule, so a user fixes the file
+without reading a traceback. A case may still be adversarial (unaligned N, a
+table shorter than k): those are vLLM's asserts to find, not input errors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from .vocab import NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind
+
+CASE_FIELDS = (
+    "name", "blocks_per_chunk", "tokens_per_hash", "num_prompt_tokens",
+    "num_locally_computed_tokens", "num_external_tokens", "sync_load", "groups",
+)
+GROUP_FIELDS = ("kind", "tokens_per_block", "sliding_window", "attention_chunk_size", "blocks")
+_WINDOW_FIELD = {GroupKind.SLIDING_WINDOW: "sliding_window", GroupKind.CHUNKED_LOCAL: "attention_chunk_size"}
+_TOKEN = re.compile(r"^([HU])([1-9][0-9]*)$")
+
+
+class CaseError(ValueError):
+    """A malformed or impossible case: which case, which field, which rule."""
+
+    def __init__(self, case: str, field: str, rule: str):
+        self.case, self.field, self.rule = case, field, rule
+        super().__init__(f"case {case!r}: {field}: {rule}")
+
+
+def parse_block(token: object, case: str = "?", field: str = "block") -> Block:
+    if token == "N":
+        return NULL
+    m = _TOKEN.match(token) if isinstance(token, str) else None
+    if not m:
+        hint = " (block id 0 is the null block: write \"N\")" if token in ("H0", "U0") else ""
+        raise CaseError(
+            case, field,
+            f"{token!r} is not a block token; expected \"N\", \"H<id>\" or \"U<id>\" with id >= 1,"
+            f" e.g. \"H7\"{hint}",
+        )
+    return Block(BlockState(m.group(1)), int(m.group(2)))
+
+
+def parse_table(tokens, case: str = "?", field: str = "blocks") -> tuple:
+    if isinstance(tokens, str):
+        tokens = tokens.split()
+    return tuple(parse_block(t, case, f"{field}[{i}]") for i, t in enumerate(tokens))
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _need_int(case: str, field: str, v: object, minimum: int) -> int:
+    if not _is_int(v):
+        raise CaseError(case, field, f"must be an integer, got {json.dumps(v)}")
+    if v < minimum:
+        what = "positive" if minimum == 1 else "non-negative"
+        raise CaseError(case, field, f"must be {what} (>= {minimum}), got {v}")
+    return v
+
+
+def validate_case(case: Case) -> None:
+    """The semantic rules; ``Case.__post_init__`` runs them, so they hold for every ``Case``."""
+    name = case.name
+    if not isinstance(name, str) or not name:
+        raise CaseError(str(name), "name", "must be a non-empty string")
+    _need_int(name, "blocks_per_chunk", case.blocks_per_chunk, 1)
+    _need_int(name, "tokens_per_hash", case.tokens_per_hash, 1)
+    _need_int(name, "num_prompt_tokens", case.num_prompt_tokens, 0)
+    _need_int(name, "num_locally_computed_tokens", case.num_locally_computed_tokens, 0)
+    _need_int(name, "num_external_tokens", case.num_external_tokens, 0)
+    if not isinstance(case.sync_load, bool):
+        raise CaseError(name, "sync_load", f"must be true or false, got {json.dumps(case.sync_load)}")
+    if not case.groups:
+        raise CaseError(name, "groups", "must hold at least one KV-cache group")
+    seen: dict[int, str] = {}
+    for gi, group in enumerate(case.groups):
+        where = f"groups[{gi}]"
+        cfg = group.config
+        if not isinstance(cfg.kind, GroupKind):
+            raise CaseError(name, f"{where}.kind", f"must be a GroupKind, got {cfg.kind!r}")
+        b = _need_int(name, f"{where}.tokens_per_block", cfg.tokens_per_block, 1)
+        for kind, fld in _WINDOW_FIELD.items():
+            value = getattr(cfg, fld)
+            if cfg.kind is kind:
+                if value is None:
+                    raise CaseError(name, f"{where}.{fld}", f"is required for kind {kind.value!r}")
+                _need_int(name, f"{where}.{fld}", value, 1)
+            elif value is not None:
+                raise CaseError(
+                    name, f"{where}.{fld}",
+                    f"only a {kind.value!r} group has {fld}; this group is {cfg.kind.value!r}",
+                )
+        tpc = b * case.blocks_per_chunk
+        if tpc % case.tokens_per_hash:
+            raise CaseError(
+                name, f"{where}.tokens_per_block",
+                f"tokens_per_chunk = tokens_per_block {b} * blocks_per_chunk {case.blocks_per_chunk}"
+                f" = {tpc} must be a multiple of tokens_per_hash {case.tokens_per_hash}"
+                " (vLLM keys a chunk by its last block hash)",
+            )
+        for i, blk in enumerate(group.blocks):
+            if not isinstance(blk, Block):
+                raise CaseError(name, f"{where}.blocks[{i}]", f"must be a Block, got {blk!r}")
+            if blk.is_null:
+                if blk.block_id != 0:
+                    raise CaseError(name, f"{where}.blocks[{i}]", "the null block has block_id 0")
+                continue
+            if blk.block_id < 1:
+                raise CaseError(name, f"{where}.blocks[{i}]", "a non-null block needs block_id >= 1")
+            here = f"{where}.blocks[{i}]"
+            if blk.block_id in seen:
+                raise CaseError(
+                    name, here,
+                    f"block id {blk.block_id} is already used at {seen[blk.block_id]};"
+                    " a non-null GPU block belongs to one place in one request",
+                )
+            seen[blk.block_id] = here
+
+
+def case_from_dict(d: object, where: str = "?") -> Case:
+    """Type-check the JSON shape, then build (and so validate) the ``Case``."""
+    if not isinstance(d, dict):
+        raise CaseError(where, "(case)", f"must be a JSON object, got {type(d).__name__}")
+    name = d.get("name", where)
+    if not isinstance(name, str) or not name:
+        raise CaseError(where, "name", f"must be a non-empty string, got {json.dumps(name)}")
+    unknown = sorted(set(d) - set(CASE_FIELDS))
+    if unknown:
+        raise CaseError(name, unknown[0], f"unknown field; a case has exactly {', '.join(CASE_FIELDS)}")
+    for f in CASE_FIELDS:
+        if f not in d:
+            raise CaseError(name, f, "missing required field")
+    groups_raw = d["groups"]
+    if not isinstance(groups_raw, list):
+        raise CaseError(name, "groups", f"must be a list of group objects, got {json.dumps(groups_raw)}")
+    groups = []
+    for gi, g in enumerate(groups_raw):
+        where_g = f"groups[{gi}]"
+        if not isinstance(g, dict):
+            raise CaseError(name, where_g, f"must be a JSON object, got {json.dumps(g)}")
+        unknown = sorted(set(g) - set(GROUP_FIELDS))
+        if unknown:
+            raise CaseError(name, f"{where_g}.{unknown[0]}", f"unknown field; a group has {', '.join(GROUP_FIELDS)}")
+        for f in ("kind", "tokens_per_block", "blocks"):
+            if f not in g:
+                raise CaseError(name, f"{where_g}.{f}", "missing required field")
+        try:
+            kind = GroupKind(g["kind"])
+        except ValueError:
+            raise CaseError(
+                name, f"{where_g}.kind",
+                f"unknown kind {json.dumps(g['kind'])}; expected one of {', '.join(k.value for k in GroupKind)}",
+            ) from None
+        if not isinstance(g["blocks"], list):
+            raise CaseError(name, f"{where_g}.blocks", f"must be a list of block tokens, got {json.dumps(g['blocks'])}")
+        groups.append(
+            Group(
+                GroupConfig(kind, g["tokens_per_block"], g.get("sliding_window"), g.get("attention_chunk_size")),
+                parse_table(g["blocks"], name, f"{where_g}.blocks"),
+            )
+        )
+    return Case(
+        name=name,
+        blocks_per_chunk=d["blocks_per_chunk"],
+        tokens_per_hash=d["tokens_per_hash"],
+        num_prompt_tokens=d["num_prompt_tokens"],
+        num_locally_computed_tokens=d["num_locally_computed_tokens"],
+        num_external_tokens=d["num_external_tokens"],
+        groups=tuple(groups),
+        sync_load=d["sync_load"],
+    )
+
+
+def case_to_dict(case: Case) -> dict:
+    groups = []
+    for g in case.groups:
+        gd = {"kind": g.config.kind.value, "tokens_per_block": g.config.tokens_per_block}
+        if g.config.sliding_window is not None:
+            gd["sliding_window"] = g.config.sliding_window
+        if g.config.attention_chunk_size is not None:
+            gd["attention_chunk_size"] = g.config.attention_chunk_size
+        gd["blocks"] = [b.token for b in g.blocks]
+        groups.append(gd)
+    return {
+        "name": case.name,
+        "blocks_per_chunk": case.blocks_per_chunk,
+        "tokens_per_hash": case.tokens_per_hash,
+        "num_prompt_tokens": case.num_prompt_tokens,
+        "num_locally_computed_tokens": case.num_locally_computed_tokens,
+        "num_external_tokens": case.num_external_tokens,
+        "sync_load": case.sync_load,
+        "groups": groups,
+    }
+
+
+def load_cases(path: str | Path) -> list[Case]:
+    """A ``.json`` file (one case, or a list) or a ``.jsonl`` file (one case per line)."""
+    p = Path(path)
+    if not p.exists():
+        raise CaseError(str(p), "(file)", "no such file")
+    text = p.read_text()
+    if p.suffix == ".jsonl":
+        out = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                out.append(case_from_dict(_loads(line, f"{p}:{n}"), f"{p}:{n}"))
+        return out
+    if p.suffix != ".json":
+        raise CaseError(str(p), "(file)", "a case file ends in .json or .jsonl")
+    data = _loads(text, str(p))
+    if isinstance(data, list):
+        return [case_from_dict(d, f"{p}[{i}]") for i, d in enumerate(data)]
+    return [case_from_dict(data, str(p))]
+
+
+def load_case_paths(paths) -> list[Case]:
+    """Files and directories (every .json/.jsonl inside, sorted) into one list."""
+    out: list[Case] = []
+    for path in paths:
+        p = Path(path)
+        if p.is_dir():
+            for f in sorted(list(p.rglob("*.json")) + list(p.rglob("*.jsonl"))):
+                out.extend(load_cases(f))
+        else:
+            out.extend(load_cases(p))
+    return out
+
+
+def _loads(text: str, where: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CaseError(where, "(file)", f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+
+
+def dump_cases(cases, path: str | Path) -> None:
+    p = Path(path)
+    if p.suffix == ".jsonl":
+        p.write_text("".join(json.dumps(case_to_dict(c)) + "\n" for c in cases))
+    else:
+        cases = list(cases)
+        data = case_to_dict(cases[0]) if len(cases) == 1 else [case_to_dict(c) for c in cases]
+        p.write_text(json.dumps(data, indent=2) + "\n")
