@@ -1,0 +1,31 @@
+"""``kvbound explain CASE``: each group's table drawn, and what every variant does with it."""
+
+from __future__ import annotations
+
+from kvbound.draw import explain_case
+from kvbound.spec import load_case_paths
+
+from . import add_variant_args, selected_variants
+
+
+def register(sub):
+    p = sub.add_parser(
+        "explain",
+        help="draw each group's block table and say what each variant does",
+        description="Draw every group's block table ([H] hashed, [·] null, [U] unhashed below f, [F] fresh) "
+        "with f, k and each variant's load start, then say which assert fires (with its numbers) or "
+        "which blocks and keys are loaded.",
+    )
+    p.add_argument("cases", nargs="+", metavar="CASE", help="case file (.json, .jsonl) or directory")
+    add_variant_args(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    variants = selected_variants(args)
+    for i, case in enumerate(load_case_paths(args.cases)):
+        if i:
+            print("\n" + "=" * 100 + "\n")
+        print(explain_case(case, variants))
+    return 0

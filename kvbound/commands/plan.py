@@ -1,0 +1,31 @@
+"""``kvbound plan CASE...``: one JSON line per case, the fields vLLM's load job sees."""
+
+from __future__ import annotations
+
+import json
+
+from kvbound.spec import Variant, load_case_paths, plan_load
+
+from . import add_variant_args, selected_variants
+
+
+def register(sub):
+    p = sub.add_parser(
+        "plan",
+        help="print the load plan of each case as one JSON line",
+        description="Run the executable spec on case files (.json / .jsonl / directories) and print one "
+        "JSON line per case: name, outcome, assertion, dst_block_ids, group_sizes, block_indices, keys.",
+    )
+    p.add_argument("cases", nargs="+", metavar="CASE", help="case file (.json, .jsonl) or directory")
+    add_variant_args(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    (variant,) = selected_variants(args, default=(Variant.FIXED_SYNC,))
+    for case in load_case_paths(args.cases):
+        line = plan_load(case, variant).to_json(case.name)
+        line["variant"] = variant.value
+        print(json.dumps(line), flush=True)
+    return 0

@@ -1,0 +1,160 @@
+"""Block tables drawn the way a reviewer thinks: ``[H][H][·][U][·]…[F]``.
+
+Every witness, disagreement and ``explain`` goes through ``draw_case`` so they all
+look alike: an index ruler, the table, block ids, the first-fresh block f, k, and
+per variant the load start ``^`` and the load region ``~``.
+"""
+
+from __future__ import annotations
+
+from kvbound.spec import Case, LoadPlan, Variant, cdiv, plan_load
+from kvbound.spec.plan import load_start_gpu_block_idx, scan_from
+
+W = 5  # column width
+LEGEND = "legend  [H] hashed  [·] null  [U] non-null unhashed below f  [F] non-null unhashed at/after f (fresh)"
+
+
+def block_glyph(block, idx: int, first_fresh: int) -> str:
+    if block.is_null:
+        return "[·]"
+    if block.is_hashed:
+        return "[H]"
+    return "[F]" if idx >= first_fresh else "[U]"
+
+
+def group_starts(case: Case, gi: int, variants) -> dict:
+    """The load start each variant's scan picks in group gi (k when the table is short)."""
+    g = case.groups[gi]
+    b = g.config.tokens_per_block
+    k = cdiv(case.num_cached_tokens, b)
+    out = {}
+    for v in variants:
+        if len(g.blocks) < k:
+            out[v] = None
+            continue
+        out[v] = load_start_gpu_block_idx(
+            g.blocks, scan_from(v, case.num_locally_computed_tokens, b), k,
+            match_hashed=v is Variant.FIXED_SYNC and case.sync_load,
+        )
+    return out
+
+
+def draw_group(case: Case, gi: int, plans: dict) -> str:
+    g = case.groups[gi]
+    cfg = g.config
+    b = cfg.tokens_per_block
+    N, T = case.num_locally_computed_tokens, case.num_cached_tokens
+    f, k = cdiv(N, b), cdiv(T, b)
+    starts = group_starts(case, gi, plans)
+    n = max(len(g.blocks), k + 1)
+    marks = {f, k} | {s for s in starts.values() if s is not None}
+    # fold runs of >= 4 like blocks that carry no marker into first, …, last
+    cols: list = []
+    i = 0
+    while i < n:
+        j = i
+        while (
+            j < len(g.blocks) and j not in marks
+            and block_glyph(g.blocks[j], j, f) == block_glyph(g.blocks[i], i, f)
+        ):
+            j += 1
+        if j - i >= 4:
+            cols += [i, None, j - 1]
+            i = j
+        else:
+            cols.append(i)
+            i += 1
+    pos = {c: x for x, c in enumerate(cols) if c is not None}
+
+    def row(label: str, cells: list) -> str:
+        return (f"  {label:<11}" + "".join(f"{c:^{W}}" for c in cells)).rstrip()
+
+    idx_cells = ["…" if c is None else str(c) for c in cols]
+    glyphs, ids = [], []
+    for c in cols:
+        if c is None:
+            glyphs.append("…"), ids.append("")
+        elif c < len(g.blocks):
+            blk = g.blocks[c]
+            glyphs.append(block_glyph(blk, c, f)), ids.append("·" if blk.is_null else str(blk.block_id))
+        else:
+            glyphs.append("|" if c == len(g.blocks) else ""), ids.append("")
+    window = cfg.sliding_window_size_in_chunks(case.blocks_per_chunk)
+    head = f"group {gi}  {cfg.kind.value}  tokens_per_block={b}"
+    if window is not None:
+        head += f"  window={window} chunk(s)"
+    lines = [head, row("idx", idx_cells), row("blocks", glyphs), row("block_id", ids)]
+
+    def marker_row(label: str, at: dict, note: str) -> str:
+        cells = [""] * len(cols)
+        for c, ch in at.items():
+            if c in pos:
+                cells[pos[c]] = ch
+        return row(label, cells) + ("   " + note if note else "")
+
+    lines.append(marker_row("f", {f: "^"}, f"f = cdiv(N={N}, b={b}) = {f}  first fresh block"))
+    lines.append(marker_row("k", {k: "^"}, f"k = cdiv(T={T}, b={b}) = {k}"))
+    for v, plan in plans.items():
+        s = starts[v]
+        if s is None:
+            lines.append(f"  {v.value:<11}table shorter than k")
+            continue
+        at = {c: "~" for c in range(s, k)}
+        at[s] = "^"
+        lines.append(marker_row(v.value, at, _verdict(plan, gi, s, k)))
+    return "\n".join(lines)
+
+
+def _verdict(plan: LoadPlan, gi: int, start: int, k: int) -> str:
+    a = plan.assertion
+    if a is not None and a.group_index == gi:
+        return f"start={start}  ✗ {a.name.value}: {a.message}"
+    if a is not None and a.group_index < gi:
+        return f"start={start}  (not reached: group {a.group_index} asserted first)"
+    gp = next(p for p in plan.groups if p.group_index == gi)
+    if not gp.num_pending_gpu_blocks:
+        return f"start={start}  loads nothing"
+    return (
+        f"start={start}  ✓ loads {list(gp.dst_block_ids)} "
+        f"keys chunks [{gp.start_chunk_idx}, {gp.end_chunk_idx})"
+    )
+
+
+def case_header(case: Case) -> str:
+    N, M = case.num_locally_computed_tokens, case.num_external_tokens
+    return (
+        f"case {case.name}: N=num_locally_computed_tokens={N}  M=num_external_tokens={M}"
+        f"  T={N + M}  blocks_per_chunk={case.blocks_per_chunk}  tokens_per_hash={case.tokens_per_hash}"
+        f"  num_prompt_tokens={case.num_prompt_tokens}" + ("  sync_load" if case.sync_load else "")
+    )
+
+
+def draw_case(case: Case, variants=tuple(Variant), plans: dict | None = None, legend: bool = True) -> str:
+    """The whole case, one drawn table per group; ``plans`` overrides the spec's (e.g. impl's)."""
+    plans = plans or {Variant(v): plan_load(case, v) for v in variants}
+    parts = [case_header(case)]
+    if legend:
+        parts.append(LEGEND)
+    parts += [draw_group(case, gi, plans) for gi in range(len(case.groups))]
+    return "\n\n".join(parts)
+
+
+def describe_plan(plan: LoadPlan) -> str:
+    """One paragraph: the assert with its numbers, or what is loaded and from which keys."""
+    if plan.assertion is not None:
+        a = plan.assertion
+        return f"AssertionError ({a.name.value}) in group {a.group_index}: {a.message}"
+    if not plan.groups:
+        return "num_external_tokens == 0: vLLM returns before planning; nothing is loaded"
+    return (
+        f"ok: dst_block_ids={list(plan.dst_block_ids)} group_sizes={list(plan.group_sizes)} "
+        f"block_indices={list(plan.block_indices)} keys={[list(k) for k in plan.keys]}"
+    )
+
+
+def explain_case(case: Case, variants=tuple(Variant)) -> str:
+    plans = {Variant(v): plan_load(case, v) for v in variants}
+    out = [draw_case(case, plans=plans), ""]
+    for v, p in plans.items():
+        out.append(f"{v.value:<11}{describe_plan(p)}")
+    return "\n".join(out)
