@@ -152,9 +152,56 @@ def describe_plan(plan: LoadPlan) -> str:
     )
 
 
+def why(case: Case, plan: LoadPlan) -> str:
+    """The reason behind ``describe_plan``, in the PR's terms."""
+    a = plan.assertion
+    if a is None:
+        if not plan.groups:
+            return ""
+        scan = "from 0" if plan.variant is Variant.LEGACY else "from f = cdiv(N, b)"
+        parts = []
+        for gp in plan.groups:
+            if gp.num_pending_gpu_blocks:
+                parts.append(f"group {gp.group_index} starts at {gp.load_start_gpu_block_idx}")
+            else:
+                parts.append(f"group {gp.group_index} has nothing to load (no matching block in its scan range)")
+        return f"the scan {scan} finds the first fresh block: " + "; ".join(parts)
+    g = case.groups[a.group_index]
+    v = a.values
+    if a.name.value == "boundary":
+        s = v["load_start_gpu_block_idx"]
+        blk = g.blocks[s] if s < len(g.blocks) else None
+        what = f"block {blk.block_id} at index {s} is non-null and unhashed" if blk is not None else "no block matched"
+        return (
+            f"the legacy scan starts at index 0; in group {a.group_index} ({g.config.kind.value}) {what}, "
+            f"below the first fresh index f={v['first_fresh_gpu_block_idx']}, so the load would start inside the "
+            f"computed prefix: start*b = {s * v['tokens_per_block']} < N = {v['num_locally_computed_tokens']}"
+        )
+    if a.name.value == "alignment":
+        return (
+            f"N={v['num_locally_computed_tokens']} is not a multiple of group {a.group_index}'s tokens_per_block="
+            f"{v['tokens_per_block']}; the scheduler rounds N to the LCM of the groups' block sizes, so this "
+            "input is one vLLM's scheduler does not produce unless the connector's block size is not a divisor of it"
+        )
+    if a.name.value == "table_length":
+        return f"group {a.group_index}'s table has {v['table_length']} blocks but k = cdiv(N+M, b) = {v['num_gpu_blocks']}"
+    if a.name.value == "window_bound":
+        return (
+            f"group {a.group_index} ({g.config.kind.value}) would load {v['num_pending_gpu_blocks']} blocks but its window "
+            f"holds at most {v['sliding_window_size_in_chunks']} chunk(s) * {v['blocks_per_chunk']} + 1"
+        )
+    return (
+        f"the prompt ({case.num_prompt_tokens} tokens, tokens_per_hash={case.tokens_per_hash}) gives group "
+        f"{a.group_index} only {v['num_offload_keys']} offload keys, but the load ends at chunk {v['end_chunk_idx']}"
+    )
+
+
 def explain_case(case: Case, variants=tuple(Variant)) -> str:
     plans = {Variant(v): plan_load(case, v) for v in variants}
     out = [draw_case(case, plans=plans), ""]
     for v, p in plans.items():
         out.append(f"{v.value:<11}{describe_plan(p)}")
+        reason = why(case, p)
+        if reason:
+            out.append(f"{'':<11}why: {reason}")
     return "\n".join(out)
