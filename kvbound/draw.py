@@ -39,23 +39,18 @@ def group_starts(case: Case, gi: int, variants) -> dict:
     return out
 
 
-def draw_group(case: Case, gi: int, plans: dict) -> str:
-    g = case.groups[gi]
-    cfg = g.config
-    b = cfg.tokens_per_block
-    N, T = case.num_locally_computed_tokens, case.num_cached_tokens
-    f, k = cdiv(N, b), cdiv(T, b)
-    starts = group_starts(case, gi, plans)
-    n = max(len(g.blocks), k + 1)
-    marks = {f, k} | {s for s in starts.values() if s is not None}
-    # fold runs of >= 4 like blocks that carry no marker into first, …, last
+def fold_columns(blocks, f: int, k: int, starts) -> list:
+    """Indices to draw, ``None`` for "…": runs of >= 4 like blocks without a marker fold
+    into first, …, last, so a 1000-block table stays one line (text and SVG alike)."""
+    n = max(len(blocks), k + 1)
+    marks = {f, k} | {s for s in starts if s is not None}
     cols: list = []
     i = 0
     while i < n:
         j = i
         while (
-            j < len(g.blocks) and j not in marks
-            and block_glyph(g.blocks[j], j, f) == block_glyph(g.blocks[i], i, f)
+            j < len(blocks) and j not in marks
+            and block_glyph(blocks[j], j, f) == block_glyph(blocks[i], i, f)
         ):
             j += 1
         if j - i >= 4:
@@ -64,6 +59,17 @@ def draw_group(case: Case, gi: int, plans: dict) -> str:
         else:
             cols.append(i)
             i += 1
+    return cols
+
+
+def draw_group(case: Case, gi: int, plans: dict) -> str:
+    g = case.groups[gi]
+    cfg = g.config
+    b = cfg.tokens_per_block
+    N, T = case.num_locally_computed_tokens, case.num_cached_tokens
+    f, k = cdiv(N, b), cdiv(T, b)
+    starts = group_starts(case, gi, plans)
+    cols = fold_columns(g.blocks, f, k, starts.values())
     pos = {c: x for x, c in enumerate(cols) if c is not None}
 
     def row(label: str, cells: list) -> str:
