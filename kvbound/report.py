@@ -1,0 +1,220 @@
+"""One self-contained HTML page for a reviewer: obligations, witnesses drawn, diff, conformance.
+
+Inputs are the JSON files ``kvbound prove``, ``kvbound diff`` and ``kvbound conform``
+write. A file that is missing a field or is not JSON becomes a red box in its own
+section naming the file and the field; the rest of the page still renders. The page
+uses no scripts, fonts or images from the network: CSS and SVG are inline.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+
+from kvbound import __version__
+from kvbound.draw import case_header, describe_plan, draw_case
+from kvbound.spec import CaseError, Variant, case_from_dict, plan_load
+from kvbound.svg import case_svgs, legend_svg
+
+
+class ReportInputError(ValueError):
+    """A JSON file without the shape its section reads: which file, where, what was expected."""
+
+
+@dataclass
+class Section:
+    """A titled piece of the page; ``error`` replaces the body when its input was unreadable."""
+
+    anchor: str
+    title: str
+    body: str = ""
+    source: str = ""
+    error: str = ""
+    summary: str = ""  # one line for the overview at the top
+    failed: bool = False
+    extra: list = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- input
+
+
+def read_json(path) -> object:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ReportInputError(f"{p}: cannot read: {e.strerror or e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReportInputError(f"{p}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+
+
+def need(obj, key: str, where: str, types=None):
+    """``obj[key]``, or a ReportInputError naming where the field was expected."""
+    if not isinstance(obj, dict):
+        raise ReportInputError(f"{where}: expected an object, found {type(obj).__name__}")
+    if key not in obj:
+        raise ReportInputError(f"{where}: missing field '{key}'")
+    v = obj[key]
+    if types is not None and not isinstance(v, types):
+        names = types.__name__ if isinstance(types, type) else "/".join(t.__name__ for t in types)
+        raise ReportInputError(f"{where}.{key}: expected {names}, found {type(v).__name__}")
+    return v
+
+
+def case_of(d, where: str):
+    """A witness / disagreement case dict as a Case; a malformed one names its field."""
+    try:
+        return case_from_dict(d)
+    except CaseError as e:
+        raise ReportInputError(f"{where}: {e}") from None
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ReportInputError(f"{where}: not a case: {e}") from None
+
+
+# --------------------------------------------------------------------------- drawing
+
+
+def drawn_case(case, plans: dict | None = None, caption: str = "") -> str:
+    """A case as SVG tables, the header line, and the terminal drawing folded away."""
+    plans = plans or {v: plan_load(case, v) for v in Variant}
+    outcome = "".join(
+        f'<li><span class="mono">{escape(v.value)}</span> '
+        f'<span class="{"bad" if not p.ok else "ok"}">{escape(describe_plan(p))}</span></li>'
+        for v, p in plans.items()
+    )
+    return (
+        '<figure class="case">'
+        + (f"<figcaption>{caption}</figcaption>" if caption else "")
+        + f'<div class="mono small">{escape(case_header(case))}</div>'
+        + "".join(f'<div class="svgwrap">{s}</div>' for s in case_svgs(case, plans=plans))
+        + f'<ul class="outcomes">{outcome}</ul>'
+        + "<details><summary>as text (kvbound explain)</summary>"
+        + f'<pre>{escape(draw_case(case, plans=plans, legend=False))}</pre></details>'
+        + "</figure>"
+    )
+
+
+def _table(headers, rows, cls="") -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _badge(text: str, good: bool | None) -> str:
+    cls = "neutral" if good is None else ("good" if good else "badb")
+    return f'<span class="badge {cls}">{escape(str(text))}</span>'
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def cases_section(paths) -> Section:
+    from kvbound.spec import load_case_paths
+
+    sec = Section("cases", "Cases", source=", ".join(map(str, paths)))
+    try:
+        cases = load_case_paths([str(p) for p in paths])
+    except CaseError as e:
+        sec.error = str(e)
+        return sec
+    sec.body = "".join(drawn_case(c, caption=f"<b>{escape(c.name)}</b>") for c in cases)
+    sec.summary = f"{len(cases)} case(s) drawn with every variant"
+    return sec
+
+
+# --------------------------------------------------------------------------- page
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1f2328;background:#f6f8fa}
+main{max-width:1320px;margin:0 auto;padding:20px 28px 60px}
+h1{font-size:26px;margin:8px 0 4px} h2{font-size:20px;margin:0 0 10px;border-bottom:2px solid #d0d7de;padding-bottom:6px}
+h3{font-size:16px;margin:18px 0 6px}
+section{background:#fff;border:1px solid #d0d7de;border-radius:8px;padding:16px 20px;margin:18px 0}
+.mono,pre,code{font-family:ui-monospace,Menlo,Consolas,monospace} .small{font-size:12px;color:#57606a}
+pre{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:10px;overflow-x:auto;font-size:12px}
+table{border-collapse:collapse;width:100%;font-size:13px;margin:6px 0}
+th,td{border:1px solid #d0d7de;padding:5px 8px;text-align:left;vertical-align:top}
+th{background:#f0f3f6} tr:nth-child(even) td{background:#fafbfc}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;white-space:nowrap}
+.good{background:#dafbe1;color:#116329} .badb{background:#ffebe9;color:#a40e26} .neutral{background:#eaeef2;color:#424a53}
+.ok{color:#116329} .bad{color:#a40e26;font-weight:600}
+.error{background:#ffebe9;border:1px solid #ff8182;color:#82071e;padding:10px 12px;border-radius:6px;font-family:ui-monospace,monospace;font-size:13px}
+.overview{display:flex;flex-wrap:wrap;gap:12px} .card{flex:1 1 220px;background:#fff;border:1px solid #d0d7de;border-radius:8px;padding:10px 14px}
+.card b{display:block;font-size:13px;color:#57606a;margin-bottom:4px} .card a{color:inherit;text-decoration:none}
+figure.case{margin:12px 0 22px;padding:10px 12px;border:1px solid #e1e4e8;border-radius:6px;background:#fcfcfd}
+figcaption{font-size:14px;margin-bottom:6px} .svgwrap{overflow-x:auto;margin:8px 0}
+ul.outcomes{font-size:13px;margin:6px 0;padding-left:18px} details summary{cursor:pointer;font-size:12px;color:#57606a}
+.math{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;color:#0a3069}
+.legendbox{margin:6px 0 2px}
+"""
+
+
+def render_page(sections: list, title: str = "kvbound report") -> str:
+    cards = "".join(
+        f'<div class="card"><a href="#{s.anchor}"><b>{escape(s.title)}</b>'
+        + (f'<span class="bad">unreadable input</span>' if s.error else (
+            f'<span class="{"bad" if s.failed else ""}">{escape(s.summary)}</span>'))
+        + "</a></div>"
+        for s in sections
+    )
+    body = []
+    for s in sections:
+        src = f'<div class="small">from <span class="mono">{escape(s.source)}</span></div>' if s.source else ""
+        inner = f'<div class="error">{escape(s.error)}</div>' if s.error else s.body
+        body.append(f'<section id="{s.anchor}"><h2>{escape(s.title)}</h2>{src}{inner}</section>')
+    if not sections:
+        body.append("<section><h2>Nothing to report</h2><p>Give --prove, --diff, --conform or --case.</p></section>")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{escape(title)}</title><style>{CSS}</style></head><body><main>"
+        f"<h1>{escape(title)}</h1>"
+        f'<div class="small">kvbound {escape(__version__)} · vLLM KV-offload load boundary '
+        "(<span class=\"mono\">update_state_after_alloc</span>)</div>"
+        f'<div class="legendbox">{legend_svg()}</div>'
+        f'<div class="overview">{cards}</div>'
+        + "".join(body)
+        + "</main></body></html>\n"
+    )
+
+
+def _section(builder, path, anchor: str, title: str) -> Section:
+    """Read ``path`` and build its section; any shape error becomes the section's red box."""
+    try:
+        sec = builder(read_json(path))
+    except ReportInputError as e:
+        msg = str(e)
+        if not msg.startswith(str(path)):
+            msg = f"{path}: {msg}"
+        sec = Section(anchor, title, error=msg)
+    sec.anchor, sec.title, sec.source = anchor, title, str(path)
+    return sec
+
+
+def build_report(prove=None, diff=None, conform=None, cases=(), title="kvbound report"):
+    """The page and its sections (the caller reports unreadable ones)."""
+    sections = []
+    if prove:
+        sections.append(_section(prove_section, prove, "obligations", "Proof obligations"))
+    if diff:
+        sections.append(_section(diff_section, diff, "diff", "Differential check: impl vs spec"))
+    if conform:
+        sections.append(_section(conform_section, conform, "conform", "Conformance against real vLLM"))
+    if cases:
+        sections.append(cases_section(cases))
+    return render_page(sections, title), sections
+
+
+def prove_section(data) -> Section:
+    raise ReportInputError("prove JSON reader not written yet")
+
+
+def diff_section(data) -> Section:
+    raise ReportInputError("diff JSON reader not written yet")
+
+
+def conform_section(data) -> Section:
+    raise ReportInputError("conform JSON reader not written yet")

@@ -1,0 +1,174 @@
+"""Block tables as inline SVG for the HTML report: the picture ``draw_case`` prints.
+
+The columns, glyphs, f, k, per-variant starts and verdict lines all come from
+``kvbound.draw`` (``fold_columns``, ``block_glyph``, ``group_starts``, ``_verdict``)
+so the page and the terminal can never disagree about a table. Cell kinds differ by
+colour *and* glyph, so the picture survives greyscale printing and colour blindness.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from kvbound.draw import _verdict, block_glyph, fold_columns, group_starts
+from kvbound.spec import Case, Variant, cdiv, plan_load
+
+CELL, GAP = 34, 4  # cell width and spacing, px
+LABEL_W = 96  # left column: row labels
+CHAR_W = 7.0  # width of one 12px monospace character, for sizing notes
+ROW = 22
+
+# glyph -> (fill, stroke, text colour, meaning)
+STYLE = {
+    "[H]": ("#3b6ea8", "#24476e", "#ffffff", "hashed (full and cached)"),
+    "[·]": ("#eeeeee", "#9a9a9a", "#555555", "null placeholder"),
+    "[U]": ("#e8590c", "#9c3a06", "#ffffff", "non-null, unhashed, below f"),
+    "[F]": ("#2f9e44", "#1d6b2d", "#ffffff", "fresh (non-null, unhashed, at/after f)"),
+}
+LETTER = {"[H]": "H", "[·]": "·", "[U]": "U", "[F]": "F"}
+OK, BAD, MUTED = "#1d6b2d", "#c92a2a", "#666666"
+
+
+def _t(x, y, text, size=12, anchor="start", fill="#222", weight="normal", mono=True) -> str:
+    fam = "ui-monospace,Menlo,Consolas,monospace" if mono else "system-ui,sans-serif"
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}" font-family="{fam}" font-size="{size}" text-anchor="{anchor}" '
+        f'fill="{fill}" font-weight="{weight}">{escape(str(text))}</text>'
+    )
+
+
+def _cell(x, y, glyph, block_id=None) -> str:
+    fill, stroke, ink, meaning = STYLE[glyph]
+    dash = ' stroke-dasharray="3 2"' if glyph == "[·]" else ""
+    out = [
+        f'<g><title>{escape(meaning)}{"" if block_id is None else f" — block_id {block_id}"}</title>',
+        f'<rect x="{x}" y="{y}" width="{CELL}" height="{CELL}" rx="4" fill="{fill}" stroke="{stroke}" '
+        f'stroke-width="1.5"{dash}/>',
+        _t(x + CELL / 2, y + (19 if glyph == "[·]" else 15), LETTER[glyph], 24 if glyph == "[·]" else 14,
+           "middle", ink, "bold"),
+    ]
+    if block_id is not None:
+        out.append(_t(x + CELL / 2, y + 29, block_id, 10, "middle", ink))
+    out.append("</g>")
+    return "".join(out)
+
+
+def legend_svg() -> str:
+    parts, x = [], 0
+    for glyph, (_, _, _, meaning) in STYLE.items():
+        parts.append(_cell(x, 2, glyph))
+        parts.append(_t(x + CELL + 6, 23, meaning, 13, mono=False))
+        x += CELL + 14 + int(len(meaning) * 7.2)
+    return (
+        f'<svg class="legend" xmlns="http://www.w3.org/2000/svg" width="{x}" height="{CELL + 4}" '
+        f'role="img" aria-label="legend">{"".join(parts)}</svg>'
+    )
+
+
+def group_svg(case: Case, gi: int, plans: dict) -> str:
+    g = case.groups[gi]
+    cfg = g.config
+    b = cfg.tokens_per_block
+    N, T = case.num_locally_computed_tokens, case.num_cached_tokens
+    f, k = cdiv(N, b), cdiv(T, b)
+    starts = group_starts(case, gi, plans)
+    cols = fold_columns(g.blocks, f, k, starts.values())
+    step = CELL + GAP
+    x0 = LABEL_W
+
+    def cx(pos: int) -> float:
+        return x0 + pos * step
+
+    pos = {c: p for p, c in enumerate(cols) if c is not None}
+    grid_w = len(cols) * step
+
+    window = cfg.sliding_window_size_in_chunks(case.blocks_per_chunk)
+    head = f"group {gi} · {cfg.kind.value} · tokens_per_block={b}"
+    if window is not None:
+        head += f" · window={window} chunk(s)"
+
+    notes = {
+        "f": f"f = cdiv(N={N}, b={b}) = {f}   first fresh block",
+        "k": f"k = cdiv(T={T}, b={b}) = {k}   end of the load region (exclusive)",
+    }
+    rows = []  # (label, marker cells {col: kind}, note, note colour)
+    rows.append(("f", {f: "caret"}, notes["f"], MUTED))
+    rows.append(("k", {k: "caret"}, notes["k"], MUTED))
+    for v, plan in plans.items():
+        s = starts[v]
+        if s is None:
+            rows.append((v.value, {}, "table shorter than k", BAD))
+            continue
+        text = _verdict(plan, gi, s, k)
+        colour = BAD if "✗" in text else (MUTED if "not reached" in text else OK)
+        rows.append((v.value, {"region": (s, k)}, text, colour))
+
+    y = 18
+    body = [_t(0, y - 4, head, 13, weight="bold", mono=False)]
+    y += 6
+    # index ruler
+    for p, c in enumerate(cols):
+        body.append(_t(cx(p) + CELL / 2, y + 12, "…" if c is None else c, 11, "middle", MUTED))
+    body.append(_t(0, y + 12, "idx", 12, fill=MUTED))
+    y += 18
+    table_top = y
+    body.append(_t(0, y + 22, "blocks", 12, fill=MUTED))
+    for p, c in enumerate(cols):
+        if c is None:
+            body.append(_t(cx(p) + CELL / 2, y + 22, "…", 16, "middle", MUTED))
+        elif c < len(g.blocks):
+            blk = g.blocks[c]
+            body.append(_cell(cx(p), y, block_glyph(blk, c, f), None if blk.is_null else blk.block_id))
+        elif c == len(g.blocks):
+            body.append(
+                f'<line x1="{cx(p) + 2}" y1="{y - 2}" x2="{cx(p) + 2}" y2="{y + CELL + 2}" stroke="#222" '
+                'stroke-width="2"/>'
+            )
+            body.append(_t(cx(p) + 6, y + 22, "end", 10, fill=MUTED))
+    y += CELL + 8
+    note_x = x0 + grid_w + 12
+    for label, at, note, colour in rows:
+        body.append(_t(0, y + 15, label, 12, fill="#222", weight="bold"))
+        if "region" in at:
+            s, e = at["region"]
+            ps = pos.get(s)
+            pe = pos.get(e - 1, ps) if e > s else ps
+            if ps is not None and e <= s:  # start == k: nothing to load, only the caret
+                body.append(_caret(cx(ps) + CELL / 2, y + 4, colour))
+            elif ps is not None:
+                left, right = cx(ps), cx(pe) + CELL
+                body.append(
+                    f'<rect x="{left}" y="{y + 4}" width="{max(right - left, CELL)}" height="14" rx="3" '
+                    f'fill="{colour}" fill-opacity="0.18" stroke="{colour}" stroke-width="1.2"/>'
+                )
+                body.append(_caret(cx(ps) + CELL / 2, y + 4, colour))
+        else:
+            for c in at:
+                if c in pos:
+                    body.append(_caret(cx(pos[c]) + CELL / 2, y + 4, MUTED))
+        body.append(_t(note_x, y + 15, note, 12, fill=colour, weight="bold" if colour == BAD else "normal"))
+        y += ROW
+    # f and k as dashed lines down through table and markers
+    for c, label, colour in ((f, "f", "#1d6b2d"), (k, "k", "#222")):
+        if c in pos:
+            x = cx(pos[c]) - GAP / 2
+            body.append(
+                f'<line x1="{x}" y1="{table_top - 4}" x2="{x}" y2="{y - 2}" stroke="{colour}" '
+                'stroke-width="1.2" stroke-dasharray="4 3"/>'
+            )
+    width = int(note_x + max(len(r[2]) for r in rows) * CHAR_W + 16)
+    height = int(y + 6)
+    return (
+        f'<svg class="group" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(head)}">{"".join(body)}</svg>'
+    )
+
+
+def _caret(x, y, colour) -> str:
+    return f'<path d="M{x - 6},{y + 14} L{x},{y + 2} L{x + 6},{y + 14} Z" fill="{colour}"/>'
+
+
+def case_svgs(case: Case, variants=tuple(Variant), plans: dict | None = None) -> list:
+    """One SVG per group, the same tables ``draw_case`` prints."""
+    plans = plans or {Variant(v): plan_load(case, v) for v in variants}
+    return [group_svg(case, gi, plans) for gi in range(len(case.groups))]
