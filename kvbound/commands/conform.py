@@ -1,0 +1,175 @@
+"""``kvbound conform``: replay cases on the real ``OffloadingConnectorScheduler`` of
+pinned vLLM releases and compare each result with the spec variant of that release."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from kvbound.cli import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
+from kvbound.conform import compare as C
+from kvbound.conform.prepare import PrepareError, cache_dir, prepare_release
+from kvbound.conform.runner import WorkerError, current_env, run_release
+from kvbound.draw import draw_case
+from kvbound.spec import Case, case_to_dict, load_case_paths, plan_load, variant_for_version
+
+
+def register(sub):
+    p = sub.add_parser(
+        "conform",
+        help="check the spec against the real vLLM scheduler of pinned releases",
+        description="Replay case files, N generated cases and every proof witness on vLLM's own "
+        "OffloadingConnectorScheduler (only the offload tier faked), one worker process per "
+        "release, and compare each result with the spec variant of that release. Each release is "
+        f"prepared once under {cache_dir()} (a deps venv and the release's vllm/*.py) and reused "
+        "offline. Exit 1 on a disagreement or fault outside the adversarial family, or a failed "
+        "witness replay.",
+    )
+    p.add_argument("paths", nargs="*", metavar="CASE_FILE_OR_DIR", help="case files (.json, .jsonl) or directories")
+    p.add_argument("--vllm", action="append", metavar="X", default=[],
+                   help="a vLLM release, e.g. 0.29.0 (repeatable); default: the vllm importable here")
+    p.add_argument("--cases", type=int, default=0, metavar="N", help="also replay N generated cases")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the generated cases")
+    p.add_argument("--no-witnesses", action="store_true", help="skip the replay of kvbound prove's witnesses")
+    p.add_argument("--json", metavar="FILE", help="write every case's record, the matrix and the releases")
+    p.add_argument("--show", type=int, default=5, metavar="K",
+                   help="draw at most K adversarial disagreements (all others are always drawn)")
+    p.set_defaults(func=run)
+    return p
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def witness_items() -> tuple[list, str | None]:
+    """(witness cases, note); the proofs layer may not ship ``witness_cases`` yet."""
+    try:
+        from kvbound.proofs import witness_cases
+    except ImportError:
+        return [], "kvbound.proofs.witness_cases is not available: no witness replayed"
+    out = []
+    for w in witness_cases():
+        case = w if isinstance(w, Case) else getattr(w, "case", None)
+        if case is None and isinstance(w, tuple):
+            case = next((x for x in w if isinstance(x, Case)), None)
+        if case is not None:
+            out.append(case)
+    return out, None
+
+
+def gather(args) -> list[tuple[Case, str, str]]:
+    """(case, origin, family) for files, generated cases and witnesses."""
+    items = []
+    if args.paths:
+        from kvbound.spec.strategies import family_of
+
+        items += [(c, "file", family_of(c)) for c in load_case_paths(args.paths)]
+    if args.cases:
+        if args.cases < 0:
+            raise UsageError("--cases must be >= 0")
+        from kvbound.spec.strategies import family_of, random_cases
+
+        items += [(c, "generated", family_of(c)) for c in random_cases(args.cases, args.seed)]
+    return items
+
+
+def run(args) -> int:
+    releases = list(dict.fromkeys(args.vllm))
+    for r in releases:
+        variant_for_version(r)  # UnsupportedVersion -> one line, exit 2
+    items = gather(args)
+    witness_note = None
+    if not args.no_witnesses:
+        ws, witness_note = witness_items()
+        items += [(c, "witness", "witness") for c in ws]
+    if not items:
+        raise UsageError("nothing to replay: give case files/directories, --cases N, or keep the witnesses")
+    cases = [c for c, _, _ in items]
+    records, hellos, failed = [], {}, []
+    for rel in releases or [None]:
+        t0 = time.monotonic()
+        try:
+            env = prepare_release(rel, _progress) if rel else current_env()
+            if rel is None:
+                variant_for_version(env.version)
+            hello, results = run_release(env, cases, _progress)
+        except (PrepareError, WorkerError) as e:
+            print(f"kvbound conform: vllm {rel or '(current environment)'} could not be prepared or"
+                  f" started:\n  {e}", file=sys.stderr)
+            failed.append(rel or "current")
+            continue
+        version = env.version
+        hellos[version] = dict(hello, seconds=round(time.monotonic() - t0, 1))
+        for (case, origin, fam), res in zip(items, results):
+            rec = C.judge(case, version, res)
+            rec.update(origin=origin, family=fam, row=C.row_of(case, origin, fam), case=case_to_dict(case))
+            records.append(rec)
+    done = list(hellos)
+    m = C.matrix(records, done)
+    blocking = [r for r in records if C.is_blocking(r, r["row"])]
+    print(f"== version matrix: {len(cases)} cases x {len(done)} release(s) ==")
+    print(C.render_matrix(m, done) if records else "(no release ran)")
+    if witness_note:
+        print(f"note: {witness_note}")
+    _print_witnesses(records, done)
+    _print_disagreements(items, records, args.show)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(
+            {"releases": hellos, "not_prepared": failed, "matrix": m, "blocking": len(blocking),
+             "witness_note": witness_note, "cases": records}, indent=1) + "\n")
+    undriven = sum(r["verdict"] == C.UNDRIVEN for r in records)
+    print(f"\nsummary: {sum(r['verdict'] == C.AGREE for r in records)} agree,"
+          f" {sum(r['verdict'] == C.DISAGREE for r in records)} disagree,"
+          f" {sum(r['verdict'] == C.FAULT for r in records)} fault, {undriven} not driven;"
+          f" {len(blocking)} blocking (non-adversarial disagreement/fault or failed witness)")
+    if failed:
+        print(f"FAILED: could not prepare/start {', '.join(failed)} (see above)", file=sys.stderr)
+        return EXIT_INPUT
+    return EXIT_FAIL if blocking else EXIT_OK
+
+
+def _print_witnesses(records, releases) -> None:
+    ws = [r for r in records if r["row"] == "witness"]
+    if not ws:
+        return
+    print("\n== witness replay (real outcome vs the spec's, per release) ==")
+    for name in dict.fromkeys(r["name"] for r in ws):
+        parts = []
+        for r in (x for x in ws if x["name"] == name):
+            mark = "✓" if r["verdict"] == C.AGREE else "✗"
+            parts.append(f"{r['release']}: {C.outcome_label(r)} (spec {r['variant']}:"
+                         f" {r['spec']['assertion'] or r['spec']['outcome']}) {mark}")
+        print(f"  {name}:  " + "   ".join(parts))
+
+
+def _print_disagreements(items, records, show_adversarial: int) -> None:
+    by_name = {c.name: c for c, _, _ in items}
+    shown_adv = 0
+    bad = [r for r in records if r["verdict"] in (C.DISAGREE, C.FAULT)]
+    if not bad:
+        return
+    print(f"\n== {len(bad)} disagreement(s)/fault(s) ==")
+    for r in bad:
+        if r["row"] == "adversarial":
+            shown_adv += 1
+            if shown_adv > show_adversarial:
+                continue
+        case = by_name[r["name"]]
+        print(f"\n-- {r['verdict']}: {r['name']} on vllm {r['release']} ({r['variant']}), row {r['row']}")
+        if r["verdict"] == C.FAULT:
+            print(r["fault"])
+            continue
+        plan = plan_load(case, r["variant"])
+        print(draw_case(case, plans={plan.variant: plan}, legend=False))
+        print(f"  differs in: {', '.join(r['diff'])}")
+        print(f"  real vllm {r['release']}: {json.dumps(r['real'])}")
+        if r.get("real_assert_site"):
+            s = r["real_assert_site"]
+            print(f"    assert at {s['file']}:{s['line']} group {s.get('group_index')}: {s['statement']}")
+        print(f"  spec {r['variant']:<12}: {json.dumps(r['spec'])}")
+    if shown_adv > show_adversarial:
+        print(f"\n({shown_adv - show_adversarial} more adversarial disagreements: see --json)")

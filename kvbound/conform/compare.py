@@ -1,0 +1,218 @@
+"""Judging one real result against the spec: which assert fired, which fields differ.
+
+Pure functions over JSON, so they are tested without vLLM. The real side is the
+worker's line (``worker.py``); the spec side is ``LoadPlan.to_json`` (the fields
+``kvbound plan`` prints), so both speak the same field names.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvbound.spec import AssertName, Case, GroupKind, LoadPlan, Variant, plan_load, variant_for_version
+
+# The fields ``kvbound plan`` prints, compared one by one.
+PLAN_FIELDS = ("outcome", "assertion", "dst_block_ids", "group_sizes", "block_indices", "keys")
+
+# Asserts of update_state_after_alloc, recognised by their source statement, across
+# the field renames (0.20-0.24 gpu_block_size/block_size_factor; 0.26+
+# tokens_per_block/blocks_per_chunk).  Order matters: first match names it.
+_BLOCK = r"(?:tokens_per_block|gpu_block_size|block_size)"
+_ASSERT_PATTERNS = (
+    (AssertName.TABLE_LENGTH, re.compile(r"^assert len\(\w*blocks\w*\) >= \w+$")),
+    (AssertName.BOUNDARY, re.compile(rf"^assert num_locally_computed_tokens <= \w+ \* \w*{_BLOCK}\w*$")),
+    (AssertName.ALIGNMENT, re.compile(rf"^assert num_locally_computed_tokens % \w*{_BLOCK}\w* == 0$")),
+    (AssertName.WINDOW_BOUND, re.compile(r"^assert \w+ <= [\w.]*sliding_window_size_in_chunks\b.*\+ 1$")),
+    (AssertName.KEYS_LENGTH, re.compile(r"^assert len\(\w*offload_keys\w*\) >= \w+$")),
+)
+TARGET_FUNCTION = "update_state_after_alloc"
+
+
+def classify_assert(site: dict | None) -> str:
+    """``table_length`` ... ``keys_length`` for the function under study, else
+    ``other:<file>:<line>: <statement>`` so an unexpected assert is never hidden."""
+    if not site:
+        return "other:unknown"
+    stmt = " ".join((site.get("statement") or "").split())
+    if site.get("function") == TARGET_FUNCTION:
+        for name, pat in _ASSERT_PATTERNS:
+            if pat.match(stmt):
+                return name.value
+    where = f"{_short_path(site.get('file'))}:{site.get('line')}"
+    return f"other:{where} in {site.get('function')}: {stmt or '?'}"
+
+
+def _short_path(path: str | None) -> str:
+    if not path:
+        return "?"
+    i = path.rfind("vllm/")
+    return path[i:] if i >= 0 else path
+
+
+def real_plan_json(result: dict) -> dict:
+    """The worker's result in ``kvbound plan``'s shape (assertion named, keys as pairs)."""
+    outcome = result.get("outcome")
+    out = {"name": result.get("name"), "outcome": outcome, "assertion": None,
+           "dst_block_ids": [], "group_sizes": [], "block_indices": [], "keys": []}
+    if outcome == "ok":
+        for f in ("dst_block_ids", "group_sizes", "block_indices", "keys"):
+            out[f] = list(result.get(f) or [])
+    elif outcome == "assertion_error":
+        out["assertion"] = classify_assert(result.get("assert_site"))
+    elif outcome == "exception":
+        out["assertion"] = None
+        out["error"] = result.get("error")
+    return out
+
+
+def diff_fields(real: dict, spec: dict) -> list[str]:
+    """The ``kvbound plan`` fields on which the two sides differ."""
+    return [f for f in PLAN_FIELDS if _norm(real.get(f)) != _norm(spec.get(f))]
+
+
+def _norm(v):
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    return v
+
+
+# Verdicts of one (release, case) pair.
+AGREE, DISAGREE, FAULT, UNDRIVEN = "agree", "disagree", "fault", "undriven"
+
+
+def judge(case: Case, release: str, result: dict) -> dict:
+    """The per-case record of the report: both outputs, the verdict, and why."""
+    variant = variant_for_version(release)
+    spec_plan = plan_load(case, variant)
+    spec = spec_plan.to_json(case.name)
+    rec = {"name": case.name, "release": release, "variant": variant.value, "spec": spec,
+           "lookup": result.get("lookup"), "sync_load_marked": result.get("sync_load_marked"),
+           "partial_tail_boundary": result.get("partial_tail_boundary")}
+    if spec_plan.assertion is not None:
+        rec["spec_assertion_group"] = spec_plan.assertion.group_index
+    outcome = result.get("outcome")
+    if outcome in ("worker_crash", "worker_timeout") or (
+        outcome == "exception" and result.get("phase") == "setup"
+    ):
+        rec.update(verdict=FAULT, real=result, fault=_fault_text(result))
+        return rec
+    real = real_plan_json(dict(result, name=case.name))
+    rec["real"] = real
+    site = result.get("assert_site")
+    if site:
+        rec["real_assert_site"] = {k: site.get(k) for k in ("file", "line", "function", "statement", "group_index")}
+    lookup_m = (result.get("lookup") or {}).get("num_external_tokens")
+    rec["lookup_matches_case"] = lookup_m == case.num_external_tokens
+    if (variant is Variant.FIXED_SYNC and case.sync_load and case.num_external_tokens
+            and result.get("sync_load_marked") is False):
+        rec.update(verdict=UNDRIVEN,
+                   why="vLLM's lookup did not reserve a sync load for this request (it needs a"
+                       " non-zero hit with N + hit < num_prompt_tokens); the positional match"
+                       " was not exercised, so the case is not judged")
+        return rec
+    if result.get("partial_tail_boundary") is not None:
+        rec.update(verdict=UNDRIVEN,
+                   why=f"vLLM's lookup chose a partial tail at {result['partial_tail_boundary']}"
+                       " tokens, which the case format leaves out")
+        return rec
+    diff = diff_fields(real, spec)
+    rec["diff"] = diff
+    rec["verdict"] = DISAGREE if diff else AGREE
+    return rec
+
+
+def _fault_text(result: dict) -> str:
+    o = result.get("outcome")
+    if o == "worker_crash":
+        return ("the worker process died on this case (exit code %s); the run went on with a fresh"
+                " worker. Its stderr ends:\n%s" % (result.get("exit_code"), result.get("stderr_tail", "")))
+    if o == "worker_timeout":
+        return "the worker gave no answer within %s s; it was killed and restarted" % result.get("timeout_s")
+    return ("kvbound's adapter could not build vLLM's objects for this case (%s); this is an adapter"
+            " or release-API problem, not a verdict on the scheduler" % result.get("error"))
+
+
+# --- families (the matrix rows) ------------------------------------------------
+
+_KIND_PRIORITY = (GroupKind.MAMBA, GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL)
+
+
+def row_of(case: Case, origin: str, family: str) -> str:
+    """``realistic/<kind>`` (the most special kind the hybrid holds: mamba > sliding
+    window > chunked local > full attention only), ``recurrent_state``, ``pr_case``,
+    ``adversarial``, ``example`` or ``witness``."""
+    if origin == "witness":
+        return "witness"
+    if origin == "file" and (case.name.startswith("pr-") or case.name == "pr_case"):
+        return "pr_case"
+    if family == "realistic":
+        kinds = {g.config.kind for g in case.groups}
+        for k in _KIND_PRIORITY:
+            if k in kinds:
+                return f"realistic/{k.value}"
+        return "realistic/full_attention"
+    return family
+
+
+ROW_ORDER = ("realistic/full_attention", "realistic/sliding_window", "realistic/chunked_local",
+             "realistic/mamba", "recurrent_state", "pr_case", "example", "witness", "adversarial")
+
+
+def outcome_label(rec: dict) -> str:
+    """The real outcome in one word: ok, an assert name, exception, or the fault."""
+    real = rec.get("real") or {}
+    if rec["verdict"] == FAULT:
+        return (rec.get("real") or {}).get("outcome", "fault")
+    if real.get("outcome") == "ok":
+        return "ok"
+    if real.get("outcome") == "assertion_error":
+        a = real.get("assertion") or "other"
+        return "other-assert" if a.startswith("other") else a
+    return real.get("outcome") or "?"
+
+
+def is_blocking(rec: dict, row: str) -> bool:
+    """What fails CI: a disagreement or fault outside the adversarial row."""
+    return row != "adversarial" and rec["verdict"] in (DISAGREE, FAULT)
+
+
+def matrix(records: list[dict], releases: list[str]) -> dict:
+    """{row: {release: {"total", "agree", "disagree", "fault", "undriven", "outcomes": {..}}}}"""
+    m: dict = {}
+    for rec in records:
+        cell = m.setdefault(rec["row"], {}).setdefault(rec["release"], {
+            "total": 0, AGREE: 0, DISAGREE: 0, FAULT: 0, UNDRIVEN: 0, "outcomes": {}})
+        cell["total"] += 1
+        cell[rec["verdict"]] += 1
+        lab = outcome_label(rec)
+        cell["outcomes"][lab] = cell["outcomes"].get(lab, 0) + 1
+    return m
+
+
+def render_matrix(m: dict, releases: list[str]) -> str:
+    """Rows = case families, one column per release: agree/total, then the real outcomes."""
+    rows = [r for r in ROW_ORDER if r in m] + sorted(r for r in m if r not in ROW_ORDER)
+    heads = [f"vllm {r} ({variant_for_version(r).value})" for r in releases]
+    cells = []
+    for row in rows:
+        line = []
+        for rel in releases:
+            c = m[row].get(rel)
+            if not c:
+                line.append("-")
+                continue
+            s = f"{c[AGREE]}/{c['total']} agree"
+            for k in (DISAGREE, FAULT, UNDRIVEN):
+                if c[k]:
+                    s += f", {c[k]} {k}"
+            outs = " ".join(f"{k}:{v}" for k, v in sorted(c["outcomes"].items(), key=lambda kv: (kv[0] != "ok", kv[0])))
+            line.append(f"{s} | {outs}")
+        cells.append(line)
+    w0 = max([len("family")] + [len(r) for r in rows])
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
+    out = ["  ".join([f"{'family':<{w0}}"] + [f"{h:<{w}}" for h, w in zip(heads, widths)]).rstrip()]
+    out.append("  ".join(["-" * w0] + ["-" * w for w in widths]))
+    for row, line in zip(rows, cells):
+        out.append("  ".join([f"{row:<{w0}}"] + [f"{c:<{w}}" for c, w in zip(line, widths)]).rstrip())
+    return "\n".join(out)
+

@@ -1,0 +1,159 @@
+"""One worker process per release, fed case by case; a dead worker costs one case.
+
+The worker imports vLLM once (~8 s), so every case of a release goes to the same
+process. If it dies or hangs on a case, that case is reported as a fault with
+the worker's stderr, a fresh worker starts, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kvbound.spec import case_to_dict
+
+from .prepare import PrepareError, ReleaseEnv
+
+WORKER = Path(__file__).with_name("worker.py")
+HELLO_TIMEOUT_S = 300  # importing vLLM on a loaded 2-core machine
+CASE_TIMEOUT_S = 120
+
+
+class WorkerError(RuntimeError):
+    """The release's worker could not start; the message says what to do."""
+
+
+class Worker:
+    def __init__(self, env: ReleaseEnv):
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.hello: dict | None = None
+        self._err = tempfile.TemporaryFile(mode="w+")
+
+    def start(self) -> dict:
+        pyenv = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="ERROR",
+                     VLLM_TARGET_DEVICE="cpu", TOKENIZERS_PARALLELISM="false")
+        if self.env.tree:
+            pyenv["PYTHONPATH"] = self.env.tree
+        # -P keeps the worker's own directory (kvbound's sources) off sys.path.
+        self.proc = subprocess.Popen(
+            [self.env.python, "-P", str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self._err, text=True, bufsize=1, env=pyenv,
+        )
+        line = self._readline(HELLO_TIMEOUT_S)
+        msg = _parse(line)
+        if msg is None or "hello" not in msg:
+            self.stop()
+            if msg and msg.get("fatal") == "import":
+                raise WorkerError(
+                    f"vllm {self.env.version} failed to import in {self.env.python}"
+                    f" (PYTHONPATH={self.env.tree}): {msg.get('error')}.\n"
+                    "If a module is missing, the pinned dependency list"
+                    " (kvbound/conform/vllm-import-deps.lock) does not fit this release:"
+                    " add the module there and run again (the deps venv is rebuilt when the list"
+                    f" changes). Traceback tail:\n{msg.get('traceback', '')[-1500:]}")
+            raise WorkerError(
+                f"the worker for vllm {self.env.version} did not start (exit code"
+                f" {self.proc.returncode if self.proc else '?'}). Its stderr ends:\n{self.stderr_tail()}")
+        self.hello = msg
+        return msg
+
+    def _readline(self, timeout: float) -> str | None:
+        assert self.proc and self.proc.stdout
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not r:
+            return None
+        return self.proc.stdout.readline()
+
+    def stderr_tail(self, n: int = 2000) -> str:
+        self._err.flush()
+        self._err.seek(0)
+        return self._err.read()[-n:]
+
+    def run(self, case_id: int, case: dict) -> dict:
+        assert self.proc and self.proc.stdin
+        try:
+            self.proc.stdin.write(json.dumps({"id": case_id, "case": case}) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # seen as a dead worker below
+        line = self._readline(CASE_TIMEOUT_S)
+        if line is None:
+            self.stop()
+            return {"outcome": "worker_timeout", "timeout_s": CASE_TIMEOUT_S}
+        msg = _parse(line)
+        if msg is None:  # EOF: the process died
+            code = self.proc.wait(timeout=10)
+            tail = self.stderr_tail()
+            self.proc = None
+            return {"outcome": "worker_crash", "exit_code": code, "stderr_tail": tail}
+        return msg
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def _parse(line: str | None) -> dict | None:
+    if not line:
+        return None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return {"outcome": "worker_crash", "exit_code": None, "stderr_tail": f"garbled line: {line[:500]}"}
+
+
+def run_release(env: ReleaseEnv, cases: list, progress=None) -> tuple[dict, list[dict]]:
+    """(hello, [raw result per case]) for one release; a worker that dies is restarted."""
+    w = Worker(env)
+    t0 = time.monotonic()
+    hello = w.start()
+    if progress:
+        progress(f"kvbound conform: vllm {hello['vllm']} imported ({time.monotonic() - t0:.0f} s);"
+                 f" replaying {len(cases)} cases")
+    out = []
+    step = max(1, len(cases) // 5)
+    try:
+        for i, case in enumerate(cases):
+            if not w.alive:
+                w = Worker(env)
+                w.start()
+            out.append(w.run(i, case_to_dict(case)))
+            if progress and (i + 1) % step == 0 and i + 1 < len(cases):
+                progress(f"kvbound conform: vllm {env.version}: {i + 1}/{len(cases)} cases")
+    finally:
+        w.stop()
+    return hello, out
+
+
+def current_env() -> ReleaseEnv:
+    """The vllm importable in this interpreter's environment, if any."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        v = version("vllm")
+    except PackageNotFoundError:
+        raise PrepareError(
+            "no vllm is importable in this environment and no --vllm was given: name a release,"
+            " e.g. `kvbound conform --vllm 0.29.0 --vllm 0.33.0` (prepared once under the cache"
+            " directory, then reused offline)") from None
+    return ReleaseEnv(v, sys.executable, None)

@@ -1,0 +1,357 @@
+"""kvbound's adapter to a real vLLM release: runs ``update_state_after_alloc`` per case.
+
+Runs in the deps venv with ``PYTHONPATH=<release tree>``, where kvbound is NOT
+installed, so it imports only the standard library and vLLM. Protocol: a hello
+line, then one JSON case per stdin line -> one JSON result per stdout line.
+Anything vLLM prints goes to stderr, so stdout carries only the protocol.
+
+Only the offload tier (``OffloadingManager``) is faked. It answers HIT exactly
+for the whole chunks a case loads (chunk j of group g with j < cdiv(T, tpc_g)),
+MISS for partial-tail boundary keys, so vLLM's own lookup lands on the case's
+M where the release's rules allow; the case's M is what reaches
+``update_state_after_alloc``, and the lookup's answer is reported beside it.
+"""
+
+import ast
+import dataclasses
+import json
+import os
+import sys
+import traceback
+import warnings
+
+PROTOCOL = 1
+NULL_BLOCK_ID = 0
+
+
+def _send(out, obj):
+    out.write(json.dumps(obj) + "\n")
+    out.flush()
+
+
+def cdiv(a, b):
+    return -(a // -b)
+
+
+class Release:
+    """The release's classes, imported once; names looked up where releases differ."""
+
+    def __init__(self):
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        warnings.filterwarnings("ignore")
+        import torch
+        import vllm
+        from vllm import SamplingParams
+        from vllm.config import CacheConfig, DeviceConfig, ParallelConfig, VllmConfig
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler
+        from vllm.v1.core import kv_cache_utils as kcu
+        from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+        from vllm.v1 import kv_cache_interface as kci
+        from vllm.v1.kv_offload import base, config as ocfg
+        from vllm.v1.request import Request
+
+        try:
+            from vllm.utils.hashing import sha256
+        except ImportError:  # older layouts
+            from vllm.utils import sha256
+        self.version = vllm.__version__
+        self.torch, self.scheduler, self.kcu, self.kci = torch, scheduler, kcu, kci
+        self.base, self.ocfg = base, ocfg
+        self.SamplingParams, self.Request, self.KVCacheBlocks = SamplingParams, Request, KVCacheBlocks
+        self.CacheConfig, self.DeviceConfig = CacheConfig, DeviceConfig
+        self.ParallelConfig, self.VllmConfig = ParallelConfig, VllmConfig
+        self.sha256 = sha256
+        kcu.init_none_hash(sha256)
+        try:
+            from vllm.distributed.kv_transfer.kv_connector.v1.offloading import config as conncfg
+
+            self.window_in_chunks = conncfg.get_sliding_window_size_in_chunks
+        except (ImportError, AttributeError):  # before 0.33 it lived in scheduler.py
+            self.window_in_chunks = scheduler.get_sliding_window_size_in_chunks
+        self._vllm_configs = {}
+        self.fake_manager_cls = _fake_manager_class(base)
+        self.fake_spec_cls = _fake_spec_class(base)
+
+    # -- config -----------------------------------------------------------------
+    def vllm_config(self, block_size):
+        if block_size not in self._vllm_configs:
+            self._vllm_configs[block_size] = self.VllmConfig(
+                cache_config=self.CacheConfig(block_size=block_size, enable_prefix_caching=True),
+                parallel_config=self.ParallelConfig(),
+                device_config=self.DeviceConfig(device="cpu"),
+            )
+        return self._vllm_configs[block_size]
+
+    def group_spec(self, g):
+        t = self.torch.float32
+        b = g["tokens_per_block"]
+        kind = g["kind"]
+        if kind == "full_attention":
+            return self.kci.FullAttentionSpec(block_size=b, num_kv_heads=1, head_size=1, dtype=t)
+        if kind == "sliding_window":
+            return self.kci.SlidingWindowSpec(
+                block_size=b, num_kv_heads=1, head_size=1, dtype=t, sliding_window=g["sliding_window"])
+        if kind == "chunked_local":
+            return self.kci.ChunkedLocalAttentionSpec(
+                block_size=b, num_kv_heads=1, head_size=1, dtype=t,
+                attention_chunk_size=g["attention_chunk_size"])
+        if kind == "mamba":
+            return _build(self.kci.MambaSpec, block_size=b, shapes=((1,),), dtypes=(t,),
+                          mamba_cache_mode="align")
+        raise ValueError("unknown group kind %r" % (kind,))
+
+    def offloading_config(self, specs, case, extra_config):
+        o = self.ocfg
+        bpc = case["blocks_per_chunk"]
+        groups = tuple(
+            _build(o.OffloadingGroupConfig, tokens_per_block=s.block_size,
+                   layer_names=("layer.%d" % i,), group_id=i,
+                   sliding_window_size_in_chunks=self.window_in_chunks(s, s.block_size * bpc))
+            for i, s in enumerate(specs)
+        )
+        parallel = _build(o.OffloadingParallelConfig, rank=0, world_size=1, tp_size=1, pp_size=1,
+                          pcp_size=1, dcp_size=1, data_parallel_index=0, data_parallel_size=1,
+                          data_parallel_rank_local=None, is_parallelism_agnostic=False)
+        return _build(
+            o.OffloadingConfig, groups=groups, worker_kv_bytes_per_block=0,
+            enable_kv_cache_events=False, extra_config=extra_config, engine_id="kvbound",
+            model=_build(o.OffloadingModelConfig, name="kvbound-conform", dtype="float32"),
+            cache=_build(o.OffloadingCacheConfig, tokens_per_hash=case["tokens_per_hash"],
+                         blocks_per_chunk=bpc),
+            parallel=parallel,
+        )
+
+    # -- one case ---------------------------------------------------------------
+    def run_case(self, case):
+        out = {"phase": "setup"}
+        try:
+            return self._run_case(case, out)
+        except AssertionError as e:
+            out.update(outcome="assertion_error", assert_site=assert_site(e))
+        except Exception as e:  # noqa: BLE001 - any failure is this case's result
+            out.update(outcome="exception", error="%s: %s" % (type(e).__name__, e),
+                       traceback=traceback.format_exc()[-3000:])
+        return out
+
+    def _run_case(self, case, out):
+        N, M = case["num_locally_computed_tokens"], case["num_external_tokens"]
+        T = N + M
+        tph = case["tokens_per_hash"]
+        specs = [self.group_spec(g) for g in case["groups"]]
+        kv_cache_config = self.kci.KVCacheConfig(
+            num_blocks=1 + max([_max_id(g["blocks"]) for g in case["groups"]] + [1]),
+            kv_cache_tensors=[],
+            kv_cache_groups=[self.kci.KVCacheGroupSpec(["layer.%d" % i], s) for i, s in enumerate(specs)],
+        )
+        # 0.33's real switch for sync loads: a step budget; the lookup then reserves it.
+        extra = {"sync_load_budget_bytes": 1 << 60} if case.get("sync_load") else {}
+        manager = self.fake_manager_cls()
+        spec = self.fake_spec_cls(self.offloading_config(specs, case, extra), manager)
+        sched = self.scheduler.OffloadingConnectorScheduler(
+            spec, self.vllm_config(specs[0].block_size), kv_cache_config)
+        req = self.Request(
+            request_id="kvbound-case",
+            prompt_token_ids=list(range(case["num_prompt_tokens"])),
+            sampling_params=self.SamplingParams(max_tokens=1),
+            pooling_params=None,
+            block_hasher=self.kcu.get_request_block_hasher(tph, self.sha256),
+        )
+        bpc = case["blocks_per_chunk"]
+        manager.expect(req, [g["tokens_per_block"] * bpc // tph for g in case["groups"]],
+                       [cdiv(T, g["tokens_per_block"] * bpc) for g in case["groups"]])
+        out["phase"] = "lookup"
+        sched.on_new_request(req)
+        hit, is_async = sched.get_num_new_matched_tokens(req, N)
+        out["lookup"] = {"num_external_tokens": hit, "load_async": bool(is_async)}
+        sync_set = getattr(sched, "_current_batch_sync_loads", None)
+        out["sync_load_marked"] = None if sync_set is None else req.request_id in sync_set
+        status = getattr(sched, "_req_status", {}).get(req.request_id)
+        out["partial_tail_boundary"] = getattr(status, "partial_tail_boundary", None)
+
+        out["phase"] = "update_state_after_alloc"
+        null = self.kcu.KVCacheBlock(block_id=NULL_BLOCK_ID)
+        null.is_null = True
+        tables = []
+        for gi, g in enumerate(case["groups"]):
+            table = []
+            for tok in g["blocks"]:
+                if tok == "N":
+                    table.append(null)
+                    continue
+                blk = self.kcu.KVCacheBlock(block_id=int(tok[1:]))
+                if tok[0] == "H":
+                    blk.set_block_hash(self.kcu.make_block_hash_with_group_id(
+                        b"kvbound-block-%d" % blk.block_id, gi))
+                table.append(blk)
+            tables.append(table)
+        jobs_before = set(getattr(sched, "_current_batch_load_jobs", {}))
+        sched.update_state_after_alloc(req, self.KVCacheBlocks(tuple(tables)), M)
+        jobs = {j: v for j, v in getattr(sched, "_current_batch_load_jobs", {}).items()
+                if j not in jobs_before}
+        out["phase"] = "done"
+        if not jobs:
+            out.update(outcome="ok", dst_block_ids=[], group_sizes=[], block_indices=[], keys=[])
+            return out
+        (job,) = jobs.values()
+        dst = job.dst_spec
+        loaded = manager.loaded[-1] if manager.loaded else []
+        out.update(
+            outcome="ok",
+            dst_block_ids=[int(x) for x in dst.block_ids],
+            group_sizes=[int(x) for x in dst.group_sizes],
+            block_indices=[int(x) for x in dst.block_indices],
+            keys=[manager.describe(k) for k in loaded],
+        )
+        return out
+
+
+def _build(cls, **kw):
+    """A release's dataclass from the fields it has (releases add and drop fields)."""
+    if dataclasses.is_dataclass(cls):
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in kw.items() if k in names}
+    return cls(**kw)
+
+
+def _max_id(tokens):
+    return max([int(t[1:]) for t in tokens if t != "N"] + [0])
+
+
+def _fake_manager_class(base):
+    """The offload tier: HIT for the case's whole chunks, records prepare_load's keys."""
+
+    def _unused(name):
+        def method(self, *a, **k):
+            self.calls.append(name)
+            return None
+        method.__name__ = name
+        return method
+
+    def __init__(self):
+        self.calls, self.loaded = [], []
+        self.key_of = {}
+        self.hit_chunks = []
+
+    def expect(self, req, hashes_per_chunk, hit_chunks):
+        """Map every chunk key of the request to (group, chunk); boundary keys stay unknown."""
+        self.key_of = {}
+        self.hit_chunks = hit_chunks
+        hashes = list(req.block_hashes)
+        for gi, hpc in enumerate(hashes_per_chunk):
+            for j in range(len(hashes) // hpc):
+                self.key_of[base.make_offload_key(hashes[(j + 1) * hpc - 1], gi)] = (gi, j)
+        self.hash_index = {bytes(h): i for i, h in enumerate(hashes)}
+
+    def lookup(self, key, req_context=None):
+        gj = self.key_of.get(key)
+        if gj is not None and gj[1] < self.hit_chunks[gj[0]]:
+            return base.LookupResult.HIT
+        return base.LookupResult.MISS
+
+    def prepare_load(self, keys, req_context=None):
+        self.loaded.append(list(keys))
+        return _fake_load_spec_class(base)()
+
+    def describe(self, key):
+        gj = self.key_of.get(key)
+        if gj is not None:
+            return [gj[0], gj[1]]
+        raw = bytes(key)
+        gi = int.from_bytes(raw[-4:], "big")
+        return ["boundary", gi, self.hash_index.get(raw[:-4])]
+
+    def prepare_store(self, keys, req_context=None):
+        return None
+
+    def on_new_request(self, req_context=None):
+        return base.RequestOffloadingContext()
+
+    ns = {name: _unused(name) for name in getattr(base.OffloadingManager, "__abstractmethods__", ())}
+    ns.update(__init__=__init__, expect=expect, lookup=lookup, prepare_load=prepare_load,
+              describe=describe, prepare_store=prepare_store, on_new_request=on_new_request)
+    return type("KvboundFakeOffloadTier", (base.OffloadingManager,), ns)
+
+
+_LOAD_SPEC = {}
+
+
+def _fake_load_spec_class(base):
+    """What prepare_load hands the scheduler; only a worker would read it."""
+    if "cls" not in _LOAD_SPEC:
+        ns = {name: (lambda self, *a, **k: None)
+              for name in getattr(base.LoadStoreSpec, "__abstractmethods__", ())}
+        _LOAD_SPEC["cls"] = type("KvboundFakeLoadSpec", (base.LoadStoreSpec,), ns)
+    return _LOAD_SPEC["cls"]
+
+
+def _fake_spec_class(base):
+    def __init__(self, config, manager):
+        base.OffloadingSpec.__init__(self, config)
+        self._kvbound_manager = manager
+
+    ns = {name: (lambda self, *a, **k: None)
+          for name in getattr(base.OffloadingSpec, "__abstractmethods__", ())}
+    ns.update(__init__=__init__, get_manager=lambda self: self._kvbound_manager)
+    return type("KvboundFakeOffloadingSpec", (base.OffloadingSpec,), ns)
+
+
+def assert_site(exc):
+    """The failing ``assert`` statement: file, line, function and its source text.
+
+    The statement is read with ``ast`` from the source file, so a multi-line
+    assert comes back whole and kvbound names it without guessing by line number.
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return {"file": None, "line": None, "function": None, "statement": None}
+    fr = frames[-1]
+    site = {"file": fr.filename, "line": fr.lineno, "function": fr.name, "statement": fr.line,
+            "message": str(exc) or None}
+    try:
+        with open(fr.filename) as f:
+            tree = ast.parse(f.read())
+        best = None
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assert) and node.lineno <= fr.lineno <= (node.end_lineno or node.lineno):
+                if best is None or node.lineno >= best.lineno:
+                    best = node
+        if best is not None:
+            site["line"] = best.lineno
+            site["statement"] = "assert " + ast.unparse(best.test)
+    except (OSError, SyntaxError, ValueError):
+        pass
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    local = tb.tb_frame.f_locals
+    gc = local.get("group_config")
+    gi = getattr(gc, "group_idx", getattr(gc, "group_id", None))
+    site["group_index"] = gi if isinstance(gi, int) else None
+    site["values"] = {k: v for k, v in local.items() if type(v) is int}
+    return site
+
+
+def main():
+    proto = os.fdopen(os.dup(1), "w")  # the protocol channel
+    os.dup2(2, 1)  # whatever vLLM prints goes to stderr
+    sys.stdout = sys.stderr
+    try:
+        rel = Release()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which explains it
+        _send(proto, {"fatal": "import", "error": "%s: %s" % (type(e).__name__, e),
+                      "traceback": traceback.format_exc()[-4000:], "python": sys.version})
+        return 3
+    _send(proto, {"hello": PROTOCOL, "vllm": rel.version, "python": sys.version.split()[0],
+                  "scheduler_file": rel.scheduler.__file__})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        msg = json.loads(line)
+        res = rel.run_case(msg["case"])
+        res["id"] = msg["id"]
+        _send(proto, res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
