@@ -1,0 +1,249 @@
+"""The Z3 encoding of ``update_state_after_alloc``'s per-group plan.
+
+A group's block table has a length and, per position, a state (null / hashed /
+unhashed) and a block id. The load start is characterised, not unrolled: "the
+first index in [lo, hi) whose block has the property, else hi" — a quantified
+statement over a symbolic table (so every length at once), a few comparisons
+over a concrete one. The request's numbers (N, M, b, bpc, ...) are unbounded
+integers. The assert order per group is spec/plan.py's: table_length, scan,
+boundary (legacy) / alignment (fixed*), window_bound, keys_length (pending > 0).
+
+``Knobs`` says which code is encoded: a spec variant, or a seeded mutant of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import z3
+
+from kvbound.spec import AssertName, Variant
+
+from .terms import AND, CDIV, FLOORDIV, IF, IMPLIES, MAX, MIN, MOD, NOT, OR, concrete
+
+# Block states as integers in the encoding (spec's BlockState N / H / U).
+NUL, HSH, UNH = 0, 1, 2
+STATE_CODE = {"N": NUL, "H": HSH, "U": UNH}
+
+# Outcome codes: 0 the group plans; otherwise the assert that fires first.
+OK = 0
+FAIL_CODE = {
+    AssertName.TABLE_LENGTH: 1,
+    AssertName.BOUNDARY: 2,
+    AssertName.ALIGNMENT: 3,
+    AssertName.WINDOW_BOUND: 4,
+    AssertName.KEYS_LENGTH: 5,
+}
+CODE_FAIL = {v: k for k, v in FAIL_CODE.items()}
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The code being encoded. The defaults are 0.30's fixed scan; a mutant flips one."""
+
+    scan_from_zero: bool = False  # legacy: range(0, k) instead of range(f, k)
+    f_floor: bool = False  # mutant: f = N // b instead of cdiv(N, b)
+    null_skip: bool = True  # the scan skips null blocks
+    unhashed_test: bool = True  # the scan requires block_hash is None
+    no_scan: bool = False  # mutant: start = f (no loop at all)
+    lo_offset: int = 0  # mutant: range(f + lo_offset, ...)
+    hi_offset: int = 0  # mutant: range(..., k + hi_offset), default still k
+    key_start_offset: int = 0  # mutant: keys from start // bpc + offset
+    pending_offset: int = 0  # mutant: group size k - start + offset
+    end_chunk_floor: bool = False  # mutant: end chunk T // tpc instead of cdiv
+    legacy_assert: bool = False  # assert N <= start*b (legacy) instead of N % b == 0
+    match_hashed_on_sync: bool = False  # 0.33: a sync load matches by position
+    asserts: bool = True  # False models python -O
+
+
+VARIANT_KNOBS = {
+    Variant.LEGACY: Knobs(scan_from_zero=True, legacy_assert=True),
+    Variant.FIXED: Knobs(),
+    Variant.FIXED_SYNC: Knobs(match_hashed_on_sync=True),
+}
+
+
+def knobs_for(variant, asserts: bool = True) -> Knobs:
+    return replace(VARIANT_KNOBS[Variant(variant)], asserts=asserts)
+
+
+class ConcreteTable:
+    """A case's table: states and ids known, so scans fold to a few comparisons."""
+
+    def __init__(self, blocks):
+        self.length = len(blocks)
+        self.states = [STATE_CODE[b.state.value] for b in blocks]
+        self.ids = [b.block_id for b in blocks]
+
+    def state(self, i):
+        return self.states[i]
+
+    def ident(self, i):
+        return self.ids[i]
+
+    def first_match(self, s, lo, hi, pred):
+        """s is the first i in [lo, hi) with pred(i), else hi (lo, hi are ints here).
+
+        The quantifier "no i in [lo, s) has pred" folds, position by position, to
+        "s <= i for every i with pred"; those bounds fold to the first such i.
+        """
+        first = next((i for i in range(max(lo, 0), min(hi, self.length)) if pred(i)), None)
+        if first is None:
+            return [s == hi]
+        return [s <= first, z3.Or(s == hi, s == first)]
+
+
+class SymTable:
+    """Every table at once: symbolic length, per-position state and id."""
+
+    def __init__(self, name: str):
+        self.length = z3.Int(f"{name}.len")
+        self.st = z3.Array(f"{name}.state", z3.IntSort(), z3.IntSort())
+        self.id = z3.Array(f"{name}.id", z3.IntSort(), z3.IntSort())
+        self.name = name
+
+    def state(self, i):
+        return self.st[i]
+
+    def ident(self, i):
+        return self.id[i]
+
+    def wellformed(self):
+        """States are N/H/U, only the null block has id 0 (its id)."""
+        i = z3.Int(f"{self.name}.i")
+        return z3.And(
+            self.length >= 0,
+            z3.ForAll([i], z3.Implies(z3.And(0 <= i, i < self.length), z3.And(
+                self.st[i] >= NUL, self.st[i] <= UNH,
+                (self.st[i] == NUL) == (self.id[i] == 0), self.id[i] >= 0,
+            ))),
+        )
+
+    def forall(self, lo, hi, body):
+        """body(i) for every i in [lo, hi)."""
+        i = z3.FreshInt(f"{self.name}.j")
+        return z3.ForAll([i], z3.Implies(z3.And(lo <= i, i < hi), body(i)))
+
+    def first_match(self, s, lo, hi, pred):
+        i = z3.FreshInt(f"{self.name}.i")
+        return [
+            z3.Or(s == hi, z3.And(lo <= s, s < hi, pred(s))),
+            z3.ForAll([i], z3.Implies(z3.And(lo <= i, i < s), z3.Not(pred(i)))),
+        ]
+
+
+@dataclass
+class GroupInputs:
+    """One group's inputs; ints (a case) or Z3 terms (every case)."""
+
+    N: object  # num_locally_computed_tokens
+    M: object  # num_external_tokens
+    b: object  # tokens_per_block
+    bpc: object  # blocks_per_chunk
+    window: object  # sliding_window_size_in_chunks, None for full attention
+    num_keys: object  # offload keys at admission
+    sync_load: object
+    table: object  # ConcreteTable | SymTable
+
+
+@dataclass
+class GroupOut:
+    k: object
+    f: object
+    start: object  # load_start_gpu_block_idx (a Z3 Int, pinned by constraints)
+    pending: object  # num_pending_gpu_blocks, the group size
+    dst_len: object  # len(blocks[start:k])
+    start_chunk: object
+    end_chunk: object  # after vLLM's slice of offload_keys
+    end_chunk_wanted: object  # cdiv(T, tpc) (what the keys assert compares)
+    checks: tuple  # ((FAIL_CODE, holds), ...) in vLLM's assert order
+    constraints: list
+
+    def passes(self):
+        """No assert of this group fires."""
+        return AND(*[ok for _, ok in self.checks])
+
+    def fails_with(self, code: int):
+        """The assert ``code`` is the first of this group to fire."""
+        out = False
+        for i, (c, ok) in enumerate(self.checks):
+            if c == code:
+                out = OR(out, AND(*[o for _, o in self.checks[:i]], NOT(ok)))
+        return out
+
+    @property
+    def fail(self):
+        """OK or the code of the first assert that fires, as one term."""
+        out = OK
+        for c, ok in reversed(self.checks):
+            out = IF(NOT(ok), c, out)
+        return out
+
+
+def scan_pred(table, knobs: Knobs, match_hashed):
+    """The property the scan looks for at position i."""
+
+    def pred(i):
+        st = table.state(i)
+        nonnull = (st != NUL) if knobs.null_skip else True
+        if not knobs.unhashed_test:
+            return nonnull
+        return AND(nonnull, OR(match_hashed, st == UNH)) if knobs.null_skip else OR(match_hashed, st != HSH)
+
+    return pred
+
+
+def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupOut:
+    """What one group of ``update_state_after_alloc`` computes, as terms and constraints."""
+    T = g.N + g.M
+    k = CDIV(T, g.b)
+    f = FLOORDIV(g.N, g.b) if knobs.f_floor else CDIV(g.N, g.b)
+    table = g.table
+    start = z3.Int(f"start{tag}.{gi}")
+    match_hashed = AND(g.sync_load, True) if knobs.match_hashed_on_sync else False
+    pred = scan_pred(table, knobs, match_hashed)
+    if knobs.no_scan:
+        cs = [start == f]
+    else:
+        lo = 0 if knobs.scan_from_zero else f + knobs.lo_offset
+        if knobs.hi_offset:  # the mutant's loop still defaults to k when nothing matched
+            raw = z3.Int(f"start{tag}.{gi}.raw")
+            cs = table.first_match(raw, lo, k + knobs.hi_offset, pred)
+            cs.append(start == IF(raw == k + knobs.hi_offset, k, raw))
+        else:
+            cs = table.first_match(start, lo, k, pred)
+    table_ok = table.length >= k
+    if knobs.legacy_assert:
+        assert_ok, assert_code = g.N <= start * g.b, FAIL_CODE[AssertName.BOUNDARY]
+    else:
+        assert_ok, assert_code = MOD(g.N, g.b) == 0, FAIL_CODE[AssertName.ALIGNMENT]
+    dst_len = k - start
+    pending = k - start + knobs.pending_offset
+    window_ok = True if g.window is None else pending <= g.window * g.bpc + 1
+    tpc = g.b * g.bpc
+    wanted = FLOORDIV(T, tpc) if knobs.end_chunk_floor else CDIV(T, tpc)
+    start_chunk = FLOORDIV(start, g.bpc) + knobs.key_start_offset
+    keys_ok = OR(pending == 0, g.num_keys >= wanted)
+    end_chunk = IF(pending == 0, start_chunk, MAX(start_chunk, MIN(wanted, g.num_keys)))
+    checks = [(FAIL_CODE[AssertName.TABLE_LENGTH], table_ok)]
+    if knobs.asserts:
+        checks += [(assert_code, assert_ok), (FAIL_CODE[AssertName.WINDOW_BOUND], window_ok),
+                   (FAIL_CODE[AssertName.KEYS_LENGTH], keys_ok)]
+    return GroupOut(k, f, start, pending, dst_len, start_chunk, end_chunk, wanted, tuple(checks), cs)
+
+
+def case_inputs(case) -> list[GroupInputs]:
+    """A spec Case as concrete group inputs (numbers folded in Python)."""
+    out = []
+    for gi, grp in enumerate(case.groups):
+        out.append(GroupInputs(
+            N=case.num_locally_computed_tokens,
+            M=case.num_external_tokens,
+            b=grp.config.tokens_per_block,
+            bpc=case.blocks_per_chunk,
+            window=grp.config.sliding_window_size_in_chunks(case.blocks_per_chunk),
+            num_keys=case.num_offload_keys(gi),
+            sync_load=case.sync_load,
+            table=ConcreteTable(grp.blocks),
+        ))
+    return out
