@@ -216,5 +216,142 @@ def diff_section(data) -> Section:
     raise ReportInputError("diff JSON reader not written yet")
 
 
+def _short(path: str) -> str:
+    i = (path or "").rfind("vllm/")
+    return path[i:] if i >= 0 else (path or "?")
+
+
+def _real_label(rec: dict) -> str:
+    """The real side in a few words: ok / assert name at file:line / fault."""
+    if rec.get("verdict") == "fault":
+        return f"fault: {(rec.get('real') or {}).get('outcome', '?')}"
+    real = rec.get("real") or {}
+    if real.get("outcome") == "assertion_error":
+        site = rec.get("real_assert_site") or {}
+        where = f" at {_short(site.get('file'))}:{site.get('line')}" if site else ""
+        return f"AssertionError ({real.get('assertion')}){where}"
+    if real.get("outcome") == "ok":
+        return f"ok: dst_block_ids={real.get('dst_block_ids')}"
+    return str(real.get("outcome"))
+
+
+def _spec_label(rec: dict) -> str:
+    spec = rec.get("spec") or {}
+    if spec.get("outcome") == "assertion_error":
+        return f"AssertionError ({spec.get('assertion')})"
+    return f"ok: dst_block_ids={spec.get('dst_block_ids')}"
+
+
+VERDICT_GOOD = {"agree": True, "disagree": False, "fault": False, "undriven": None}
+
+
 def conform_section(data) -> Section:
-    raise ReportInputError("conform JSON reader not written yet")
+    where = "conform JSON"
+    releases = need(data, "releases", where, dict)
+    records = need(data, "cases", where, list)
+    matrix = need(data, "matrix", where, dict)
+    not_prepared = data.get("not_prepared") or []
+    blocking = need(data, "blocking", where, int)
+    rels = list(releases)
+    for i, r in enumerate(records):
+        for key in ("name", "release", "variant", "verdict", "row"):
+            need(r, key, f"{where}.cases[{i}]")
+    sec = Section("conform", "")
+    counts = {v: sum(r["verdict"] == v for r in records) for v in VERDICT_GOOD}
+    sec.failed = bool(blocking or not_prepared)
+    sec.summary = (
+        f"{counts['agree']} agree, {counts['disagree']} disagree, {counts['fault']} fault, "
+        f"{counts['undriven']} not driven over {len(rels)} release(s); {blocking} blocking"
+        + (f"; NOT PREPARED: {', '.join(not_prepared)}" if not_prepared else "")
+    )
+    out = [f"<p>{_badge(sec.summary, not sec.failed)}</p>"]
+    if not_prepared:
+        out.append(f'<div class="error">could not prepare or start: {escape(", ".join(not_prepared))}</div>')
+    out.append("<h3>Releases (real vLLM scheduler code, offload tier faked)</h3>")
+    out.append(_table(
+        ["vLLM", "spec variant", "python", "seconds", "scheduler file"],
+        [[escape(v), f'<span class="mono">{escape(_variant_of(v))}</span>',
+          escape(str(h.get("python", ""))), escape(str(h.get("seconds", ""))),
+          f'<span class="mono small">{escape(_short(h.get("scheduler_file", "")))}</span>']
+         for v, h in releases.items()]))
+    out.append("<h3>Version matrix: agree / total per case family, and the real outcomes</h3>")
+    try:
+        from kvbound.conform.compare import ROW_ORDER
+    except ImportError:
+        ROW_ORDER = ()
+    rows = [r for r in ROW_ORDER if r in matrix] + sorted(r for r in matrix if r not in ROW_ORDER)
+    mrows = []
+    for row in rows:
+        cells = [f'<span class="mono">{escape(row)}</span>']
+        for rel in rels:
+            c = matrix[row].get(rel) if isinstance(matrix[row], dict) else None
+            if not c:
+                cells.append("–")
+                continue
+            bad = c.get("disagree", 0) + c.get("fault", 0)
+            extra = "".join(f", {c[k]} {k}" for k in ("disagree", "fault", "undriven") if c.get(k))
+            outs = " ".join(f"{k}:{v}" for k, v in sorted((c.get("outcomes") or {}).items()))
+            cells.append(_badge(f"{c.get('agree', 0)}/{c.get('total', 0)} agree{extra}",
+                                not bad if row != "adversarial" else (None if bad else True))
+                         + f'<div class="small mono">{escape(outs)}</div>')
+        mrows.append(cells)
+    out.append(_table(["family"] + [f"vllm {r} ({_variant_of(r)})" for r in rels], mrows))
+    if data.get("witness_note"):
+        out.append(f'<p class="small">note: {escape(str(data["witness_note"]))}</p>')
+    named = [r for r in records if r["row"] in ("pr_case", "example", "witness")]
+    if named:
+        out.append("<h3>Case files and proof witnesses: real outcome vs the spec, per release</h3>")
+        by_name: dict = {}
+        for r in named:
+            by_name.setdefault(r["name"], {})[r["release"]] = r
+        trows = []
+        for name, per in by_name.items():
+            cells = [f'<span class="mono">{escape(name)}</span>']
+            for rel in rels:
+                r = per.get(rel)
+                if r is None:
+                    cells.append("–")
+                    continue
+                mark = _badge(r["verdict"], VERDICT_GOOD.get(r["verdict"]))
+                cells.append(f"{mark}<div>real: {escape(_real_label(r))}</div>"
+                             f'<div class="small">spec {escape(r["variant"])}: {escape(_spec_label(r))}</div>')
+            trows.append(cells)
+        out.append(_table(["case"] + [f"vllm {r}" for r in rels], trows))
+        first = next((r for r in named if r["row"] == "pr_case"), None)
+        if first is not None and "case" in first:
+            case = case_of(first["case"], f"{where}.cases[{records.index(first)}].case")
+            vs = [Variant(r["variant"]) for r in named if r["name"] == first["name"]]
+            out.append(drawn_case(case, {v: plan_load(case, v) for v in dict.fromkeys(vs)},
+                                  caption=f"<b>{escape(case.name)}</b> drawn with the variants of the releases above"))
+    bad = [r for r in records if r["verdict"] in ("disagree", "fault")]
+    if bad:
+        out.append(f"<h3>{len(bad)} disagreement(s) / fault(s)</h3>")
+        for i, r in enumerate(bad[:MAX_DRAWN]):
+            head = (f"<b>{escape(r['verdict'])}</b>: <span class=\"mono\">{escape(r['name'])}</span> on vllm "
+                    f"{escape(r['release'])} ({escape(r['variant'])}), family {escape(r['row'])}")
+            if r["verdict"] == "fault" or "case" not in r:
+                out.append(f'<figure class="case"><figcaption>{head}</figcaption>'
+                           f"<pre>{escape(str(r.get('fault', '')))}</pre></figure>")
+                continue
+            case = case_of(r["case"], f"{where}.cases[{records.index(r)}].case")
+            v = Variant(r["variant"])
+            detail = (f"<div>differs in: <b>{escape(', '.join(r.get('diff') or []))}</b></div>"
+                      f'<pre>real vllm {escape(r["release"])}: {escape(json.dumps(r.get("real")))}\n'
+                      f'spec {escape(r["variant"])}: {escape(json.dumps(r.get("spec")))}</pre>')
+            out.append(drawn_case(case, {v: plan_load(case, v)}, caption=head) + detail)
+        if len(bad) > MAX_DRAWN:
+            out.append(f"<p>{len(bad) - MAX_DRAWN} more: see {escape('the JSON file')}</p>")
+    sec.body = "".join(out)
+    return sec
+
+
+def _variant_of(version: str) -> str:
+    from kvbound.spec import variant_for_version
+
+    try:
+        return variant_for_version(version).value
+    except Exception:  # an unknown release string in the file: show it, do not fail the page
+        return "?"
+
+
+MAX_DRAWN = 12

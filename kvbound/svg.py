@@ -15,7 +15,7 @@ from kvbound.spec import Case, Variant, cdiv, plan_load
 
 CELL, GAP = 34, 4  # cell width and spacing, px
 LABEL_W = 96  # left column: row labels
-CHAR_W = 7.0  # width of one 12px monospace character, for sizing notes
+CHAR_W = 7.8  # width of one 12px monospace character, for sizing notes
 ROW = 22
 
 # glyph -> (fill, stroke, text colour, meaning)
