@@ -19,7 +19,7 @@ import z3
 
 from kvbound.spec import AssertName, Variant
 
-from .terms import AND, CDIV, FLOORDIV, IF, IMPLIES, MAX, MIN, MOD, NOT, OR, concrete
+from .terms import AND, CDIV, FLOORDIV, IF, MAX, MIN, MOD, NOT, OR, Sx
 
 # Block states as integers in the encoding (spec's BlockState N / H / U).
 NUL, HSH, UNH = 0, 1, 2
@@ -78,6 +78,9 @@ class ConcreteTable:
     def state(self, i):
         return self.states[i]
 
+    def new_int(self, name):
+        return Sx(name)
+
     def ident(self, i):
         return self.ids[i]
 
@@ -90,7 +93,7 @@ class ConcreteTable:
         first = next((i for i in range(max(lo, 0), min(hi, self.length)) if pred(i)), None)
         if first is None:
             return [s == hi]
-        return [s <= first, z3.Or(s == hi, s == first)]
+        return [s <= first, OR(s == hi, s == first)]
 
 
 class SymTable:
@@ -104,6 +107,9 @@ class SymTable:
 
     def state(self, i):
         return self.st[i]
+
+    def new_int(self, name):
+        return z3.Int(name)
 
     def ident(self, i):
         return self.id[i]
@@ -158,6 +164,7 @@ class GroupOut:
     end_chunk_wanted: object  # cdiv(T, tpc) (what the keys assert compares)
     checks: tuple  # ((FAIL_CODE, holds), ...) in vLLM's assert order
     constraints: list
+    unknowns: tuple  # the Int unknowns the constraints pin (the scan's result)
 
     def passes(self):
         """No assert of this group fires."""
@@ -199,7 +206,7 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
     k = CDIV(T, g.b)
     f = FLOORDIV(g.N, g.b) if knobs.f_floor else CDIV(g.N, g.b)
     table = g.table
-    start = z3.Int(f"start{tag}.{gi}")
+    start = table.new_int(f"start{tag}.{gi}")
     match_hashed = AND(g.sync_load, True) if knobs.match_hashed_on_sync else False
     pred = scan_pred(table, knobs, match_hashed)
     if knobs.no_scan:
@@ -207,7 +214,7 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
     else:
         lo = 0 if knobs.scan_from_zero else f + knobs.lo_offset
         if knobs.hi_offset:  # the mutant's loop still defaults to k when nothing matched
-            raw = z3.Int(f"start{tag}.{gi}.raw")
+            raw = table.new_int(f"start{tag}.{gi}.raw")
             cs = table.first_match(raw, lo, k + knobs.hi_offset, pred)
             cs.append(start == IF(raw == k + knobs.hi_offset, k, raw))
         else:
@@ -229,7 +236,8 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
     if knobs.asserts:
         checks += [(assert_code, assert_ok), (FAIL_CODE[AssertName.WINDOW_BOUND], window_ok),
                    (FAIL_CODE[AssertName.KEYS_LENGTH], keys_ok)]
-    return GroupOut(k, f, start, pending, dst_len, start_chunk, end_chunk, wanted, tuple(checks), cs)
+    unknowns = (start, raw) if knobs.hi_offset and not knobs.no_scan else (start,)
+    return GroupOut(k, f, start, pending, dst_len, start_chunk, end_chunk, wanted, tuple(checks), cs, unknowns)
 
 
 def case_inputs(case) -> list[GroupInputs]:

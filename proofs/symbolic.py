@@ -17,7 +17,7 @@ import z3
 from kvbound.spec import AssertName, Variant
 
 from .encoding import CODE_FAIL, FAIL_CODE, OK, Knobs, case_inputs, encode_group, knobs_for
-from .terms import AND, OR, as_bool
+from .terms import AND, NOT, OR, Sx, _lit
 
 SEED = 0  # Z3's random seed, pinned so verdicts and models repeat run to run
 
@@ -48,6 +48,7 @@ def _solver(timeout_ms: int) -> z3.Solver:
     if s is None or _local.timeout != timeout_ms:
         s = _local.solver = new_solver(timeout_ms)
         _local.timeout = timeout_ms
+        _local.declared = set()
     return s
 
 
@@ -57,6 +58,39 @@ def encode_case(case, knobs: Knobs, tag: str = ""):
         return None, []
     outs = [encode_group(gi, g, knobs, tag) for gi, g in enumerate(case_inputs(case))]
     return outs, [c for o in outs for c in o.constraints]
+
+
+def _decls(outs) -> str:
+    return "".join(f"(declare-const {u.text} Int)" for o in outs or () for u in o.unknowns)
+
+
+def _new_decls(outs) -> str:
+    """Declarations the thread's solver has not seen (its parser keeps them across pop)."""
+    seen = _local.declared
+    new = [u.text for o in outs or () for u in o.unknowns if u.text not in seen]
+    seen.update(new)
+    return "".join(f"(declare-const {n} Int)" for n in new)
+
+
+def _assert_text(decls: str, formulas) -> str:
+    body = []
+    for f in formulas:
+        if f is True:
+            continue
+        body.append(f"(assert {_lit(f)})")
+    return decls + "".join(body)
+
+
+def _value(term, decls: str, model):
+    """A term's value in a model (ints fold; Sx text is parsed back into Z3)."""
+    if isinstance(term, bool):
+        return term
+    if isinstance(term, int):
+        return term
+    if isinstance(term, Sx):
+        term = z3.parse_smt2_string(decls + f"(assert (= {term.text} {term.text}))")[0].arg(0)
+    v = model.eval(term, model_completion=True)
+    return z3.is_true(v) if z3.is_bool(v) else v.as_long()
 
 
 def _split_keys(keys, n_groups):
@@ -128,8 +162,10 @@ def case_inputs_table_ids(case, g):
 def model_plan(case, outs, model) -> dict:
     """The outputs a model picks, in ``LoadPlan.to_json`` shape (for not_forced details)."""
     if outs is None:
-        return {"outcome": "ok", "dst_block_ids": [], "group_sizes": [], "block_indices": [], "keys": []}
-    val = lambda t: t if isinstance(t, int) else model.eval(t, model_completion=True).as_long()  # noqa: E731
+        return {"outcome": "ok", "assertion": None, "dst_block_ids": [], "group_sizes": [],
+                "block_indices": [], "keys": []}
+    decls = _decls(outs)
+    val = lambda t: _value(t, decls, model)  # noqa: E731
     for g, o in enumerate(outs):
         code = val(o.fail)
         if code != OK:
@@ -151,7 +187,7 @@ def solve_plan(case, knobs: Knobs, timeout_ms: int = 2000) -> dict | None:
     s = _solver(timeout_ms)
     s.push()
     try:
-        s.add(*cs)
+        s.from_string(_assert_text(_new_decls(outs), cs))
         if s.check() != z3.sat:
             return None
         return model_plan(case, outs, s.model())
@@ -167,14 +203,13 @@ def check_plan(case, variant, plan_json: dict, timeout_ms: int = 2000, knobs: Kn
     s = _solver(timeout_ms)
     s.push()
     try:
-        s.add(*cs)
+        s.from_string(_assert_text(_new_decls(outs), cs))
         r = s.check()
         if r != z3.sat:
             return SymbolicCheck("unknown", f"the encoding of the case has no model ({r}): an encoding bug")
-        model_alt = model_plan(case, outs, s.model())
         if claim is False:
-            return SymbolicCheck("not_forced", f"the encoding gives {model_alt}")
-        s.add(z3.Not(as_bool(claim)))
+            return SymbolicCheck("not_forced", f"the encoding gives {model_plan(case, outs, s.model())}")
+        s.from_string(_assert_text("", [NOT(claim)]))  # the solver keeps the declarations
         r = s.check()
         if r == z3.unsat:
             return SymbolicCheck("forced", "")

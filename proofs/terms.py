@@ -24,7 +24,11 @@ def AND(*xs):
             terms.append(x)
     if not terms:
         return True
-    return terms[0] if len(terms) == 1 else z3.And(*terms)
+    if len(terms) == 1:
+        return terms[0]
+    if isinstance(terms[0], Sx):
+        return Sx(f"(and {' '.join(_lit(t) for t in terms)})")
+    return z3.And(*terms)
 
 
 def OR(*xs):
@@ -36,11 +40,17 @@ def OR(*xs):
             terms.append(x)
     if not terms:
         return False
-    return terms[0] if len(terms) == 1 else z3.Or(*terms)
+    if len(terms) == 1:
+        return terms[0]
+    if isinstance(terms[0], Sx):
+        return Sx(f"(or {' '.join(_lit(t) for t in terms)})")
+    return z3.Or(*terms)
 
 
 def NOT(x):
-    return (not x) if isinstance(x, bool) else z3.Not(x)
+    if isinstance(x, bool):
+        return not x
+    return Sx(f"(not {x.text})") if isinstance(x, Sx) else z3.Not(x)
 
 
 def IMPLIES(a, b):
@@ -52,17 +62,21 @@ def IF(c, a, b):
         return a
     if c is False:
         return b
+    if isinstance(c, Sx):
+        return Sx(f"(ite {c.text} {_lit(a)} {_lit(b)})")
     return z3.If(c, a, b)
 
 
 def FLOORDIV(a, b):
     """Floor division for a >= 0, b >= 1 (Z3's integer ``/`` agrees there)."""
-    return a // b if concrete(a, b) else a / b
+    return a // b if concrete(a, b) or isinstance(a, Sx) or isinstance(b, Sx) else a / b
 
 
 def CDIV(a, b):
     """vLLM's ``cdiv`` for a >= 0, b >= 1."""
-    return -(a // -b) if concrete(a, b) else (a + b - 1) / b
+    if concrete(a, b):
+        return -(a // -b)
+    return FLOORDIV(a + b - 1, b)
 
 
 def MOD(a, b):
@@ -70,12 +84,64 @@ def MOD(a, b):
 
 
 def MIN(a, b):
-    return min(a, b) if concrete(a, b) else z3.If(a <= b, a, b)
+    return min(a, b) if concrete(a, b) else IF(a <= b, a, b)
 
 
 def MAX(a, b):
-    return max(a, b) if concrete(a, b) else z3.If(a >= b, a, b)
+    return max(a, b) if concrete(a, b) else IF(a >= b, a, b)
 
 
 def as_bool(x) -> z3.BoolRef:
     return z3.BoolVal(x) if isinstance(x, bool) else x
+
+
+def _lit(x) -> str:
+    if isinstance(x, Sx):
+        return x.text
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    return str(x) if x >= 0 else f"(- {-x})"
+
+
+class Sx:
+    """An SMT-LIB term as text: the same encoding, built without Python Z3 objects.
+
+    A concrete case leaves only a few unknowns per group; building their terms as
+    text and letting Z3's parser make the ASTs in one call is several times faster
+    than the Python API (which ``check_plan``'s rate needs). Semantics are SMT-LIB's:
+    ``div``/``mod`` agree with Python's ``//``/``%`` for a positive divisor.
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def _op(self, op, other, swap=False):
+        a, b = (_lit(other), self.text) if swap else (self.text, _lit(other))
+        return Sx(f"({op} {a} {b})")
+
+    __add__ = lambda s, o: s._op("+", o)  # noqa: E731
+    __radd__ = lambda s, o: s._op("+", o, True)  # noqa: E731
+    __sub__ = lambda s, o: s._op("-", o)  # noqa: E731
+    __rsub__ = lambda s, o: s._op("-", o, True)  # noqa: E731
+    __mul__ = lambda s, o: s._op("*", o)  # noqa: E731
+    __rmul__ = lambda s, o: s._op("*", o, True)  # noqa: E731
+    __floordiv__ = lambda s, o: s._op("div", o)  # noqa: E731
+    __rfloordiv__ = lambda s, o: s._op("div", o, True)  # noqa: E731
+    __truediv__ = __floordiv__
+    __mod__ = lambda s, o: s._op("mod", o)  # noqa: E731
+    __rmod__ = lambda s, o: s._op("mod", o, True)  # noqa: E731
+    __le__ = lambda s, o: s._op("<=", o)  # noqa: E731
+    __lt__ = lambda s, o: s._op("<", o)  # noqa: E731
+    __ge__ = lambda s, o: s._op(">=", o)  # noqa: E731
+    __gt__ = lambda s, o: s._op(">", o)  # noqa: E731
+    __eq__ = lambda s, o: s._op("=", o)  # noqa: E731
+    __ne__ = lambda s, o: Sx(f"(not {s._op('=', o).text})")  # noqa: E731
+    __hash__ = None
+
+    def __bool__(self):
+        raise TypeError("an Sx term has no Python truth value; use AND/OR/IF")
+
+    def __repr__(self):
+        return f"Sx({self.text})"
