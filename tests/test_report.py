@@ -1,0 +1,148 @@
+"""kvbound report: SVG tables that say what draw_case says, a page that needs no network,
+unreadable inputs as one line and a red box, and a real headless-Chromium render."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from kvbound.report import ReportInputError, build_report, conform_section
+from kvbound.spec import Variant, load_cases, plan_load
+from kvbound.svg import STYLE, case_svgs
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+DATA = Path(__file__).resolve().parent / "data"
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+
+def kvbound(*args):
+    return subprocess.run([sys.executable, "-m", "kvbound.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+def pr_case():
+    return load_cases(EXAMPLES / "pr_case.json")[0]
+
+
+def cells(svg: str) -> list[tuple[str, str]]:
+    """(letter, fill) of each drawn block cell, left to right."""
+    root = ET.fromstring(svg)
+    out = []
+    for g in root.iter(f"{SVG_NS}g"):
+        rect, texts = g.find(f"{SVG_NS}rect"), g.findall(f"{SVG_NS}text")
+        out.append((texts[0].text, rect.get("fill")))
+    return out
+
+
+def test_pr_mamba_table_is_drawn_with_the_unhashed_block_below_f_and_legacy_assert():
+    case = pr_case()
+    svgs = case_svgs(case)
+    assert len(svgs) == 2
+    mamba = svgs[1]
+    drawn = cells(mamba)  # folded like the text drawing: 0 1 2 3 4 … 20 21
+    letters = [c[0] for c in drawn]
+    assert letters == ["H", "H", "·", "U", "·", "·", "F"]
+    fills = dict((c[0], c[1]) for c in drawn)
+    assert len(set(fills.values())) == 4, "each block kind needs its own colour as well as its glyph"
+    assert fills["U"] == STYLE["[U]"][0] and fills["F"] == STYLE["[F]"][0]
+    text = "".join(ET.fromstring(mamba).itertext())
+    assert "f = cdiv(N=336, b=16) = 21" in text and "k = cdiv(T=352, b=16) = 22" in text
+    assert "start=3  ✗ boundary: num_locally_computed_tokens=336 > num_locally_computed_gpu_blocks=3" in text
+    assert "start=21  ✓ loads [34]" in text
+    # the full-attention group has no unhashed block below f: every variant agrees
+    assert "✗" not in "".join(ET.fromstring(svgs[0]).itertext())
+
+
+def test_svg_draws_plans_given_from_elsewhere():
+    case = pr_case()
+    only_fixed = {Variant.FIXED: plan_load(case, Variant.FIXED)}
+    text = "".join(ET.fromstring(case_svgs(case, plans=only_fixed)[1]).itertext())
+    assert "fixed" in text and "legacy" not in text
+
+
+def test_report_page_is_self_contained_and_draws_the_case(tmp_path):
+    out = tmp_path / "r.html"
+    r = kvbound("report", "--case", EXAMPLES / "pr_case.json", "--conform", DATA / "conform_pr.json", "--html", out)
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    # nothing fetched at view time: no external src/href/url(), no script
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html)
+    assert "url(" not in html and "<script" not in html and "@import" not in html
+    assert "<svg" in html and "pr-recurrent-unhashed-below-boundary" in html
+    assert "AssertionError (boundary) at vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py:1034" \
+        in html
+    assert "2 agree, 0 disagree" in r.stdout
+
+
+def test_conform_disagreement_is_drawn_and_counted():
+    data = json.loads((DATA / "conform_pr.json").read_text())
+    bad = copy.deepcopy(data)
+    rec = next(r for r in bad["cases"] if r["release"] == "0.29.0")
+    rec["real"] = dict(rec["spec"], outcome="ok", assertion=None, dst_block_ids=[22, 33])
+    rec["verdict"], rec["diff"] = "disagree", ["outcome", "assertion", "dst_block_ids"]
+    bad["blocking"] = 1
+    sec = conform_section(bad)
+    assert sec.failed and "1 disagree" in sec.summary and "1 blocking" in sec.summary
+    assert "differs in: <b>outcome, assertion, dst_block_ids</b>" in sec.body
+    assert sec.body.count("<svg") >= 4  # the pr case (2 groups) and the disagreement (2 groups)
+
+
+@pytest.mark.parametrize("flag,content,needle", [
+    ("--conform", "{not json", "not JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
+    ("--conform", json.dumps({"releases": {}, "cases": []}), "conform JSON: missing field 'matrix'"),
+    ("--conform", json.dumps({"releases": {}, "matrix": {}, "blocking": 0, "cases": [{"name": "x"}]}),
+     "conform JSON.cases[0]: missing field 'release'"),
+])
+def test_malformed_input_is_one_line_and_a_red_box(tmp_path, flag, content, needle):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    out = tmp_path / "r.html"
+    r = kvbound("report", flag, bad, "--case", EXAMPLES / "pr_case.json", "--html", out)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert needle in r.stderr and str(bad) in r.stderr
+    html = out.read_text()
+    assert 'class="error"' in html and "<svg" in html  # the rest of the page is still there
+
+
+def test_missing_file_names_the_file(tmp_path):
+    html, sections = build_report(conform=tmp_path / "nope.json")
+    assert sections[0].error.startswith(f"{tmp_path / 'nope.json'}: cannot read")
+
+
+def test_case_reader_names_the_bad_field():
+    with pytest.raises(ReportInputError, match=r"conform JSON.cases\[0\].case: .*tokens_per_block"):
+        data = json.loads((DATA / "conform_pr.json").read_text())
+        data["cases"][0]["case"]["groups"][0]["tokens_per_block"] = 0
+        conform_section(data)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+@pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")),
+                    reason="headless check needs Debian's chromium (apt-get install -y chromium)")
+def test_page_renders_in_headless_chromium(tmp_path):
+    page = tmp_path / "r.html"
+    assert kvbound("report", "--case", EXAMPLES / "pr_case.json", "--conform", DATA / "conform_pr.json",
+                   "--html", page).returncode == 0
+    png = tmp_path / "shot.png"
+    r = subprocess.run([str(ROOT / "scripts" / "screenshot_report.sh"), page, png, "1400x1200"],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert _png_size(png) == (1400, 1200)
+    # a drawn page compresses far worse than a blank or error page (~5 KiB)
+    assert png.stat().st_size > 60_000
