@@ -1,0 +1,192 @@
+"""kvbound conform: assert naming, judging, matrix, faults; then the real releases if prepared."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kvbound.conform import compare as C
+from kvbound.conform import prepare, runner
+from kvbound.spec import load_cases
+
+ROOT = Path(__file__).resolve().parents[1]
+FACTS_CASE = ROOT / "examples" / "facts_fa_mamba_run.json"
+SCHED = "/x/vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
+
+
+def site(stmt, function="update_state_after_alloc", line=1034):
+    return {"file": SCHED, "line": line, "function": function, "statement": stmt}
+
+
+# --- which assert fired --------------------------------------------------------------
+
+@pytest.mark.parametrize("stmt,name", [
+    ("assert len(group_blocks) >= num_gpu_blocks", "table_length"),
+    ("assert num_locally_computed_tokens <= num_locally_computed_gpu_blocks * tokens_per_block", "boundary"),
+    ("assert num_locally_computed_tokens <= num_locally_computed_gpu_blocks * gpu_block_size", "boundary"),
+    ("assert num_locally_computed_tokens % tokens_per_block == 0", "alignment"),
+    ("assert num_pending_gpu_blocks <= group_config.sliding_window_size_in_chunks"
+     " * self.config.blocks_per_chunk + 1", "window_bound"),
+    ("assert num_pending_gpu_blocks <= group_config.sliding_window_size_in_chunks"
+     " * self.config.block_size_factor + 1", "window_bound"),
+    ("assert len(offload_keys) >= end_chunk_idx", "keys_length"),
+])
+def test_assert_named_from_source_statement(stmt, name):
+    assert C.classify_assert(site(stmt)) == name
+
+
+def test_unknown_assert_is_other_with_its_line():
+    got = C.classify_assert(site("assert partial_tail_boundary == num_cached_tokens", line=1005))
+    assert got.startswith("other:vllm/distributed/") and ":1005 " in got and "partial_tail_boundary" in got
+    # the same statement outside the function under study is not one of its asserts
+    got = C.classify_assert(site("assert len(offload_keys) >= end_chunk_idx", function="_lookup"))
+    assert got.startswith("other:")
+
+
+# --- judging one result -----------------------------------------------------------------
+
+def facts_case():
+    (case,) = load_cases(FACTS_CASE)
+    return case
+
+
+def test_legacy_boundary_assert_agrees_with_spec():
+    rec = C.judge(facts_case(), "0.29.0", {
+        "outcome": "assertion_error", "phase": "update_state_after_alloc",
+        "assert_site": site("assert num_locally_computed_tokens <= num_locally_computed_gpu_blocks"
+                            " * tokens_per_block"),
+        "lookup": {"num_external_tokens": 32}})
+    assert rec["verdict"] == C.AGREE and rec["real"]["assertion"] == "boundary"
+    assert rec["lookup_matches_case"]
+
+
+def test_fixed_output_compared_field_by_field():
+    ok = {"outcome": "ok", "phase": "done", "dst_block_ids": [3, 4, 12, 13], "group_sizes": [2, 2],
+          "block_indices": [2, 2], "keys": [[0, 2], [0, 3], [1, 2], [1, 3]],
+          "lookup": {"num_external_tokens": 32}, "sync_load_marked": False}
+    assert C.judge(facts_case(), "0.33.0", ok)["verdict"] == C.AGREE
+    bad = dict(ok, dst_block_ids=[3, 4, 11, 12], keys=[[0, 2]])
+    rec = C.judge(facts_case(), "0.33.0", bad)
+    assert rec["verdict"] == C.DISAGREE and rec["diff"] == ["dst_block_ids", "keys"]
+    assert C.is_blocking(rec, "example") and not C.is_blocking(rec, "adversarial")
+
+
+def test_faults_and_undriven_sync_are_not_verdicts():
+    crash = C.judge(facts_case(), "0.33.0", {"outcome": "worker_crash", "exit_code": -11, "stderr_tail": "boom"})
+    assert crash["verdict"] == C.FAULT and "fresh worker" in crash["fault"] and "boom" in crash["fault"]
+    setup = C.judge(facts_case(), "0.33.0", {"outcome": "exception", "phase": "setup", "error": "TypeError: x"})
+    assert setup["verdict"] == C.FAULT and "adapter" in setup["fault"]
+    (sync,) = load_cases(ROOT / "examples" / "sync_load.json")
+    rec = C.judge(sync, "0.33.0", {"outcome": "ok", "phase": "done", "sync_load_marked": False,
+                                   "dst_block_ids": [3, 4], "group_sizes": [2], "block_indices": [2],
+                                   "keys": [[0, 2], [0, 3]]})
+    assert rec["verdict"] == C.UNDRIVEN and "sync load" in rec["why"]
+
+
+def test_matrix_counts_and_renders_rows_per_release():
+    case = facts_case()
+    recs = []
+    for rel, res in (("0.29.0", {"outcome": "assertion_error", "assert_site": site(
+            "assert num_locally_computed_tokens <= num_locally_computed_gpu_blocks * tokens_per_block")}),
+                     ("0.33.0", {"outcome": "ok", "dst_block_ids": [], "group_sizes": [], "block_indices": [],
+                                 "keys": []})):
+        r = C.judge(case, rel, res)
+        r["row"] = C.row_of(case, "file", "example")
+        recs.append(r)
+    m = C.matrix(recs, ["0.29.0", "0.33.0"])
+    assert m["example"]["0.29.0"]["agree"] == 1 and m["example"]["0.29.0"]["outcomes"] == {"boundary": 1}
+    assert m["example"]["0.33.0"]["disagree"] == 1
+    text = C.render_matrix(m, ["0.29.0", "0.33.0"])
+    assert "vllm 0.29.0 (legacy)" in text and "vllm 0.33.0 (fixed-sync)" in text
+    assert "1/1 agree | boundary:1" in text and "0/1 agree, 1 disagree" in text
+
+
+def test_rows():
+    case = facts_case()
+    assert C.row_of(case, "generated", "realistic") == "realistic/mamba"
+    assert C.row_of(case, "witness", "witness") == "witness"
+    (pr,) = load_cases(ROOT / "examples" / "pr_case.json")
+    assert C.row_of(pr, "file", "example") == "pr_case"
+
+
+# --- preparation and worker faults ------------------------------------------------------
+
+def test_lock_is_package_data_and_pins_cpu_torch():
+    reqs = prepare.lock_requirements()
+    assert "torch==2.13.0" in reqs and not any("+cpu" in r for r in reqs)
+    assert len(reqs) > 50
+
+
+def test_bad_version_and_no_network_explained(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVBOUND_CACHE", str(tmp_path))
+    with pytest.raises(prepare.PrepareError, match="released version like 0.29.0"):
+        prepare.release_tree("latest", Path(sys.executable), progress=None)
+    err = prepare._pip_failure("downloading vllm==0.29.0",
+                               "WARNING: Retrying ... Failed to establish a new connection: [Errno 101]"
+                               " Network is unreachable", "x")
+    assert "no network" in str(err) and str(tmp_path) in str(err)
+
+
+def test_import_failure_reported_with_what_to_do(tmp_path):
+    tree = tmp_path / "tree" / "vllm"
+    tree.mkdir(parents=True)
+    (tree / "__init__.py").write_text("raise ImportError('No module named cbor2')\n")
+    w = runner.Worker(prepare.ReleaseEnv("0.29.0", sys.executable, str(tree.parent)))
+    with pytest.raises(runner.WorkerError, match="failed to import") as e:
+        w.start()
+    assert "vllm-import-deps.lock" in str(e.value)
+
+
+def test_one_crashing_case_never_stops_the_run(tmp_path, monkeypatch):
+    fake = tmp_path / "worker.py"
+    fake.write_text(textwrap.dedent("""
+        import json, os, sys
+        print(json.dumps({"hello": 1, "vllm": "0.0.0"}), flush=True)
+        for line in sys.stdin:
+            msg = json.loads(line)
+            if msg["case"]["name"].endswith("crash"):
+                os._exit(9)
+            print(json.dumps({"id": msg["id"], "outcome": "ok", "phase": "done"}), flush=True)
+    """))
+    monkeypatch.setattr(runner, "WORKER", fake)
+    case = facts_case()
+    from dataclasses import replace
+
+    cases = [replace(case, name="a"), replace(case, name="b-crash"), replace(case, name="c")]
+    hello, res = runner.run_release(prepare.ReleaseEnv("0.0.0", sys.executable, None), cases)
+    assert [r["outcome"] for r in res] == ["ok", "worker_crash", "ok"]
+    assert res[1]["exit_code"] == 9
+
+
+# --- the real releases (prepared by `kvbound conform --vllm X` or .ci/conform) -------------
+
+def _env(version):
+    if not prepare.is_prepared(version):
+        pytest.skip(f"vllm {version} is not prepared under {prepare.cache_dir()}: run"
+                    f" `kvbound conform --vllm {version} examples/` once (CI runs .ci/conform)")
+    return prepare.prepare_release(version, progress=None)
+
+
+def test_real_legacy_and_fixed_on_the_facts_case_and_a_bad_case():
+    case = facts_case()
+    from dataclasses import replace
+
+    from kvbound.spec import Group, GroupConfig, GroupKind, parse_table
+
+    # Two Mamba groups whose chunks differ: vLLM refuses the config (an assert at setup).
+    bad = replace(case, name="two-mamba-sizes", groups=(
+        case.groups[1], Group(GroupConfig(GroupKind.MAMBA, 32), parse_table("N U21 U22"))))
+    for version, want in (("0.29.0", "boundary"), ("0.33.0", "ok")):
+        env = _env(version)
+        hello, (r_bad, r) = runner.run_release(env, [bad, case])
+        assert hello["vllm"] == version
+        assert r_bad["outcome"] == "assertion_error" and r_bad["phase"] == "setup"
+        rec = C.judge(case, version, r)
+        assert rec["verdict"] == C.AGREE, json.dumps(rec, indent=1)
+        assert C.outcome_label(rec) == want
+        if want == "ok":
+            assert r["dst_block_ids"] == [3, 4, 12, 13] and r["group_sizes"] == [2, 2]
