@@ -1,0 +1,364 @@
+"""The proof obligations: one small declarative object each, one generic runner.
+
+An obligation says what it claims (English and math), which premise makes it
+hold, what verdict it expects, and how to build (premises, claim) over a
+symbolic ``World`` for given ``Knobs``. A refuted one also says how the spec
+must reproduce its witness. Docs are generated from these objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import z3
+
+from kvbound.spec import AssertName, GroupKind, Variant, cdiv, plan_load
+
+from .encoding import HSH, NUL, UNH, Knobs, knobs_for
+from .terms import AND, FLOORDIV, IF, NOT, OR
+from .world import World
+
+PROVED, REFUTED = "proved", "refuted"
+
+
+@dataclass(frozen=True)
+class Problem:
+    premises: list
+    claim: object
+    world: World | None = None
+    witness: Callable | None = None  # model -> Case, for a refutation
+    shaping: list = field(default_factory=list)  # small-numbers constraints tried first for witnesses
+
+
+@dataclass(frozen=True)
+class Obligation:
+    id: str
+    statement: str  # English, for the report and the docs
+    math: str  # the claim as a formula, for the invariant catalogue
+    premise: str  # the premise that makes it hold (or whose absence the witness shows)
+    expected: str  # PROVED or REFUTED
+    build: Callable  # (knobs) -> Problem
+    knobs: Knobs = Knobs()  # the code it is about; mutants perturb these
+    reproduce: Callable | None = None  # (Case) -> str | None: None when the spec shows the failure
+    bound: str | None = None  # where the claim is bounded, and why
+    mutable: bool = True  # does a mutant of the scan/plan change what it encodes?
+
+
+# --- spec replays: a witness must show its failure on the executable spec -----------
+
+def _group_plan(plan, gi=0):
+    return plan.groups[gi] if len(plan.groups) > gi else None
+
+
+def replay_assert(variant, name: AssertName, asserts=True):
+    def check(case):
+        plan = plan_load(case, variant, asserts)
+        if plan.ok or plan.assertion.name is not name:
+            return f"spec {Variant(variant).value} gives {plan.assertion.name.value if plan.assertion else 'ok'}, expected {name.value}"
+        return None
+    return check
+
+
+# --- the obligations ------------------------------------------------------------
+
+def _boundary(knobs):
+    w = World(GroupKind.MAMBA)
+    p = w.plan(knobs)
+    return Problem(w.base(), w.N <= p.start * w.b, w)
+
+
+def _fixed_subsumes(knobs):
+    w = World(GroupKind.MAMBA)
+    p = w.plan(knobs)
+    return Problem(w.base() + [w.aligned()], w.N <= p.start * w.b, w)
+
+
+def _fixed_subsumes_converse(knobs):
+    w = World(GroupKind.FULL_ATTENTION)
+    p = w.plan(knobs)
+    return Problem(w.base() + [w.N <= p.start * w.b], w.aligned(), w,
+                   witness=lambda m: w.to_case(m, "witness-fixed-assert-subsumes-legacy.converse"),
+                   shaping=w.small())
+
+
+def _replay_converse(case):
+    err = replay_assert(Variant.FIXED, AssertName.ALIGNMENT)(case)
+    if err:
+        return err
+    g = _group_plan(plan_load(case, Variant.FIXED, asserts=False))
+    b = case.groups[0].config.tokens_per_block
+    if not case.num_locally_computed_tokens <= g.load_start_gpu_block_idx * b:
+        return "the legacy assert would fail too on the fixed start"
+    return None
+
+
+def _recurrent_below_f(w):
+    t = w.table
+    i = z3.Int("i_unhashed")
+    return [0 <= i, i < w.f, t.state(i) == UNH]
+
+
+def _legacy_refuted(knobs):
+    w = World(GroupKind.MAMBA)
+    p = w.plan(knobs)
+    j = z3.Int("j")
+    prem = w.base() + [w.aligned()] + _recurrent_below_f(w) + w.allocator(j)
+    return Problem(prem, w.N <= p.start * w.b, w,
+                   witness=lambda m: w.to_case(m, "witness-legacy-refuted"), shaping=w.small())
+
+
+def _legacy_full_attention(knobs):
+    w = World(GroupKind.FULL_ATTENTION)
+    legacy, fixed = w.plan(knobs_for(Variant.LEGACY), "L"), w.plan(knobs, "F")
+    t = w.table
+    prem = w.base() + [t.forall(0, w.f, lambda i: t.state(i) == HSH)]
+    return Problem(prem, legacy.start == fixed.start, w)
+
+
+def _legacy_agrees_when_passing(knobs):
+    w = World(GroupKind.MAMBA)
+    legacy, fixed = w.plan(knobs_for(Variant.LEGACY), "L"), w.plan(knobs, "F")
+    prem = w.base() + [w.aligned(), w.N <= legacy.start * w.b]
+    return Problem(prem, legacy.start == fixed.start, w)
+
+
+def _legacy_without_asserts(knobs):
+    w = World(GroupKind.MAMBA)
+    legacy, fixed = w.plan(knobs_for(Variant.LEGACY, asserts=False), "L"), w.plan(knobs, "F")
+    j = z3.Int("j")
+    prem = w.base() + [w.aligned()] + _recurrent_below_f(w) + w.allocator(j)
+    claim = OR(legacy.start >= w.f, legacy.start_chunk == fixed.start_chunk)
+    return Problem(prem, claim, w, witness=lambda m: w.to_case(m, "witness-legacy-without-asserts"),
+                   shaping=w.small())
+
+
+def _replay_without_asserts(case):
+    legacy = plan_load(case, Variant.LEGACY, asserts=False)
+    fixed = plan_load(case, Variant.FIXED)
+    if not legacy.ok or not fixed.ok:
+        return "both plans should complete under python -O / the fix"
+    g = legacy.groups[0]
+    if g.load_start_gpu_block_idx >= g.first_fresh_gpu_block_idx:
+        return "legacy -O does not load below the computed boundary"
+    if legacy.keys == fixed.keys:
+        return "legacy -O requests the same keys as the fix"
+    return None
+
+
+def _null_skip_needed(knobs):
+    w = World(GroupKind.MAMBA)
+    p = w.plan(Knobs(no_scan=True))  # the variant start = f, no loop
+    t = w.table
+    j = z3.Int("j")
+    prem = w.base() + [w.aligned()] + w.allocator(j)
+    claim = t.forall(p.start, w.k, lambda i: t.state(i) != NUL)
+    return Problem(prem, claim, w, witness=lambda m: w.to_case(m, "witness-null-skip-needed"),
+                   shaping=w.small())
+
+
+def _replay_null_skip(case):
+    g = _group_plan(plan_load(case, Variant.FIXED))
+    if g is None:
+        return "the fixed plan fails on the witness"
+    blocks = case.groups[0].blocks
+    f = g.first_fresh_gpu_block_idx
+    if 0 in g.dst_block_ids:
+        return "the fixed scan writes the null block too"
+    if not (f < g.num_gpu_blocks and blocks[f].is_null):
+        return "start = f does not land on a null block"
+    return None
+
+
+def _null_skip_fixed(knobs):
+    w = World(GroupKind.MAMBA)
+    p = w.plan(knobs)
+    t = w.table
+    j = z3.Int("j")
+    prem = w.base() + [w.aligned()] + w.allocator(j)
+    return Problem(prem, t.forall(p.start, w.k, lambda i: t.state(i) != NUL), w)
+
+
+def _destinations_exact(knobs):
+    w = World(GroupKind.SLIDING_WINDOW)
+    p = w.plan(knobs)
+    t = w.table
+    j = z3.Int("j")
+    fresh = IF(w.sync_load, HSH, UNH) if knobs.match_hashed_on_sync else UNH
+    prem = w.base() + [w.aligned()] + w.allocator(j, fresh)
+    claim = AND(p.start == j, p.pending == p.dst_len,
+                OR(w.sync_load, t.forall(p.start, w.k, lambda i: t.state(i) != HSH)))
+    return Problem(prem, claim, w)
+
+
+def _keys_in_range(knobs):
+    w = World(GroupKind.MAMBA)
+    p = w.plan(knobs)
+    return Problem(w.base(), p.start_chunk >= FLOORDIV(w.N, w.tpc), w)
+
+
+def _keys_count(knobs):
+    w = World(GroupKind.MAMBA)
+    p = w.plan(knobs)
+    prem = w.base() + [p.pending > 0, w.num_keys >= p.end_chunk_wanted]
+    want = FLOORDIV(p.pending + p.start % w.bpc + w.bpc - 1, w.bpc)
+    return Problem(prem, p.end_chunk - p.start_chunk == want, w)
+
+
+def _window_bound(knobs):
+    w = World(GroupKind.SLIDING_WINDOW)
+    p = w.plan(knobs)
+    j = z3.Int("j")
+    prem = w.base() + [w.aligned()] + w.allocator(j)
+    return Problem(prem, p.pending <= w.window * w.bpc + 1, w,
+                   witness=lambda m: w.to_case(m, "witness-window-bound"), shaping=w.small(max_len=8))
+
+
+def _window_nulls(knobs):
+    w = World(GroupKind.SLIDING_WINDOW)
+    p = w.plan(knobs)
+    t = w.table
+    j = z3.Int("j")
+    win = z3.Int("sliding_window")  # tokens
+    skipped = FLOORDIV(IF(w.T - win + 1 > 0, w.T - win + 1, 0), w.b)  # SlidingWindowManager's skipped blocks
+    prem = w.base() + [w.aligned(), win >= 1, w.window == FLOORDIV(win + w.tpc - 1, w.tpc)] + w.allocator(j) + [
+        t.forall(0, skipped, lambda i: t.state(i) == NUL)]
+    return Problem(prem, p.pending <= w.window * w.bpc + 1, w)
+
+
+def _fixed_sync(knobs):
+    w = World(GroupKind.MAMBA)
+    p = w.plan(knobs)
+    t = w.table
+    claim = AND(t.forall(w.f, p.start, lambda i: t.state(i) == NUL),
+                OR(p.start == w.k, AND(p.start >= w.f, p.start < w.k, t.state(p.start) != NUL)))
+    return Problem(w.base() + [w.sync_load], claim, w)
+
+
+def _fixed_sync_needed(knobs):
+    w = World(GroupKind.FULL_ATTENTION)
+    p = w.plan(knobs_for(Variant.FIXED))
+    j = z3.Int("j")
+    prem = w.base() + [w.aligned(), w.sync_load, j < w.k] + w.allocator(j, HSH)
+    return Problem(prem, p.start == j, w,
+                   witness=lambda m: w.to_case(m, "witness-fixed-sync.needed", sync_load=True), shaping=w.small())
+
+
+def _replay_sync_needed(case):
+    fixed, sync = plan_load(case, Variant.FIXED), plan_load(case, Variant.FIXED_SYNC)
+    if not (fixed.ok and sync.ok):
+        return "both plans should complete"
+    if fixed.group_sizes == sync.group_sizes:
+        return "the fixed scan loads the sync-hashed blocks anyway"
+    return None
+
+
+def _start_is_fresh(knobs):
+    w = World(GroupKind.MAMBA)
+    p = w.plan(knobs)
+    t = w.table
+    return Problem(w.base() + [NOT(w.sync_load)], OR(p.start == w.k, t.state(p.start) == UNH), w)
+
+
+FIXED = knobs_for(Variant.FIXED)
+FIXED_SYNC = knobs_for(Variant.FIXED_SYNC)
+LEGACY = knobs_for(Variant.LEGACY)
+
+SINGLE = "one group; groups are planned independently, so one group stands for each"
+
+OBLIGATIONS: list[Obligation] = [
+    Obligation(
+        "boundary",
+        "The fixed scan never starts below the computed tokens: N <= start*b, for any table.",
+        "∀ table, N ≥ 0, M ≥ 1, b ≥ 1:  start = min{i ∈ [⌈N/b⌉, k) : P(i)} ∪ {k}  ⟹  N ≤ start·b",
+        "the scan starts at f = cdiv(N, b)", PROVED, _boundary, FIXED),
+    Obligation(
+        "fixed-assert-subsumes-legacy",
+        "Whenever the fixed code passes its alignment assert, the legacy assert holds on its start.",
+        "N mod b = 0 ∧ start = scan_fixed  ⟹  N ≤ start·b",
+        "the scan starts at f = cdiv(N, b)", PROVED, _fixed_subsumes, FIXED),
+    Obligation(
+        "fixed-assert-subsumes-legacy.converse",
+        "The converse fails: the legacy assert can hold where the alignment assert fires.",
+        "¬(N ≤ start·b  ⟹  N mod b = 0)",
+        "the scheduler's rounding of N (without it N may be unaligned)", REFUTED, _fixed_subsumes_converse, FIXED,
+        reproduce=_replay_converse, mutable=False),
+    Obligation(
+        "legacy-refuted",
+        "The legacy scan fires its boundary assert on a recurrent table with a non-null unhashed block below f.",
+        "∃ table, i < f: state(i) = U ∧ N mod b = 0 ∧ N > scan_legacy·b",
+        "a recurrent group keeps its state block below f", REFUTED, _legacy_refuted, LEGACY,
+        reproduce=replay_assert(Variant.LEGACY, AssertName.BOUNDARY), mutable=False),
+    Obligation(
+        "legacy-refuted.full-attention",
+        "On full-attention tables (every block below f hashed) legacy and fixed scans agree.",
+        "(∀ i < f: state(i) = H)  ⟹  scan_legacy = scan_fixed",
+        "full attention: every block below f is full and cached", PROVED, _legacy_full_attention, FIXED),
+    Obligation(
+        "legacy-refuted.agrees-when-passing",
+        "Under alignment, whenever the legacy assert passes, legacy and fixed give the same start.",
+        "N mod b = 0 ∧ N ≤ scan_legacy·b  ⟹  scan_legacy = scan_fixed",
+        "the scheduler's rounding of N", PROVED, _legacy_agrees_when_passing, FIXED),
+    Obligation(
+        "legacy-without-asserts",
+        "With asserts stripped (python -O) the legacy plan loads into a computed block and requests wrong keys.",
+        "∃ table: scan_legacy < f ∧ scan_legacy // bpc ≠ scan_fixed // bpc",
+        "a recurrent group keeps its state block below f", REFUTED, _legacy_without_asserts, FIXED,
+        reproduce=_replay_without_asserts, mutable=False),
+    Obligation(
+        "null-skip-needed",
+        "The variant start = f writes into the shared null block.",
+        "∃ allocator table: ∃ i ∈ [f, k): state(i) = null",
+        "the scan skips null blocks", REFUTED, _null_skip_needed, FIXED,
+        reproduce=_replay_null_skip, mutable=False),
+    Obligation(
+        "null-skip-needed.fixed",
+        "The fixed scan never targets the null block when [f, k) is nulls then fresh blocks.",
+        "[f, j) null ∧ [j, k) fresh  ⟹  ∀ i ∈ [start, k): state(i) ≠ null",
+        "the allocator puts nulls before fresh blocks", PROVED, _null_skip_fixed, FIXED),
+    Obligation(
+        "destinations-exact",
+        "Under the allocator precondition the destinations are exactly the fresh blocks, no hashed block is "
+        "overwritten, and the group size equals the number of destinations.",
+        "[f, j) null ∧ [j, k) fresh  ⟹  start = j ∧ pending = |blocks[start:k]| ∧ (sync ∨ ∀ i ∈ [start, k): state(i) ≠ H)",
+        "the allocator puts nulls before fresh blocks", PROVED, _destinations_exact, FIXED_SYNC),
+    Obligation(
+        "keys-in-lookup-range",
+        "Every loaded key lies in the range the lookup confirmed: start // bpc >= N // tpc.",
+        "⌊start/bpc⌋ ≥ ⌊N/(b·bpc)⌋",
+        "the scan starts at f = cdiv(N, b)", PROVED, _keys_in_range, FIXED),
+    Obligation(
+        "keys-in-lookup-range.count",
+        "Per group the key count equals cdiv(pending + start % bpc, bpc), as vLLM's worker requires.",
+        "pending > 0 ∧ keys ≥ ⌈T/tpc⌉  ⟹  end_chunk − start_chunk = ⌈(pending + start mod bpc)/bpc⌉",
+        "keys are chunks [start // bpc, cdiv(T, tpc))", PROVED, _keys_count, FIXED),
+    Obligation(
+        "window-bound",
+        "The allocator shape alone does not bound a windowed group's pending blocks by window*bpc + 1.",
+        "∃ allocator table: pending > window_in_chunks·bpc + 1",
+        "the window's skipped blocks are null", REFUTED, _window_bound, FIXED,
+        reproduce=replay_assert(Variant.FIXED, AssertName.WINDOW_BOUND), mutable=False),
+    Obligation(
+        "window-bound.window-nulls",
+        "A sliding-window group whose blocks before the window are null (SlidingWindowManager skips "
+        "T - w + 1 tokens) has pending <= window_in_chunks*bpc + 1.",
+        "[0, ⌊max(0, T−w+1)/b⌋) null ∧ [f, j) null ∧ [j, k) fresh  ⟹  pending ≤ ⌈w/tpc⌉·bpc + 1",
+        "the window's skipped blocks are null", PROVED, _window_nulls, FIXED),
+    Obligation(
+        "fixed-sync",
+        "A sync load matches by position: the load starts at the first non-null block at or after f.",
+        "sync  ⟹  (∀ i ∈ [f, start): state(i) = null) ∧ (start = k ∨ state(start) ≠ null)",
+        "0.33 hashes sync-loaded blocks at allocation", PROVED, _fixed_sync, FIXED_SYNC),
+    Obligation(
+        "fixed-sync.needed",
+        "Without the positional match, a sync load (fresh blocks hashed at allocation) loads nothing.",
+        "∃ sync allocator table: scan_fixed ≠ j",
+        "0.33 hashes sync-loaded blocks at allocation", REFUTED, _fixed_sync_needed, FIXED,
+        reproduce=_replay_sync_needed, mutable=False),
+    Obligation(
+        "load-start-is-fresh",
+        "The fixed scan (not a sync load) starts at a non-null unhashed block, or loads nothing.",
+        "¬sync  ⟹  start = k ∨ state(start) = U",
+        "the scan requires block_hash is None", PROVED, _start_is_fresh, FIXED),
+]
+

@@ -1,0 +1,105 @@
+"""Symbolic worlds: every input an unbounded Z3 integer, every table symbolic.
+
+A ``World`` is one group of one request (N, M, b, bpc, window, keys, sync_load
+and a ``SymTable``) with the premises every call of ``update_state_after_alloc``
+meets. Obligations add their own premises and encode the plan with ``plan``.
+``to_case`` turns a model into a spec ``Case`` so the executable spec can replay it.
+"""
+
+from __future__ import annotations
+
+import z3
+
+from kvbound.spec import Block, BlockState, Case, Group, GroupConfig, GroupKind
+
+from .encoding import HSH, NUL, UNH, GroupInputs, Knobs, SymTable, encode_group
+from .terms import CDIV
+
+
+class World:
+    def __init__(self, kind: GroupKind = GroupKind.FULL_ATTENTION, name: str = "g"):
+        self.kind = kind
+        self.N, self.M = z3.Int("N"), z3.Int("M")
+        self.b, self.bpc = z3.Int("tokens_per_block"), z3.Int("blocks_per_chunk")
+        self.num_keys = z3.Int("num_offload_keys")
+        self.sync_load = z3.Bool("sync_load")
+        self.window = None if kind is GroupKind.FULL_ATTENTION else z3.Int("window_in_chunks")
+        self.table = SymTable(name)
+        self.T = self.N + self.M
+        self.k = CDIV(self.T, self.b)
+        self.f = CDIV(self.N, self.b)
+        self.tpc = self.b * self.bpc
+        self.constraints = []  # what the plans encoded so far pin (their scans)
+
+    def inputs(self) -> GroupInputs:
+        return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load, self.table)
+
+    def plan(self, knobs: Knobs, tag: str = ""):
+        out = encode_group(0, self.inputs(), knobs, tag)
+        self.constraints += out.constraints
+        return out
+
+    def base(self):
+        """What every call meets: sizes positive, M > 0 (else vLLM returns early),
+        the table long enough (else table_length fires before any scan)."""
+        out = [self.b >= 1, self.bpc >= 1, self.N >= 0, self.M >= 1, self.num_keys >= 0,
+               self.table.wellformed(), self.table.length >= self.k]
+        if self.kind is GroupKind.MAMBA:
+            out.append(self.window == 1)
+        elif self.window is not None:
+            out.append(self.window >= 1)
+        return out
+
+    def aligned(self):
+        return self.N % self.b == 0
+
+    def allocator(self, fresh_from, fresh_state=None):
+        """vLLM's allocator: [f, j) null (skipped by a window), [j, k) fresh blocks."""
+        t = self.table
+        fresh_state = UNH if fresh_state is None else fresh_state
+        return [
+            self.f <= fresh_from, fresh_from <= self.k,
+            t.forall(self.f, fresh_from, lambda i: t.state(i) == NUL),
+            t.forall(fresh_from, self.k, lambda i: t.state(i) == fresh_state),
+        ]
+
+    def small(self, max_len: int = 6, max_tokens: int = 64):
+        """Witness shaping: small, readable numbers; keys enough for the load."""
+        return [self.table.length <= max_len, self.T <= max_tokens, self.b <= 16, self.bpc <= 2,
+                self.num_keys * self.tpc >= self.T, self.num_keys * self.tpc <= max_tokens,
+                *([self.window <= 2] if self.window is not None else [])]
+
+    def to_case(self, model: z3.ModelRef, name: str, sync_load=None) -> Case:
+        v = lambda t: model.eval(t, model_completion=True).as_long()  # noqa: E731
+        b, bpc, N, M = v(self.b), v(self.bpc), v(self.N), v(self.M)
+        sync = z3.is_true(model.eval(self.sync_load, model_completion=True)) if sync_load is None else sync_load
+        blocks = table_from_model(self.table, model, group_index=0)
+        cfg = config_for(self.kind, b, bpc, None if self.window is None else v(self.window))
+        return Case(name=name, blocks_per_chunk=bpc, tokens_per_hash=b,
+                    num_prompt_tokens=v(self.num_keys) * b * bpc, num_locally_computed_tokens=N,
+                    num_external_tokens=M, groups=(Group(cfg, blocks),), sync_load=sync)
+
+
+def config_for(kind: GroupKind, b: int, bpc: int, window_in_chunks) -> GroupConfig:
+    """A config whose ``sliding_window_size_in_chunks`` is the model's window."""
+    tpc = b * bpc
+    if kind is GroupKind.SLIDING_WINDOW:
+        return GroupConfig(kind, b, sliding_window=window_in_chunks * tpc)
+    if kind is GroupKind.CHUNKED_LOCAL:
+        return GroupConfig(kind, b, attention_chunk_size=window_in_chunks * tpc)
+    return GroupConfig(kind, b)
+
+
+def table_from_model(table: SymTable, model, group_index: int) -> tuple:
+    """The model's table, ids renumbered (31, 32, ... for group 0, 41, ... for group 1)
+    so every non-null block is distinct; the scan reads states, never ids."""
+    n = model.eval(table.length, model_completion=True).as_long()
+    out = []
+    for i in range(n):
+        st = model.eval(table.st[i], model_completion=True).as_long()
+        if st == NUL:
+            out.append(Block(BlockState.NULL))
+        else:
+            bid = 10 * (group_index + 3) + i + 1 if n <= 9 else 100 * (group_index + 1) + i + 1
+            out.append(Block(BlockState.HASHED if st == HSH else BlockState.UNHASHED, bid))
+    return tuple(out)
