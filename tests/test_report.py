@@ -144,5 +144,5 @@ def test_page_renders_in_headless_chromium(tmp_path):
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     assert _png_size(png) == (1400, 1200)
-    # a drawn page compresses far worse than a blank or error page (~5 KiB)
+    # a drawn page compresses far worse than a blank or error page (~8 KiB)
     assert png.stat().st_size > 60_000

@@ -37,6 +37,6 @@ def run(args) -> int:
     bad = [s for s in sections if s.error]
     for s in bad:
         print(f"kvbound report: {s.title}: {s.error}", file=sys.stderr)
-    print(f"wrote {out} ({len(html) // 1024} KiB): " + "; ".join(
+    print(f"wrote {out}: " + "; ".join(
         f"{s.title}: {'UNREADABLE' if s.error else s.summary}" for s in sections))
     return 2 if bad else 0
