@@ -47,7 +47,7 @@ class Knobs:
     unhashed_test: bool = True  # the scan requires block_hash is None
     no_scan: bool = False  # mutant: start = f (no loop at all)
     lo_offset: int = 0  # mutant: range(f + lo_offset, ...)
-    hi_offset: int = 0  # mutant: range(..., k + hi_offset), default still k
+    hi_offset: int = 0  # mutant: range(..., k + hi_offset); -1 keeps the default k, +1 defaults to k + 1
     key_start_offset: int = 0  # mutant: keys from start // bpc + offset
     pending_offset: int = 0  # mutant: group size k - start + offset
     end_chunk_floor: bool = False  # mutant: end chunk T // tpc instead of cdiv
@@ -213,12 +213,12 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
         cs = [start == f]
     else:
         lo = 0 if knobs.scan_from_zero else f + knobs.lo_offset
-        if knobs.hi_offset:  # the mutant's loop still defaults to k when nothing matched
+        if knobs.hi_offset < 0:  # the short loop still defaults to k when nothing matched
             raw = table.new_int(f"start{tag}.{gi}.raw")
             cs = table.first_match(raw, lo, k + knobs.hi_offset, pred)
             cs.append(start == IF(raw == k + knobs.hi_offset, k, raw))
         else:
-            cs = table.first_match(start, lo, k, pred)
+            cs = table.first_match(start, lo, k + knobs.hi_offset, pred)
     table_ok = table.length >= k
     if knobs.legacy_assert:
         assert_ok, assert_code = g.N <= start * g.b, FAIL_CODE[AssertName.BOUNDARY]
@@ -236,7 +236,7 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
     if knobs.asserts:
         checks += [(assert_code, assert_ok), (FAIL_CODE[AssertName.WINDOW_BOUND], window_ok),
                    (FAIL_CODE[AssertName.KEYS_LENGTH], keys_ok)]
-    unknowns = (start, raw) if knobs.hi_offset and not knobs.no_scan else (start,)
+    unknowns = (start, raw) if knobs.hi_offset < 0 and not knobs.no_scan else (start,)
     return GroupOut(k, f, start, pending, dst_len, start_chunk, end_chunk, wanted, tuple(checks), cs, unknowns)
 
 

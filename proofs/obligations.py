@@ -17,6 +17,7 @@ from kvbound.spec import AssertName, GroupKind, Variant, cdiv, plan_load
 
 from .encoding import HSH, NUL, UNH, Knobs, knobs_for
 from .terms import AND, FLOORDIV, IF, NOT, OR
+from .alignment import MAX_GROUPS, AlignWorld
 from .world import World
 
 PROVED, REFUTED = "proved", "refuted"
@@ -66,6 +67,27 @@ def _boundary(knobs):
     w = World(GroupKind.MAMBA)
     p = w.plan(knobs)
     return Problem(w.base(), w.N <= p.start * w.b, w)
+
+
+def _alignment(knobs):
+    w = AlignWorld()
+    prem = w.base() + w.scheduler_unit() + [w.lone_group_premise()]
+    return Problem(prem, w.unit_and_N_divisible(), w)
+
+
+def _alignment_weaker(knobs):
+    w = AlignWorld()
+    fa_tpc = w.tokens_per_block(0) * w.bpc
+    prem = w.base() + [w.n >= 2, w.kind[0] == 0, w.N_local % fa_tpc == 0]
+    return Problem(prem, w.every_group_aligned(w.N_local), w, shaping=w.small(),
+                   witness=lambda m: w.to_case(m, "witness-alignment.weaker-premise", N=w.N_local))
+
+
+def _alignment_lone(knobs):
+    w = AlignWorld()
+    prem = w.base() + w.scheduler_unit() + [w.n == 1]
+    return Problem(prem, w.every_group_aligned(w.N()), w, shaping=w.small(),
+                   witness=lambda m: w.to_case(m, "witness-alignment.lone-group"))
 
 
 def _fixed_subsumes(knobs):
@@ -272,6 +294,31 @@ OBLIGATIONS: list[Obligation] = [
         "The fixed scan never starts below the computed tokens: N <= start*b, for any table.",
         "∀ table, N ≥ 0, M ≥ 1, b ≥ 1:  start = min{i ∈ [⌈N/b⌉, k) : P(i)} ∪ {k}  ⟹  N ≤ start·b",
         "the scan starts at f = cdiv(N, b)", PROVED, _boundary, FIXED),
+    Obligation(
+        "alignment",
+        "Every group's tokens_per_block divides the unit the scheduler rounds N to, for every mix of group "
+        "kinds, block sizes and DCP size; so the N a load sees is a multiple of every tokens_per_block.",
+        "unit = (n = 1 ? cache_bs·dcp₀ : lcm_j bs_j·dcp_j)  ⟹  ∀ g: tpb_g | unit ∧ tpb_g | (N_local − N_local mod unit)",
+        "the scheduler rounds N to the LCM of every group's DCP-scaled block size (a lone group: its "
+        "spec.block_size is cache_config.block_size)", PROVED, _alignment, mutable=False,
+        bound=f"at most {MAX_GROUPS} KV-cache groups (slots unrolled; LCM has no closed form over a symbolic "
+              "count); sizes, DCP and N unbounded"),
+    Obligation(
+        "alignment.weaker-premise",
+        "The weaker premise 'N is a multiple of the full-attention group's tokens_per_chunk' does not make "
+        "every group aligned.",
+        "∃ config: tpc_FA | N ∧ ∃ g: tpb_g ∤ N",
+        "the scheduler rounds to the LCM, not to the full-attention chunk", REFUTED, _alignment_weaker,
+        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False,
+        bound=f"at most {MAX_GROUPS} KV-cache groups"),
+    Obligation(
+        "alignment.lone-group",
+        "With one group the scheduler rounds to cache_config.block_size*dcp, the connector uses the spec's "
+        "block size: alignment needs them equal (a Mamba-only model without prefix caching has "
+        "mamba_block_size = max_model_len; a sliding-window layer may pick its own block size).",
+        "∃ lone group: spec.block_size ≠ cache_config.block_size ∧ tpb ∤ N",
+        "a lone group's spec.block_size is cache_config.block_size", REFUTED, _alignment_lone,
+        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False),
     Obligation(
         "fixed-assert-subsumes-legacy",
         "Whenever the fixed code passes its alignment assert, the legacy assert holds on its start.",
