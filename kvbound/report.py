@@ -208,8 +208,94 @@ def build_report(prove=None, diff=None, conform=None, cases=(), title="kvbound r
     return render_page(sections, title), sections
 
 
+def _obligation_fields(oid: str) -> dict:
+    """math and premise from the obligation object itself when the JSON leaves them out."""
+    try:
+        from kvbound.proofs.obligations import OBLIGATIONS
+    except ImportError:
+        return {}
+    o = next((o for o in OBLIGATIONS if o.id == oid), None)
+    return {} if o is None else {"math": o.math, "premise": o.premise, "statement": o.statement}
+
+
+def _mutation(data) -> tuple[str, bool | None, list]:
+    """(summary, all killed?, rows) from whichever of mutants / mutation_score the JSON has."""
+    muts = data.get("mutants")
+    rows = []
+    if isinstance(muts, dict):
+        for name, v in muts.items():
+            killer = v.get("killed_by") if isinstance(v, dict) else v
+            rows.append((name, killer))
+    elif isinstance(muts, list):
+        for i, m in enumerate(muts):
+            rows.append((need(m, "name", f"prove JSON.mutants[{i}]"), m.get("killed_by")))
+    score = data.get("mutation_score")
+    if rows:
+        killed = sum(k is not None for _, k in rows)
+        return f"mutation score {killed}/{len(rows)}", killed == len(rows), rows
+    if isinstance(score, dict) and "killed" in score and "total" in score:
+        return f"mutation score {score['killed']}/{score['total']}", score["killed"] == score["total"], rows
+    if isinstance(score, (list, tuple)) and len(score) == 2:
+        return f"mutation score {score[0]}/{score[1]}", score[0] == score[1], rows
+    if score is not None:
+        return f"mutation score {score}", None, rows
+    return "mutants not run", None, rows
+
+
 def prove_section(data) -> Section:
-    raise ReportInputError("prove JSON reader not written yet")
+    where = "prove JSON"
+    if isinstance(data, list):
+        data = {"obligations": data}
+    obs = need(data, "obligations", where, list)
+    sec = Section("obligations", "")
+    rows, witnesses, n_met = [], [], 0
+    for i, o in enumerate(obs):
+        at = f"{where}.obligations[{i}]"
+        oid = need(o, "id", at, str)
+        expected = need(o, "expected", at, str)
+        verdict = need(o, "verdict", at, str)
+        fields = {**_obligation_fields(oid), **{k: o[k] for k in ("statement", "math", "premise") if o.get(k)}}
+        met = o.get("met", verdict == expected)
+        n_met += bool(met)
+        secs = o.get("seconds")
+        witness = o.get("witness")
+        wlink = ""
+        if witness is not None:
+            case = case_of(witness, f"{at}.witness")
+            witnesses.append((oid, o, case))
+            wlink = f'<a href="#w-{escape(oid)}">drawn below</a>'
+        rows.append([
+            f'<b class="mono">{escape(oid)}</b>',
+            escape(fields.get("statement", "")) + (f'<div class="math">{escape(fields["math"])}</div>'
+                                                  if fields.get("math") else ""),
+            escape(fields.get("premise", "")),
+            _badge(verdict, bool(met)) + ("" if met else f'<div class="bad">expected {escape(expected)}</div>'),
+            escape(expected),
+            escape(f"{secs:.2f} s" if isinstance(secs, (int, float)) else str(secs or "")),
+            escape(str(o.get("bound") or "unbounded")),
+            wlink + (f'<div class="bad">{escape(str(o["replay"]))}</div>' if o.get("replay") else "")
+            + (f'<div class="small">{escape(str(o["detail"]))}</div>' if o.get("detail") else ""),
+        ])
+    mut_summary, mut_ok, mut_rows = _mutation(data)
+    unknown = sum(o.get("verdict") == "unknown" for o in obs)
+    sec.failed = n_met != len(obs) or mut_ok is False
+    sec.summary = (f"{n_met}/{len(obs)} obligations met their expected verdict"
+                   + (f", {unknown} unknown (never counted as proved)" if unknown else "") + f"; {mut_summary}")
+    out = [f"<p>{_badge(sec.summary, not sec.failed)}</p>",
+           _table(["obligation", "statement (words, mathematics)", "premise it rests on", "verdict", "expected",
+                   "time", "bound", "witness"], rows, "obligations")]
+    if mut_rows:
+        out.append("<h3>Mutants of the scan and plan: which proved obligation kills each</h3>")
+        out.append(_table(["mutant", "killed by"], [
+            [f'<span class="mono">{escape(n)}</span>',
+             _badge(k, True) if k is not None else _badge("SURVIVED", False)] for n, k in mut_rows]))
+    if witnesses:
+        out.append("<h3>Witnesses (refutations), drawn and replayed through the spec</h3>")
+        for oid, o, case in witnesses:
+            out.append(f'<div id="w-{escape(oid)}"></div>' + drawn_case(
+                case, caption=f'<b class="mono">{escape(oid)}</b> — {escape(_obligation_fields(oid).get("statement") or o.get("statement", ""))}'))
+    sec.body = "".join(out)
+    return sec
 
 
 def diff_section(data) -> Section:
