@@ -299,7 +299,40 @@ def prove_section(data) -> Section:
 
 
 def diff_section(data) -> Section:
-    raise ReportInputError("diff JSON reader not written yet")
+    """Read generically: the scalar figures as a table, any disagreement carrying a case drawn."""
+    where = "diff JSON"
+    if not isinstance(data, dict):
+        raise ReportInputError(f"{where}: expected an object, found {type(data).__name__}")
+    dis = None
+    for key in ("disagreements", "mismatches", "failures"):
+        if key in data:
+            dis = need(data, key, where, list)
+            break
+    sec = Section("diff", "")
+    scalars = [(k, v) for k, v in data.items() if isinstance(v, (int, float, str, bool)) or v is None]
+    sec.failed = bool(dis)
+    figures = ", ".join(f"{k}={v}" for k, v in scalars[:4])
+    sec.summary = (f"{len(dis)} disagreement(s)" if dis is not None else "no disagreement list") + (
+        f"; {figures}" if figures else "")
+    out = [f"<p>{_badge(sec.summary, not sec.failed if dis is not None else None)}</p>"]
+    if scalars:
+        out.append(_table(["figure", "value"], [[f'<span class="mono">{escape(k)}</span>', escape(str(v))]
+                                               for k, v in scalars]))
+    for k, v in data.items():
+        if isinstance(v, dict) and all(isinstance(x, (int, float, str, bool)) for x in v.values()):
+            out.append(f"<h3>{escape(k)}</h3>" + _table(["", "value"], [
+                [f'<span class="mono">{escape(str(a))}</span>', escape(str(b))] for a, b in v.items()]))
+    for i, d in enumerate((dis or [])[:MAX_DRAWN]):
+        at = f"{where}.disagreements[{i}]"
+        if not isinstance(d, dict) or "case" not in d:
+            out.append(f"<pre>{escape(json.dumps(d, indent=1)[:2000])}</pre>")
+            continue
+        case = case_of(d["case"], f"{at}.case")
+        rest = {k: v for k, v in d.items() if k != "case"}
+        out.append(drawn_case(case, caption=f"<b>disagreement {i + 1}</b>: {escape(case.name)}")
+                   + f"<pre>{escape(json.dumps(rest, indent=1)[:4000])}</pre>")
+    sec.body = "".join(out)
+    return sec
 
 
 def _short(path: str) -> str:

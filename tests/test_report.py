@@ -146,3 +146,39 @@ def test_page_renders_in_headless_chromium(tmp_path):
     assert _png_size(png) == (1400, 1200)
     # a drawn page compresses far worse than a blank or error page (~8 KiB)
     assert png.stat().st_size > 60_000
+
+
+def _prove_json(ids):
+    """The shape `kvbound prove --json` writes, from the real runner."""
+    from kvbound.proofs.obligations import OBLIGATIONS
+    from kvbound.proofs.runner import run_obligation
+    from kvbound.spec import case_to_dict
+
+    out = []
+    for o in (o for o in OBLIGATIONS if o.id in ids):
+        r = run_obligation(o)
+        out.append({"id": o.id, "statement": o.statement, "expected": o.expected, "verdict": r.verdict,
+                    "seconds": r.seconds, "bound": o.bound, "replay": r.replay,
+                    "witness": None if r.witness is None else case_to_dict(r.witness)})
+    return {"obligations": out}
+
+
+def test_obligations_table_and_witness_drawn():
+    from kvbound.report import prove_section
+
+    sec = prove_section(_prove_json({"boundary", "legacy-refuted"}))
+    assert not sec.failed and sec.summary.startswith("2/2 obligations met")
+    assert "the scan starts at f = cdiv(N, b)" in sec.body  # premise, from the obligation object
+    assert 'id="w-legacy-refuted"' in sec.body and "✗ boundary" in sec.body and "<svg" in sec.body
+
+
+def test_missed_verdict_and_malformed_obligation():
+    from kvbound.report import prove_section
+
+    data = _prove_json({"boundary"})
+    data["obligations"][0]["verdict"] = "unknown"
+    sec = prove_section(data)
+    assert sec.failed and "0/1 obligations met" in sec.summary and "1 unknown" in sec.summary
+    del data["obligations"][0]["verdict"]
+    with pytest.raises(ReportInputError, match=r"prove JSON.obligations\[0\]: missing field 'verdict'"):
+        prove_section(data)
