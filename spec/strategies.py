@@ -94,16 +94,17 @@ def _draw_config(d: _Draw, kinds: Sequence[GroupKind], max_groups: int, need_mam
 
 
 def _draw_tokens(d: _Draw, configs, bpc: int):
-    """N a multiple of every block size (the scheduler rounds it to their LCM), T on a
-    chunk boundary of the largest chunk; both small enough for MAX_TABLE blocks."""
+    """N a multiple of every block size (the scheduler rounds it to their LCM); T on a
+    chunk boundary of every group with M >= the largest chunk, since the lookup hits
+    whole chunks past N or nothing (FACTS.md, lookup facts); small enough for MAX_TABLE."""
     unit_n = lcm_all(c.tokens_per_block for c in configs)
     unit_t = lcm_all(c.tokens_per_chunk(bpc) for c in configs)
     b_min = min(c.tokens_per_block for c in configs)
     budget = MAX_TABLE * b_min - 2 * max(c.tokens_per_block for c in configs)
     max_t_units = max(1, budget // unit_t)
-    t_units = d.integer(1, max_t_units)
-    T = t_units * unit_t
-    N = unit_n * d.integer(0, (T - 1) // unit_n)
+    N = unit_n * d.integer(0, (max_t_units - 1) * unit_t // unit_n)
+    t_min = cdiv(N + unit_t, unit_t)
+    T = unit_t * d.integer(t_min, max(t_min, max_t_units))
     return N, T
 
 
