@@ -1,9 +1,15 @@
 """kvbound.proofs: the Z3 encoding of the load plan, the proof obligations, mutants.
 
 Imports only kvbound.spec (and z3). ``check_plan`` holds any plan to the encoding;
-``witness_cases`` gives every witness the obligations produce as a spec Case.
+``witness_cases`` gives every witness the obligations produce as a spec Case;
+``run_all`` runs the suite (``kvbound prove`` draws and reports it).
 """
 
+from .obligations import OBLIGATIONS, PROVED, REFUTED, Obligation
+from .runner import MUTANTS, UNKNOWN, Report, Result, run_all, run_obligation, witness_cases
 from .symbolic import SymbolicCheck, check_plan, solve_plan
 
-__all__ = ["SymbolicCheck", "check_plan", "solve_plan"]
+__all__ = [
+    "OBLIGATIONS", "PROVED", "REFUTED", "UNKNOWN", "MUTANTS", "Obligation", "Report", "Result",
+    "SymbolicCheck", "check_plan", "run_all", "run_obligation", "solve_plan", "witness_cases",
+]

@@ -97,13 +97,24 @@ class ConcreteTable:
 
 
 class SymTable:
-    """Every table at once: symbolic length, per-position state and id."""
+    """Every table at once: symbolic length, per-position state and id.
 
-    def __init__(self, name: str):
+    ``expand=L`` fixes the length to L and writes each quantifier as L cases: the
+    quantifier-free form the vacuity check solves for its one instance (exact,
+    since every range a premise quantifies over lies inside [0, length)).
+    """
+
+    def __init__(self, name: str, expand: int | None = None):
+        self.expand = expand
         self.length = z3.Int(f"{name}.len")
         self.st = z3.Array(f"{name}.state", z3.IntSort(), z3.IntSort())
         self.id = z3.Array(f"{name}.id", z3.IntSort(), z3.IntSort())
         self.name = name
+        self._bound = 0  # bound-variable names are numbered per table, so runs repeat exactly
+
+    def _var(self):
+        self._bound += 1
+        return z3.Int(f"{self.name}.i{self._bound}")
 
     def state(self, i):
         return self.st[i]
@@ -117,24 +128,21 @@ class SymTable:
     def wellformed(self):
         """States are N/H/U, only the null block has id 0 (its id)."""
         i = z3.Int(f"{self.name}.i")
-        return z3.And(
-            self.length >= 0,
-            z3.ForAll([i], z3.Implies(z3.And(0 <= i, i < self.length), z3.And(
-                self.st[i] >= NUL, self.st[i] <= UNH,
-                (self.st[i] == NUL) == (self.id[i] == 0), self.id[i] >= 0,
-            ))),
-        )
+        return z3.And(self.length >= 0, self.forall(0, self.length, lambda i: z3.And(
+            self.st[i] >= NUL, self.st[i] <= UNH, (self.st[i] == NUL) == (self.id[i] == 0), self.id[i] >= 0,
+        )))
 
     def forall(self, lo, hi, body):
         """body(i) for every i in [lo, hi)."""
-        i = z3.FreshInt(f"{self.name}.j")
+        if self.expand is not None:
+            return z3.And(*[z3.Implies(z3.And(lo <= i, i < hi), body(i)) for i in range(self.expand)])
+        i = self._var()
         return z3.ForAll([i], z3.Implies(z3.And(lo <= i, i < hi), body(i)))
 
     def first_match(self, s, lo, hi, pred):
-        i = z3.FreshInt(f"{self.name}.i")
         return [
             z3.Or(s == hi, z3.And(lo <= s, s < hi, pred(s))),
-            z3.ForAll([i], z3.Implies(z3.And(lo <= i, i < s), z3.Not(pred(i)))),
+            self.forall(lo, s, lambda i: z3.Not(pred(i))),
         ]
 
 

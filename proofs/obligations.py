@@ -30,6 +30,7 @@ class Problem:
     world: World | None = None
     witness: Callable | None = None  # model -> Case, for a refutation
     shaping: list = field(default_factory=list)  # small-numbers constraints tried first for witnesses
+    splits: tuple = (True,)  # a case split covering every input; proved iff every case is unsat
 
 
 @dataclass(frozen=True)
@@ -72,21 +73,22 @@ def _boundary(knobs):
 def _alignment(knobs):
     w = AlignWorld()
     prem = w.base() + w.scheduler_unit() + [w.lone_group_premise()]
-    return Problem(prem, w.unit_and_N_divisible(), w)
+    # split on the two branches of resolve_kv_cache_block_sizes: Z3 settles each at once
+    return Problem(prem, w.unit_and_N_divisible(), w, splits=(w.n == 1, w.n >= 2))
 
 
 def _alignment_weaker(knobs):
     w = AlignWorld()
     fa_tpc = w.tokens_per_block(0) * w.bpc
     prem = w.base() + [w.n >= 2, w.kind[0] == 0, w.N_local % fa_tpc == 0]
-    return Problem(prem, w.every_group_aligned(w.N_local), w, shaping=w.small(),
+    return Problem(prem, w.every_group_aligned(w.N_local), w, shaping=w.small() + [w.n == 2, w.dcp == 1],
                    witness=lambda m: w.to_case(m, "witness-alignment.weaker-premise", N=w.N_local))
 
 
 def _alignment_lone(knobs):
     w = AlignWorld()
     prem = w.base() + w.scheduler_unit() + [w.n == 1]
-    return Problem(prem, w.every_group_aligned(w.N()), w, shaping=w.small(),
+    return Problem(prem, w.every_group_aligned(w.N()), w, shaping=w.small() + [w.dcp == 1],
                    witness=lambda m: w.to_case(m, "witness-alignment.lone-group"))
 
 

@@ -15,6 +15,7 @@ from .encoding import Knobs
 from .obligations import OBLIGATIONS, PROVED, REFUTED, Obligation
 from .symbolic import SEED
 from .terms import NOT, as_bool
+from .world import expanded
 
 UNKNOWN = "unknown"
 
@@ -58,25 +59,34 @@ def decide(ob: Obligation, knobs: Knobs | None = None, timeout_ms: int = 5000):
         if s.check() == z3.sat:
             return REFUTED, s.model(), prob
         s.pop()
-    r = s.check()
-    if r == z3.unsat:
-        return PROVED, None, prob
-    if r == z3.unknown:
-        return UNKNOWN, s.reason_unknown(), prob
-    return REFUTED, s.model(), prob
+    for split in prob.splits:
+        s.push()
+        s.add(as_bool(split))
+        r = s.check()
+        if r == z3.unknown:
+            return UNKNOWN, s.reason_unknown(), prob
+        if r == z3.sat:
+            return REFUTED, s.model(), prob
+        s.pop()
+    return PROVED, None, prob
 
 
-def premises_instance(prob, timeout_ms: int):
-    """One instance of the premises (vacuity): small numbers first, then any."""
-    s = _solver(timeout_ms)
-    s.add(*[as_bool(p) for p in prob.premises + prob.world.constraints])
-    s.push()
-    s.add(*[as_bool(c) for c in prob.world.small(max_len=8)])
-    r = s.check()
-    if r == z3.sat:
-        return r
-    s.pop()
-    return s.check()
+def premises_instance(ob: Obligation, knobs: Knobs, timeout_ms: int):
+    """One instance of the premises (vacuity), on tables of a few fixed lengths, so
+    the check is quantifier-free; the model is a concrete input the premises admit."""
+    r = z3.unknown
+    for length in VACUITY_LENGTHS:
+        with expanded(length):
+            prob = ob.build(knobs)
+        s = _solver(timeout_ms)
+        s.add(*[as_bool(p) for p in prob.premises + prob.world.constraints])
+        r = s.check()
+        if r == z3.sat:
+            return r
+    return r
+
+
+VACUITY_LENGTHS = (4, 8, 1, 2)
 
 
 def run_obligation(ob: Obligation, timeout_ms: int = 5000) -> Result:
@@ -86,7 +96,7 @@ def run_obligation(ob: Obligation, timeout_ms: int = 5000) -> Result:
     if verdict == UNKNOWN:
         res.detail = f"solver unknown: {model}"
     elif verdict == PROVED:
-        r = premises_instance(prob, timeout_ms)
+        r = premises_instance(ob, ob.knobs, timeout_ms)
         res.vacuity = "premises satisfiable" if r == z3.sat else f"premises {r}: the proof is vacuous"
     elif verdict == REFUTED:
         if prob.witness is None:  # an unexpected refutation: still show the counterexample
@@ -122,15 +132,109 @@ MUTANTS = {
 }
 
 
-def run_mutants(obligations=None, timeout_ms: int = 5000) -> dict:
+def run_mutants(timeout_ms: int = 5000) -> dict:
     """mutant -> id of the first proved obligation it refutes (None: it survived)."""
-    obs = [o for o in (obligations or OBLIGATIONS) if o.expected == PROVED and o.mutable]
-    out = {}
-    for name, change in MUTANTS.items():
-        out[name] = None
-        for ob in obs:
-            verdict, _, _ = decide(ob, replace(ob.knobs, **change), timeout_ms)
-            if verdict == REFUTED:
-                out[name] = ob.id
-                break
+    return {name: run_mutants_one(name, timeout_ms) for name in MUTANTS}
+
+
+# --- the whole suite ------------------------------------------------------------
+
+@dataclass
+class Report:
+    results: list  # [Result], in OBLIGATIONS order
+    mutants: dict | None  # mutant -> killing obligation id (None: survived); None when not run
+    seconds: float
+
+    @property
+    def mutation_score(self) -> tuple[int, int] | None:
+        if self.mutants is None:
+            return None
+        return sum(v is not None for v in self.mutants.values()), len(self.mutants)
+
+    @property
+    def unknown(self) -> list:
+        return [r for r in self.results if r.verdict == UNKNOWN]
+
+    @property
+    def ok(self) -> bool:
+        score = self.mutation_score
+        return all(r.met for r in self.results) and (score is None or score[0] == score[1])
+
+
+def by_id(ids=None) -> list[Obligation]:
+    if not ids:
+        return list(OBLIGATIONS)
+    known = {o.id: o for o in OBLIGATIONS}
+    missing = [i for i in ids if i not in known]
+    if missing:
+        raise KeyError(f"unknown obligation {missing[0]!r}; known: {', '.join(known)}")
+    return [known[i] for i in ids]
+
+
+def _task(args):
+    """One unit of work in a worker: an obligation, or a mutant against every proved one."""
+    from kvbound.spec import case_to_dict
+
+    kind, name, timeout_ms = args
+    if kind == "mutant":
+        t0 = time.perf_counter()
+        killer = run_mutants_one(name, timeout_ms)
+        return kind, name, {"killed_by": killer, "seconds": time.perf_counter() - t0}
+    r = run_obligation(by_id([name])[0], timeout_ms)
+    return kind, name, {
+        "verdict": r.verdict, "seconds": r.seconds, "vacuity": r.vacuity, "replay": r.replay,
+        "detail": r.detail, "witness": None if r.witness is None else case_to_dict(r.witness),
+    }
+
+
+def run_mutants_one(name: str, timeout_ms: int) -> str | None:
+    change = MUTANTS[name]
+    for ob in OBLIGATIONS:
+        if ob.expected == PROVED and ob.mutable:
+            if decide(ob, replace(ob.knobs, **change), timeout_ms)[0] == REFUTED:
+                return ob.id
+    return None
+
+
+def run_all(ids=None, timeout_ms: int = 10000, mutants: bool = True, jobs: int = 2) -> Report:
+    """Every obligation (vacuity and witness replay included) and every mutant.
+
+    ``jobs`` worker processes share the work (Z3 is single-threaded per solver)."""
+    from kvbound.spec import case_from_dict
+
+    t0 = time.perf_counter()
+    obs = by_id(ids)
+    tasks = [("mutant", m, timeout_ms) for m in MUTANTS] if mutants else []
+    # longest first: the alignment proof, then the mutants, then the rest
+    tasks = [("obligation", o.id, timeout_ms) for o in obs if o.bound] + tasks + \
+            [("obligation", o.id, timeout_ms) for o in obs if not o.bound]
+    if jobs > 1 and len(tasks) > 1:
+        import multiprocessing as mp
+
+        # a fresh process per task: Z3's shared state (term ids) then never depends on
+        # which tasks a worker ran before, so pinned seeds give repeatable runs
+        with mp.get_context("fork").Pool(jobs, maxtasksperchild=1) as pool:
+            done = pool.map(_task, tasks, chunksize=1)
+    else:
+        done = [_task(t) for t in tasks]
+    results, mut = {}, {}
+    for kind, name, d in done:
+        if kind == "mutant":
+            mut[name] = d["killed_by"]
+            continue
+        ob = by_id([name])[0]
+        w = d["witness"]
+        results[name] = Result(ob, d["verdict"], d["seconds"], None if w is None else case_from_dict(w),
+                               d["vacuity"], d["replay"], d["detail"])
+    return Report([results[o.id] for o in obs], mut if mutants else None, time.perf_counter() - t0)
+
+
+def witness_cases(timeout_ms: int = 10000) -> list:
+    """Every witness the refuted obligations produce, as spec Cases named witness-<id>."""
+    out = []
+    for ob in OBLIGATIONS:
+        if ob.expected == REFUTED:
+            r = run_obligation(ob, timeout_ms)
+            if r.witness is not None:
+                out.append(replace(r.witness, name=f"witness-{ob.id}"))
     return out

@@ -8,12 +8,28 @@ meets. Obligations add their own premises and encode the plan with ``plan``.
 
 from __future__ import annotations
 
+import contextvars
+from contextlib import contextmanager
+
 import z3
 
 from kvbound.spec import Block, BlockState, Case, Group, GroupConfig, GroupKind
 
 from .encoding import HSH, NUL, UNH, GroupInputs, Knobs, SymTable, encode_group
 from .terms import CDIV
+
+
+_EXPAND: contextvars.ContextVar = contextvars.ContextVar("expand", default=None)
+
+
+@contextmanager
+def expanded(length: int):
+    """Worlds built inside have tables of exactly ``length`` blocks, quantifiers expanded."""
+    token = _EXPAND.set(length)
+    try:
+        yield
+    finally:
+        _EXPAND.reset(token)
 
 
 class World:
@@ -24,7 +40,7 @@ class World:
         self.num_keys = z3.Int("num_offload_keys")
         self.sync_load = z3.Bool("sync_load")
         self.window = None if kind is GroupKind.FULL_ATTENTION else z3.Int("window_in_chunks")
-        self.table = SymTable(name)
+        self.table = SymTable(name, expand=_EXPAND.get())
         self.T = self.N + self.M
         self.k = CDIV(self.T, self.b)
         self.f = CDIV(self.N, self.b)
@@ -44,6 +60,8 @@ class World:
         the table long enough (else table_length fires before any scan)."""
         out = [self.b >= 1, self.bpc >= 1, self.N >= 0, self.M >= 1, self.num_keys >= 0,
                self.table.wellformed(), self.table.length >= self.k]
+        if self.table.expand is not None:
+            out.append(self.table.length == self.table.expand)
         if self.kind is GroupKind.MAMBA:
             out.append(self.window == 1)
         elif self.window is not None:
