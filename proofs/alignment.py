@@ -35,7 +35,7 @@ import z3
 
 from kvbound.spec import NULL, Case, Group, GroupKind, H, U, cdiv
 
-from .terms import AND, IF, OR
+from .terms import AND, IF
 from .world import config_for
 
 MAX_GROUPS = 8
@@ -149,4 +149,4 @@ class AlignWorld:
                     num_locally_computed_tokens=N, num_external_tokens=M, groups=tuple(groups))
 
 
-__all__ = ["AlignWorld", "MAX_GROUPS", "KINDS", "OR"]
+__all__ = ["AlignWorld", "MAX_GROUPS", "KINDS"]

@@ -13,7 +13,7 @@ from typing import Callable
 
 import z3
 
-from kvbound.spec import AssertName, GroupKind, Variant, cdiv, plan_load
+from kvbound.spec import AssertName, GroupKind, Variant, plan_load
 
 from .encoding import HSH, NUL, UNH, Knobs, knobs_for
 from .terms import AND, FLOORDIV, IF, NOT, OR
@@ -45,6 +45,7 @@ class Obligation:
     reproduce: Callable | None = None  # (Case) -> str | None: None when the spec shows the failure
     bound: str | None = None  # where the claim is bounded, and why
     mutable: bool = True  # does a mutant of the scan/plan change what it encodes?
+    about: Knobs | None = None  # a variant outside the spec the witness is about (shown beside the drawing)
 
 
 # --- spec replays: a witness must show its failure on the executable spec -----------
@@ -127,7 +128,7 @@ def _legacy_refuted(knobs):
     w = World(GroupKind.MAMBA)
     p = w.plan(knobs)
     j = z3.Int("j")
-    prem = w.base() + [w.aligned()] + _recurrent_below_f(w) + w.allocator(j)
+    prem = w.base() + [w.aligned(), j < w.k] + _recurrent_below_f(w) + w.allocator(j)
     return Problem(prem, w.N <= p.start * w.b, w,
                    witness=lambda m: w.to_case(m, "witness-legacy-refuted"), shaping=w.small())
 
@@ -151,7 +152,7 @@ def _legacy_without_asserts(knobs):
     w = World(GroupKind.MAMBA)
     legacy, fixed = w.plan(knobs_for(Variant.LEGACY, asserts=False), "L"), w.plan(knobs, "F")
     j = z3.Int("j")
-    prem = w.base() + [w.aligned()] + _recurrent_below_f(w) + w.allocator(j)
+    prem = w.base() + [w.aligned(), j < w.k] + _recurrent_below_f(w) + w.allocator(j)
     claim = OR(legacy.start >= w.f, legacy.start_chunk == fixed.start_chunk)
     return Problem(prem, claim, w, witness=lambda m: w.to_case(m, "witness-legacy-without-asserts"),
                    shaping=w.small())
@@ -175,7 +176,7 @@ def _null_skip_needed(knobs):
     p = w.plan(Knobs(no_scan=True))  # the variant start = f, no loop
     t = w.table
     j = z3.Int("j")
-    prem = w.base() + [w.aligned()] + w.allocator(j)
+    prem = w.base() + [w.aligned(), j < w.k] + w.allocator(j)
     claim = t.forall(p.start, w.k, lambda i: t.state(i) != NUL)
     return Problem(prem, claim, w, witness=lambda m: w.to_case(m, "witness-null-skip-needed"),
                    shaping=w.small())
@@ -232,8 +233,10 @@ def _keys_count(knobs):
 def _window_bound(knobs):
     w = World(GroupKind.SLIDING_WINDOW)
     p = w.plan(knobs)
+    t = w.table
     j = z3.Int("j")
-    prem = w.base() + [w.aligned()] + w.allocator(j)
+    below_f = t.forall(0, w.f, lambda i: t.state(i) != UNH)  # local blocks: hashed, or null when skipped
+    prem = w.base() + [w.aligned(), below_f] + w.allocator(j)
     return Problem(prem, p.pending <= w.window * w.bpc + 1, w,
                    witness=lambda m: w.to_case(m, "witness-window-bound"), shaping=w.small(max_len=8))
 
@@ -359,7 +362,7 @@ OBLIGATIONS: list[Obligation] = [
         "The variant start = f writes into the shared null block.",
         "∃ allocator table: ∃ i ∈ [f, k): state(i) = null",
         "the scan skips null blocks", REFUTED, _null_skip_needed, FIXED,
-        reproduce=_replay_null_skip, mutable=False),
+        reproduce=_replay_null_skip, mutable=False, about=Knobs(no_scan=True)),
     Obligation(
         "null-skip-needed.fixed",
         "The fixed scan never targets the null block when [f, k) is nulls then fresh blocks.",

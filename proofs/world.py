@@ -83,7 +83,7 @@ class World:
 
     def small(self, max_len: int = 6, max_tokens: int = 64):
         """Witness shaping: small, readable numbers; keys enough for the load."""
-        return [self.table.length <= max_len, self.T <= max_tokens, self.b <= 16, self.bpc <= 2,
+        return [self.table.length <= max_len, self.table.length == self.k, self.T <= max_tokens, self.b <= 16, self.bpc <= 2,
                 self.num_keys * self.tpc >= self.T, self.num_keys * self.tpc <= max_tokens,
                 *([self.window <= 2] if self.window is not None else [])]
 
