@@ -33,7 +33,10 @@ def site(stmt, function="update_state_after_alloc", line=1034):
      " * self.config.blocks_per_chunk + 1", "window_bound"),
     ("assert num_pending_gpu_blocks <= group_config.sliding_window_size_in_chunks"
      " * self.config.block_size_factor + 1", "window_bound"),
+    ("assert num_pending_gpu_blocks <= group_config.sliding_window_size_in_chunks"
+     " * self.config.blocks_per_chunk", "window_bound"),  # 0.26: no + 1
     ("assert len(offload_keys) >= end_chunk_idx", "keys_length"),
+    ("assert len(offload_keys) >= num_chunks", "keys_length"),  # 0.26: every group
 ])
 def test_assert_named_from_source_statement(stmt, name):
     assert C.classify_assert(site(stmt)) == name
@@ -185,6 +188,7 @@ def test_real_legacy_and_fixed_on_the_facts_case_and_a_bad_case():
         hello, (r_bad, r) = runner.run_release(env, [bad, case])
         assert hello["vllm"] == version
         assert r_bad["outcome"] == "assertion_error" and r_bad["phase"] == "setup"
+        assert C.judge(bad, version, r_bad)["verdict"] == C.UNSUPPORTED
         rec = C.judge(case, version, r)
         assert rec["verdict"] == C.AGREE, json.dumps(rec, indent=1)
         assert C.outcome_label(rec) == want

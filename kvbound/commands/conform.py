@@ -121,10 +121,10 @@ def run(args) -> int:
         Path(args.json).write_text(json.dumps(
             {"releases": hellos, "not_prepared": failed, "matrix": m, "blocking": len(blocking),
              "witness_note": witness_note, "cases": records}, indent=1) + "\n")
-    undriven = sum(r["verdict"] == C.UNDRIVEN for r in records)
-    print(f"\nsummary: {sum(r['verdict'] == C.AGREE for r in records)} agree,"
-          f" {sum(r['verdict'] == C.DISAGREE for r in records)} disagree,"
-          f" {sum(r['verdict'] == C.FAULT for r in records)} fault, {undriven} not driven;"
+    count = {v: sum(r["verdict"] == v for r in records)
+             for v in (C.AGREE, C.DISAGREE, C.FAULT, C.UNDRIVEN, C.UNSUPPORTED)}
+    print(f"\nsummary: {count[C.AGREE]} agree, {count[C.DISAGREE]} disagree, {count[C.FAULT]} fault,"
+          f" {count[C.UNDRIVEN]} not driven, {count[C.UNSUPPORTED]} refused by the release's config;"
           f" {len(blocking)} blocking (non-adversarial disagreement/fault or failed witness)")
     if failed:
         print(f"FAILED: could not prepare/start {', '.join(failed)} (see above)", file=sys.stderr)

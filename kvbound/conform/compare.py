@@ -22,7 +22,8 @@ _ASSERT_PATTERNS = (
     (AssertName.TABLE_LENGTH, re.compile(r"^assert len\(\w*blocks\w*\) >= \w+$")),
     (AssertName.BOUNDARY, re.compile(rf"^assert num_locally_computed_tokens <= \w+ \* \w*{_BLOCK}\w*$")),
     (AssertName.ALIGNMENT, re.compile(rf"^assert num_locally_computed_tokens % \w*{_BLOCK}\w* == 0$")),
-    (AssertName.WINDOW_BOUND, re.compile(r"^assert \w+ <= [\w.]*sliding_window_size_in_chunks\b.*\+ 1$")),
+    # 0.29+ allow one block more than the window (``+ 1``); 0.26 did not.
+    (AssertName.WINDOW_BOUND, re.compile(r"^assert \w+ <= [\w.]*sliding_window_size_in_chunks \* [\w.]+( \+ 1)?$")),
     (AssertName.KEYS_LENGTH, re.compile(r"^assert len\(\w*offload_keys\w*\) >= \w+$")),
 )
 TARGET_FUNCTION = "update_state_after_alloc"
@@ -77,7 +78,7 @@ def _norm(v):
 
 
 # Verdicts of one (release, case) pair.
-AGREE, DISAGREE, FAULT, UNDRIVEN = "agree", "disagree", "fault", "undriven"
+AGREE, DISAGREE, FAULT, UNDRIVEN, UNSUPPORTED = "agree", "disagree", "fault", "undriven", "unsupported"
 
 
 def judge(case: Case, release: str, result: dict) -> dict:
@@ -91,6 +92,14 @@ def judge(case: Case, release: str, result: dict) -> dict:
     if spec_plan.assertion is not None:
         rec["spec_assertion_group"] = spec_plan.assertion.group_index
     outcome = result.get("outcome")
+    if outcome == "assertion_error" and result.get("phase") == "setup":
+        site = result.get("assert_site") or {}
+        rec.update(verdict=UNSUPPORTED, real=real_plan_json(dict(result, name=case.name)),
+                   why="the release refuses this configuration while the connector is built"
+                       f" ({_short_path(site.get('file'))}:{site.get('line')} in {site.get('function')}:"
+                       f" {site.get('statement')}); a server with it would not start, so there is no"
+                       " load plan to compare")
+        return rec
     if outcome in ("worker_crash", "worker_timeout") or (
         outcome == "exception" and result.get("phase") == "setup"
     ):
@@ -163,6 +172,8 @@ def outcome_label(rec: dict) -> str:
     real = rec.get("real") or {}
     if rec["verdict"] == FAULT:
         return (rec.get("real") or {}).get("outcome", "fault")
+    if rec["verdict"] == UNSUPPORTED:
+        return "refused-config"
     if real.get("outcome") == "ok":
         return "ok"
     if real.get("outcome") == "assertion_error":
@@ -181,7 +192,7 @@ def matrix(records: list[dict], releases: list[str]) -> dict:
     m: dict = {}
     for rec in records:
         cell = m.setdefault(rec["row"], {}).setdefault(rec["release"], {
-            "total": 0, AGREE: 0, DISAGREE: 0, FAULT: 0, UNDRIVEN: 0, "outcomes": {}})
+            "total": 0, AGREE: 0, DISAGREE: 0, FAULT: 0, UNDRIVEN: 0, UNSUPPORTED: 0, "outcomes": {}})
         cell["total"] += 1
         cell[rec["verdict"]] += 1
         lab = outcome_label(rec)
@@ -202,7 +213,7 @@ def render_matrix(m: dict, releases: list[str]) -> str:
                 line.append("-")
                 continue
             s = f"{c[AGREE]}/{c['total']} agree"
-            for k in (DISAGREE, FAULT, UNDRIVEN):
+            for k in (DISAGREE, FAULT, UNDRIVEN, UNSUPPORTED):
                 if c[k]:
                     s += f", {c[k]} {k}"
             outs = " ".join(f"{k}:{v}" for k, v in sorted(c["outcomes"].items(), key=lambda kv: (kv[0] != "ok", kv[0])))

@@ -136,6 +136,7 @@ def release_tree(version: str, python: Path, progress=print) -> Path:
         r = subprocess.run(cmd, capture_output=True, text=True)
         out = r.stdout + r.stderr
         if r.returncode:
+            shutil.rmtree(wheels, ignore_errors=True)
             if "no matching distribution" in out.lower() or "could not find a version" in out.lower():
                 raise PrepareError(
                     f"vllm=={version} is not on the package index (or has no wheel for this platform):"
