@@ -22,9 +22,12 @@ def results():
     return [run_obligation(o, timeout_ms=20000) for o in OBLIGATIONS]
 
 
-def test_committed_catalogue_is_current(results):
-    assert DOC.read_text() == render(results), (
-        "docs/invariants.md is stale: run `kvbound catalogue` and commit it")
+def test_committed_catalogue_is_current():
+    """In a fresh process, as `kvbound catalogue` runs: Z3's models depend on what the
+    process built before, so a witness found after other solver work may differ."""
+    r = subprocess.run([sys.executable, "-m", "kvbound.cli", "catalogue", "--check"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, "docs/invariants.md is stale: run `kvbound catalogue` and commit it\n" + r.stdout
 
 
 def test_every_obligation_is_catalogued_from_its_own_fields(results):
