@@ -4,7 +4,14 @@ Imports only ``kvbound.spec``; it is checked against the spec and against the
 symbolic model by ``kvbound diff``.
 """
 
+import warnings
+
+# torch warns at import when numpy is absent; kvbound never hands tensors to numpy.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
 from .batch import BatchError, PlanBatch, batch_from_cases, cases_from_batch, resolve_device
-from .plan import ASSERT_CODES, ASSERT_NAMES, CODE_OK, BatchPlan, plan_batch, plan_fields, to_load_plans
+from .differential import DiffStats, Disagreement, agrees_with_spec, diff_against_spec, mismatched_rows
+from .plan import ASSERT_CODES, ASSERT_NAMES, CODE_OK, BatchPlan, plan_batch, plan_fields, plan_variants, to_load_plans
+from .shrink import shrink_case
 
 __all__ = [name for name in dir() if not name.startswith("_")]

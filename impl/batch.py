@@ -174,6 +174,7 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
     G = max(len(c.groups) for c in cases)
     L = max((len(g.blocks) for c in cases for g in c.groups), default=0)
     G, L = max(G, groups or 0), max(L, slots or 0, 1)
+    L += -L % 8  # whole octets: plan_batch then packs the slots without a copy
     lengths, kinds, tpb, win = [], [], [], []
     states, ids = [], []
     for c in cases:

@@ -16,7 +16,9 @@ import torch
 
 from kvbound.spec import Assertion, AssertName, GroupPlan, LoadPlan, Variant
 
-from .batch import KIND_FULL, KIND_MAMBA, STATE_H, STATE_U, PlanBatch
+from .batch import KIND_FULL, KIND_MAMBA, STATE_H, STATE_N, STATE_U, PlanBatch
+
+assert (STATE_N, STATE_H, STATE_U) == (0, 1, 2), "pack_slots' bit tricks assume these codes"
 
 CODE_OK = 0
 # Codes in vLLM's per-group order; the spec's AssertName order is the same.
@@ -56,20 +58,19 @@ class BatchPlan:
 
     ``code`` is the assert this group would hit if vLLM reached it (0 none);
     the request's outcome is ``failing_group`` [R] (-1: none), the first group in
-    config order with a code. ``dst_mask`` [R, G, L] marks slots [start, k) of groups
-    whose own code is 0. Padded groups and requests with nothing external
+    config order with a code. Padded groups and requests with nothing external
     (``planned`` [R] false: vLLM returns before planning) hold zeros.
     """
 
     variant: Variant
     asserts: bool
+    num_slots: int
     planned: torch.Tensor
     valid: torch.Tensor
     num_gpu_blocks: torch.Tensor
     first_fresh_gpu_block_idx: torch.Tensor
     load_start_gpu_block_idx: torch.Tensor
     num_pending_gpu_blocks: torch.Tensor
-    dst_mask: torch.Tensor
     start_chunk_idx: torch.Tensor
     end_chunk_idx: torch.Tensor
     num_chunks: torch.Tensor
@@ -100,6 +101,18 @@ class BatchPlan:
         upto = torch.where(self.ok, G, self.failing_group).unsqueeze(1)
         return self.valid & self.planned.unsqueeze(1) & (torch.arange(G, device=upto.device) < upto)
 
+    @property
+    def dst_mask(self) -> torch.Tensor:
+        """[R, G, L] the destination slots [start, k) of every group whose own code is 0.
+
+        Built on demand: the plan itself is the range, and most callers (the
+        differential, the benchmark's plan rate) never need the L-wide mask.
+        """
+        slot = torch.arange(self.num_slots, device=self.code.device)
+        start = self.load_start_gpu_block_idx.unsqueeze(-1)
+        good = (self.code == 0) & self.valid & self.planned.unsqueeze(1)
+        return (slot >= start) & (slot < start + self.num_pending_gpu_blocks.unsqueeze(-1)) & good.unsqueeze(-1)
+
     def value(self, key: str) -> torch.Tensor:
         """[R, G] the tensor behind an Assertion values key (request fields broadcast)."""
         t = getattr(self, ASSERTION_VALUE_FIELDS[key])
@@ -110,101 +123,188 @@ def _cdiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.div(a + b - 1, b, rounding_mode="floor")  # a >= 0, b >= 1 throughout
 
 
-def plan_batch(batch: PlanBatch, variant: Variant | str, asserts: bool = True, check: bool = True) -> BatchPlan:
-    """The spec's ``plan_load`` for every request of ``batch`` under ``variant``.
+_WORD = 32  # slots per packed word: a word's lowest set bit converts to float64 exactly
+_BYTES_TO_BITS = 0x0102040810204080  # x * this >> 56: the low bits of 8 bytes (0/1 each) as 8 bits
+
+
+def pack_slots(bits: torch.Tensor) -> torch.Tensor:
+    """[R, G, L] uint8 0/1 -> [W, R, G] int64 words, W = ceil(L/32), bit i of word w = slot 32w + i.
+
+    The slot axis is read once as bytes and the rest works on 1/8 of the elements;
+    this is what makes the scan cheap next to the spec's Python loop. Words lead
+    so the minimum over them is plane-wise.
+    """
+    R, G, L = bits.shape
+    if L % 8:
+        bits = torch.cat([bits, bits.new_zeros((R, G, -L % 8))], dim=-1)
+    octets = bits.contiguous().view(torch.uint8).view(R, G, -1, 8).view(torch.int64).squeeze(-1)
+    octets = torch.bitwise_right_shift(octets * _BYTES_TO_BITS, 56) & 0xFF  # wraps mod 2**64: wanted
+    octets = octets.permute(2, 0, 1)  # [octet, R, G]
+    n = octets.shape[0]
+    words = octets[0::4].clone()
+    for j in range(1, 4):  # the 4 octets of a word, not a loop over blocks
+        part = octets[j::4]
+        words[: part.shape[0]] |= part << (8 * j)
+    return words
+
+
+def first_set_slot(words: torch.Tensor, scan_from: torch.Tensor | None, none: int) -> torch.Tensor:
+    """[R, G] int32: the first slot >= scan_from whose bit is set in ``words`` [W, R, G]; >= ``none``
+    if there is none. Arithmetic only (torch's CPU ``where`` on bool masks is many times slower)."""
+    W = words.shape[0]
+    base = torch.arange(0, W * _WORD, _WORD, device=words.device, dtype=torch.int32).view(W, 1, 1)
+    if scan_from is not None:  # clear the bits below scan_from, word by word
+        below = (scan_from.to(torch.int64) - base).clamp(0, _WORD)
+        words = words & ((0xFFFFFFFF << below) & 0xFFFFFFFF)
+    words = words | (1 << _WORD)  # a sentinel bit 32: an empty word reads as "slot 32"
+    lowest = words & -words  # 2**e, e <= 32: exact in float32, e is its exponent field
+    e = (lowest.to(torch.float32).view(torch.int32) >> 23) - 127
+    pos = base + e + (e >> 5) * none  # e == 32 (empty) -> beyond every slot
+    return pos.amin(0) if W > 1 else pos[0]  # int32: torch's int64 amin is many times slower
+
+
+@dataclass
+class _Shared:
+    """What every variant computes alike, done once per batch. ``k`` and ``f`` are
+    0 off the active (request, group)s, which zeroes every per-variant output there
+    without masking each one."""
+
+    R: int
+    G: int
+    L: int
+    N: torch.Tensor
+    b: torch.Tensor
+    bpc: torch.Tensor
+    k: torch.Tensor
+    f: torch.Tensor
+    planned: torch.Tensor
+    valid: torch.Tensor
+    active: torch.Tensor
+    table_ok: torch.Tensor
+    window: torch.Tensor
+    window_limit: torch.Tensor
+    num_chunks: torch.Tensor
+    have: torch.Tensor
+    table_length: torch.Tensor
+
+
+def _shared(batch: PlanBatch) -> _Shared:
+    R, G, L = batch.shape
+    dev = batch.device
+    # int32 arithmetic when every token count fits (it halves the memory traffic)
+    big = max(int(batch.num_prompt_tokens.max()), int(batch.window_tokens.max()),
+              int((batch.num_locally_computed_tokens + batch.num_external_tokens).max()),
+              int(batch.table_length.max()), int(batch.blocks_per_chunk.max()) * int(batch.tokens_per_block.max()))
+    it = torch.int32 if big < 2**30 else torch.int64
+    N = batch.num_locally_computed_tokens.to(it).unsqueeze(1)
+    T = N + batch.num_external_tokens.to(it).unsqueeze(1)
+    bpc = batch.blocks_per_chunk.to(it).unsqueeze(1)
+    tph = batch.tokens_per_hash.to(it).unsqueeze(1)
+    P = batch.num_prompt_tokens.to(it).unsqueeze(1)
+    b = batch.tokens_per_block.to(it)
+    kind = batch.kind
+    table_length = batch.table_length.to(it)
+    planned = batch.num_external_tokens > 0
+    valid = torch.arange(G, device=dev) < batch.num_groups.unsqueeze(1)
+    active = valid & planned.unsqueeze(1)
+    k = _cdiv(T, b)
+    tpc = b * bpc
+    window = torch.where(kind == KIND_MAMBA, 1, _cdiv(batch.window_tokens.to(it), tpc))
+    windowed = active & (kind != KIND_FULL)
+    hashes_per_chunk = torch.div(tpc, tph, rounding_mode="floor").clamp(min=1)  # clamp: padded groups only
+    on = active.to(it)  # multiplying by a 0/1 mask: much faster than torch.where on CPU
+    limit = window * bpc + 1
+    return _Shared(
+        R=R, G=G, L=L, N=N, b=b, bpc=bpc,
+        k=k * on, f=_cdiv(N, b) * on,
+        planned=planned, valid=valid, active=active,
+        table_ok=table_length >= k,
+        window=torch.where(windowed, window, -1),
+        # pending above this fails window_bound; full attention has no bound
+        window_limit=torch.where(windowed, limit, torch.iinfo(it).max),
+        num_chunks=_cdiv(T, tpc) * on,
+        have=torch.div(torch.div(P, tph, rounding_mode="floor"), hashes_per_chunk, rounding_mode="floor") * on,
+        table_length=table_length,
+    )
+
+
+def _plan_one(sh: _Shared, variant: Variant, asserts: bool, words: torch.Tensor) -> BatchPlan:
+    """One variant given the packed eligible slots; all [R, G] arithmetic."""
+    scan_from = None if variant is Variant.LEGACY else sh.f
+    start = torch.minimum(first_set_slot(words, scan_from, sh.L).to(sh.k.dtype), sh.k)
+    pending = sh.k - start
+    start_chunk = torch.div(start, sh.bpc, rounding_mode="floor")
+    # vLLM slices offload_keys[start:end]: a short list just yields fewer keys (python -O).
+    loads = pending > 0
+    # where(c, x, y) as y + c * (x - y): torch's CPU where is many times slower
+    end_chunk = start_chunk + loads * (torch.maximum(start_chunk, torch.minimum(sh.num_chunks, sh.have)) - start_chunk)
+    code = torch.zeros_like(start)
+    if asserts:  # lowest priority first; each later one overrides: vLLM's order per group
+        if variant is Variant.LEGACY:
+            scan_fail, scan_code = sh.N > start * sh.b, ASSERT_CODES[AssertName.BOUNDARY]
+        else:
+            scan_fail, scan_code = sh.N % sh.b != 0, ASSERT_CODES[AssertName.ALIGNMENT]
+        code = (loads & (sh.have < sh.num_chunks)) * ASSERT_CODES[AssertName.KEYS_LENGTH]
+        code = code + (pending > sh.window_limit) * (ASSERT_CODES[AssertName.WINDOW_BOUND] - code)
+        code = code + scan_fail * (scan_code - code)
+    code = code + (sh.table_ok == 0) * (ASSERT_CODES[AssertName.TABLE_LENGTH] - code)
+    code = (code * sh.active).to(torch.uint8)
+    group = torch.arange(sh.G, device=code.device, dtype=torch.int32)
+    first_bad = (group + (code == 0) * (sh.G - group)).amin(-1).to(torch.int64)  # int32 amin: fast
+    return BatchPlan(
+        variant=variant,
+        asserts=asserts,
+        num_slots=sh.L,
+        planned=sh.planned,
+        valid=sh.valid,
+        num_gpu_blocks=sh.k,
+        first_fresh_gpu_block_idx=sh.f,
+        load_start_gpu_block_idx=start,
+        num_pending_gpu_blocks=pending,
+        start_chunk_idx=start_chunk,
+        end_chunk_idx=end_chunk,
+        num_chunks=sh.num_chunks,
+        num_offload_keys=sh.have,
+        window_in_chunks=sh.window,
+        code=code,
+        failing_group=first_bad - (first_bad == sh.G) * (sh.G + 1),  # -1: none
+        table_length=sh.table_length,
+        tokens_per_block=sh.b,
+        num_locally_computed_tokens=sh.N.squeeze(1),
+        blocks_per_chunk=sh.bpc.squeeze(1),
+    )
+
+
+def plan_variants(batch: PlanBatch, variants=tuple(Variant), asserts: bool = True, check: bool = True) -> dict:
+    """The spec's ``plan_load`` for every request of ``batch``, for each variant.
 
     ``asserts=False`` models ``python -O`` as the spec does (only the table length,
     which would index past the table, still stops the plan). ``check`` runs the
     value checks first; a caller that built the batch with ``batch_from_cases``
-    may skip them.
+    may skip them. Variants share the packed table and the per-group arithmetic.
     """
-    variant = Variant(variant)
+    variants = [Variant(v) for v in variants]
     if check:
         batch.check_values()
-    R, G, L = batch.shape
-    dev = batch.device
-    i64 = torch.int64
-    N = batch.num_locally_computed_tokens.to(i64).unsqueeze(1)
-    T = N + batch.num_external_tokens.to(i64).unsqueeze(1)
-    bpc = batch.blocks_per_chunk.to(i64).unsqueeze(1)
-    tph = batch.tokens_per_hash.to(i64).unsqueeze(1)
-    P = batch.num_prompt_tokens.to(i64).unsqueeze(1)
-    b = batch.tokens_per_block.to(i64)
-    table_length = batch.table_length.to(i64)
-    kind = batch.kind
+    sh = _shared(batch)
+    # The scan looks for a non-null block that is unhashed, or for a 0.33 sync load
+    # any non-null block (position match).
+    # states are N=0, H=1, U=2: "unhashed" is bit 1, "non-null" is (state + 1) >> 1
+    unhashed = pack_slots(batch.state >> 1)
+    out = {}
+    for v in variants:
+        words = unhashed
+        if v is Variant.FIXED_SYNC and bool(batch.sync_load.any()):
+            nonnull = pack_slots((batch.state + 1) >> 1)
+            words = unhashed + batch.sync_load.view(1, -1, 1) * (nonnull - unhashed)
+        out[v] = _plan_one(sh, v, asserts, words)
+    return out
 
-    planned = batch.num_external_tokens > 0
-    valid = torch.arange(G, device=dev) < batch.num_groups.to(i64).unsqueeze(1)
-    active = valid & planned.unsqueeze(1)
-    k = _cdiv(T, b)
-    f = _cdiv(N, b)
 
-    # The scan: first slot >= scan_from holding a non-null block that is unhashed
-    # (or, for a 0.33 sync load, any non-null block); k when there is none.
-    eligible = batch.state == STATE_U
-    if variant is Variant.FIXED_SYNC:
-        eligible = eligible | (batch.state == STATE_H) & batch.sync_load.view(R, 1, 1)
-    slot = torch.arange(L, device=dev, dtype=torch.int32 if L < 2**31 else i64)
-    if variant is not Variant.LEGACY:
-        eligible = eligible & (slot >= f.unsqueeze(-1))
-    first = torch.where(eligible, slot, L).amin(-1).to(i64) if L else torch.zeros_like(k)
-    start = torch.minimum(first, k)
-
-    table_ok = table_length >= k
-    if variant is Variant.LEGACY:
-        scan_fail, scan_code = N > start * b, ASSERT_CODES[AssertName.BOUNDARY]
-    else:
-        scan_fail, scan_code = N % b != 0, ASSERT_CODES[AssertName.ALIGNMENT]
-    pending = k - start
-    tpc = b * bpc
-    window = torch.where(kind == KIND_MAMBA, 1, _cdiv(batch.window_tokens.to(i64), tpc))
-    window = torch.where(kind == KIND_FULL, -1, window)
-    window_fail = (kind != KIND_FULL) & (pending > window * bpc + 1)
-    num_chunks = _cdiv(T, tpc)
-    have = torch.div(torch.div(P, tph, rounding_mode="floor"), torch.div(tpc, tph, rounding_mode="floor").clamp(min=1),
-                     rounding_mode="floor")  # clamp: padded groups only; real ones have tph | tpc
-    keys_fail = (pending > 0) & (have < num_chunks)
-    start_chunk = torch.div(start, bpc, rounding_mode="floor")
-    # vLLM slices offload_keys[start:end]: a short list just yields fewer keys (python -O).
-    end_chunk = torch.where(pending > 0, torch.maximum(start_chunk, torch.minimum(num_chunks, have)), start_chunk)
-
-    code = torch.zeros((R, G), dtype=torch.uint8, device=dev)
-    if asserts:  # lowest priority first; each later where overrides: vLLM's order per group
-        code = torch.where(keys_fail, ASSERT_CODES[AssertName.KEYS_LENGTH], code)
-        code = torch.where(window_fail, ASSERT_CODES[AssertName.WINDOW_BOUND], code)
-        code = torch.where(scan_fail, scan_code, code)
-    code = torch.where(table_ok, code, ASSERT_CODES[AssertName.TABLE_LENGTH])
-    code = torch.where(active, code, 0).to(torch.uint8)
-    first_bad = torch.where(code != 0, torch.arange(G, device=dev), G).amin(-1)
-    failing_group = torch.where(first_bad < G, first_bad, -1)
-
-    def z(t):
-        return torch.where(active, t, 0)
-
-    good = active & (code == 0)
-    dst_mask = (slot >= start.unsqueeze(-1)) & (slot < k.unsqueeze(-1)) & good.unsqueeze(-1)
-    return BatchPlan(
-        variant=variant,
-        asserts=asserts,
-        planned=planned,
-        valid=valid,
-        num_gpu_blocks=z(k),
-        first_fresh_gpu_block_idx=z(f),
-        load_start_gpu_block_idx=z(start),
-        num_pending_gpu_blocks=z(pending),
-        dst_mask=dst_mask,
-        start_chunk_idx=z(start_chunk),
-        end_chunk_idx=z(end_chunk),
-        num_chunks=z(num_chunks),
-        num_offload_keys=z(have.expand_as(k)),
-        window_in_chunks=z(window),
-        code=code,
-        failing_group=failing_group,
-        table_length=table_length,
-        tokens_per_block=b,
-        num_locally_computed_tokens=N.squeeze(1),
-        blocks_per_chunk=bpc.squeeze(1),
-    )
+def plan_batch(batch: PlanBatch, variant: Variant | str, asserts: bool = True, check: bool = True) -> BatchPlan:
+    """One variant of ``plan_variants``."""
+    variant = Variant(variant)
+    return plan_variants(batch, (variant,), asserts, check)[variant]
 
 
 def to_load_plans(batch: PlanBatch, out: BatchPlan, rows=None) -> list[LoadPlan]:

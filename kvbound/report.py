@@ -273,7 +273,8 @@ def prove_section(data) -> Section:
             escape(expected),
             escape(f"{secs:.2f} s" if isinstance(secs, (int, float)) else str(secs or "")),
             escape(str(o.get("bound") or "unbounded")),
-            wlink + (f'<div class="bad">{escape(str(o["replay"]))}</div>' if o.get("replay") else "")
+            wlink + "".join(f'<div class="bad">{escape(str(o[k]))}</div>' for k in ("replay", "replay_failure")
+                            if o.get(k))
             + (f'<div class="small">{escape(str(o["detail"]))}</div>' if o.get("detail") else ""),
         ])
     mut_summary, mut_ok, mut_rows = _mutation(data)

@@ -1,0 +1,335 @@
+"""``kvbound diff``: the batched torch impl against the spec and against the Z3 encoding.
+
+Against the spec every compared field must match (outcome, failing group and its
+numbers, every planned group). Against the symbolic model each impl plan must be
+*forced* by the encoding with the case's inputs fixed (the negated plan is unsat),
+which checks the impl and the encoding at once. A solver ``unknown`` is reported as
+inconclusive (exit 2), never as agreement. Every disagreement is drawn, shrunk and
+saved as a case file in the corpus that the tests replay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from kvbound.cli import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
+from kvbound.draw import draw_case
+from kvbound.spec import GroupKind, Variant, case_to_dict, dump_cases, load_case_paths, plan_load
+from kvbound.spec.strategies import FAMILIES, family_of, random_cases
+
+from . import add_variant_args, selected_variants
+
+DEFAULT_CORPUS = "corpus"
+AGAINST = ("spec", "symbolic")
+
+
+def register(sub):
+    p = sub.add_parser(
+        "diff",
+        help="differential run: batched torch impl vs the spec and vs the Z3 encoding",
+        description="Run the batched torch implementation on case files and/or N generated cases and "
+        "compare it with the executable spec (every field) and with the symbolic model (Z3 must force "
+        "exactly the impl's outputs). Disagreements are drawn, shrunk and saved to the corpus; exit 1 "
+        "on any disagreement, 2 if the solver was inconclusive.",
+    )
+    p.add_argument("paths", nargs="*", metavar="CASE_FILE_OR_DIR", help="also diff these case files / directories")
+    p.add_argument("--cases", type=int, default=None, metavar="N",
+                   help="generated cases (default 1000, or 0 when case files are given)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the generated cases")
+    p.add_argument("--family", choices=FAMILIES, help="generate one family only (default: all, in turn)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the impl runs (default cpu)")
+    p.add_argument("--against", default="spec,symbolic", metavar="LIST",
+                   help="comma list of references: spec, symbolic (default both)")
+    p.add_argument("--symbolic-cases", type=int, default=2000, metavar="K",
+                   help="check only the first K cases against the symbolic model (default 2000)")
+    p.add_argument("--timeout-ms", type=int, default=2000, metavar="MS", help="Z3 timeout per check")
+    p.add_argument("--batch", type=int, default=10000, metavar="B", help="cases per impl batch")
+    p.add_argument("--corpus", default=DEFAULT_CORPUS, metavar="DIR",
+                   help=f"save shrunk disagreements here (default {DEFAULT_CORPUS}/)")
+    p.add_argument("--no-save", action="store_true", help="do not shrink or save disagreements")
+    p.add_argument("--show", type=int, default=3, metavar="K", help="draw at most K disagreements")
+    p.add_argument("--json", metavar="FILE", help="write counts, rates and every disagreement as JSON")
+    add_variant_args(p)
+    p.set_defaults(func=run)
+    return p
+
+
+class Progress:
+    """A bar on a terminal, a line per 10% otherwise; silent on short runs."""
+
+    def __init__(self, total: int, label: str):
+        self.total, self.label, self.done, self.t0 = total, label, 0, time.perf_counter()
+        self.tty = sys.stderr.isatty()
+        self.shown = self.total >= 2000
+        self.next_pct = 10
+
+    def step(self, n: int) -> None:
+        self.done += n
+        if not self.shown or not self.total:
+            return
+        pct = 100 * self.done // self.total
+        rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
+        if self.tty:
+            bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+            print(f"\r{self.label} [{bar}] {self.done}/{self.total} {rate:,.0f}/s", end="", file=sys.stderr, flush=True)
+            if self.done >= self.total:
+                print(file=sys.stderr)
+        elif pct >= self.next_pct:
+            print(f"{self.label}: {self.done}/{self.total} ({pct}%) {rate:,.0f}/s", file=sys.stderr, flush=True)
+            self.next_pct = pct // 10 * 10 + 10
+
+
+def _parse_against(text: str) -> tuple:
+    out = tuple(a.strip() for a in text.split(",") if a.strip())
+    bad = [a for a in out if a not in AGAINST]
+    if bad or not out:
+        raise UsageError(f"--against: {', '.join(bad) or '(empty)'} is not a reference; choose from {', '.join(AGAINST)}")
+    return out
+
+
+def _chunks(cases_iter, size: int):
+    chunk = []
+    for c in cases_iter:
+        chunk.append(c)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def run(args) -> int:
+    from kvbound.impl import BatchError, DiffStats, Disagreement, diff_against_spec, resolve_device
+
+    against = _parse_against(args.against)
+    variants = selected_variants(args)
+    try:
+        device = resolve_device(args.device)
+    except BatchError as e:
+        raise UsageError(f"--device {args.device}: {e.rule}") from None
+    if args.batch < 1:
+        raise UsageError("--batch: must be at least 1")
+    files = load_case_paths(args.paths) if args.paths else []
+    n_gen = args.cases if args.cases is not None else (0 if files else 1000)
+    if n_gen < 0:
+        raise UsageError("--cases: must be non-negative")
+    total = len(files) + n_gen
+    if not total:
+        raise UsageError("nothing to diff: give case files or --cases N > 0")
+
+    def all_cases():
+        yield from files
+        yield from random_cases(n_gen, seed=args.seed, family=args.family)
+
+    stats = DiffStats()
+    kinds_per_family: dict = {}
+    sym = {"checked": 0, "forced": 0, "not_forced": 0, "unknown": 0, "seconds": 0.0}
+    unknowns = []
+    sym_left = args.symbolic_cases if "symbolic" in against else 0
+    t0 = time.perf_counter()
+    t_spec = 0.0
+    bar = Progress(total, "diff")
+    for chunk in _chunks(all_cases(), args.batch):
+        for c in chunk:
+            fam = family_of(c)
+            kinds_per_family[fam] = kinds_per_family.get(fam, 0) + 1
+        if "spec" in against:
+            t = time.perf_counter()
+            diff_against_spec(chunk, variants, device=device, stats=stats)
+            t_spec += time.perf_counter() - t
+        else:
+            stats.cases += len(chunk)
+        if sym_left > 0:
+            part = chunk[:sym_left]
+            sym_left -= len(part)
+            t = time.perf_counter()
+            _symbolic(part, variants, device, args.timeout_ms, stats, sym, unknowns)
+            sym["seconds"] += time.perf_counter() - t
+        bar.step(len(chunk))
+    elapsed = time.perf_counter() - t0
+
+    saved = [] if args.no_save else _save_shrunk(stats.disagreements, Path(args.corpus))
+    _print_report(args, stats, variants, against, sym, unknowns, kinds_per_family, elapsed, t_spec)
+    for d in stats.disagreements[: args.show]:
+        print()
+        _draw_disagreement(d)
+    if len(stats.disagreements) > args.show:
+        print(f"\n... {len(stats.disagreements) - args.show} more disagreement(s) not drawn (--show)")
+    for path in saved:
+        print(f"saved shrunk case: {path}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            _json_report(args, stats, variants, against, sym, unknowns, kinds_per_family, elapsed, t_spec, saved),
+            indent=2) + "\n")
+    if stats.disagreements:
+        return EXIT_FAIL
+    if unknowns:
+        return EXIT_INPUT
+    return EXIT_OK
+
+
+def _symbolic(cases, variants, device, timeout_ms, stats, sym, unknowns) -> None:
+    """Each impl plan must be forced by the encoding with the case's inputs fixed."""
+    from kvbound.impl import Disagreement, batch_from_cases, plan_variants, to_load_plans
+    from kvbound.proofs.symbolic import check_plan
+
+    batch = batch_from_cases(cases, device=device)
+    for v, out in plan_variants(batch, variants, check=False).items():
+        for case, ip in zip(cases, to_load_plans(batch, out)):
+            r = check_plan(case, v, ip.to_json(case.name), timeout_ms=timeout_ms)
+            sym["checked"] += 1
+            sym[r.verdict] = sym.get(r.verdict, 0) + 1
+            if r.verdict == "not_forced":
+                stats.disagreements.append(Disagreement(case, v, "symbolic", None, ip, r.detail))
+            elif r.verdict != "forced":
+                unknowns.append((case, v, r.detail))
+
+
+def _fails_again(d):
+    """The predicate the shrinker keeps true: this kind of disagreement still happens."""
+    from kvbound.impl import agrees_with_spec, batch_from_cases, plan_variants, to_load_plans
+
+    if d.against == "spec":
+        return lambda c: not agrees_with_spec(c, d.variant)
+    from kvbound.proofs.symbolic import check_plan
+
+    def fails(c):
+        b = batch_from_cases([c], device="cpu")
+        ip = to_load_plans(b, plan_variants(b, (d.variant,))[d.variant])[0]
+        return check_plan(c, d.variant, ip.to_json(c.name)).verdict == "not_forced"
+
+    return fails
+
+
+def _save_shrunk(disagreements, corpus: Path, limit: int = 10) -> list:
+    from kvbound.impl import shrink_case
+
+    saved = []
+    seen = set()
+    for d in disagreements[:limit]:
+        small = shrink_case(d.case, _fails_again(d))
+        body = case_to_dict(small)
+        body.pop("name")
+        digest = hashlib.sha1(json.dumps(body, sort_keys=True).encode()).hexdigest()[:10]
+        if digest in seen:  # the same minimal case under another variant
+            continue
+        seen.add(digest)
+        name = f"{d.against}-{d.variant.value}-{digest}"
+        corpus.mkdir(parents=True, exist_ok=True)
+        path = corpus / f"{name}.json"
+        dump_cases([replace(small, name=name)], path)
+        saved.append(str(path))
+    return saved
+
+
+def _outcome_cols(variants):
+    return ["ok", "table_length", "boundary", "alignment", "window_bound", "keys_length"]
+
+
+def _print_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t_spec) -> None:
+    n_dis = {(d.variant, d.against): 0 for d in stats.disagreements}
+    for d in stats.disagreements:
+        n_dis[(d.variant, d.against)] += 1
+    print(f"kvbound diff: {stats.cases} case(s) ({', '.join(f'{k} {v}' for k, v in sorted(fams.items()))}); "
+          f"seed {args.seed}; impl on {args.device}; against {', '.join(against)}")
+    cols = _outcome_cols(variants)
+    head = f"{'variant':<11}{'cases':>8}" + "".join(f"{c:>14}" for c in cols)
+    head += "".join(f"{'≠ ' + a:>12}" for a in against)
+    print()
+    print("outcomes (spec) and disagreements per variant")
+    print(head)
+    for v in variants:
+        row = f"{v.value:<11}{stats.checks.get(v, stats.cases if 'spec' not in against else 0):>8}"
+        row += "".join(f"{stats.outcomes.get((v, c), 0):>14}" for c in cols)
+        row += "".join(f"{n_dis.get((v, a), 0):>12}" for a in against)
+        print(row)
+    if "spec" in against:
+        print()
+        print("groups planned and compared, per group kind")
+        kinds = list(GroupKind)
+        print(f"{'variant':<11}" + "".join(f"{k.value:>16}" for k in kinds))
+        for v in variants:
+            print(f"{v.value:<11}" + "".join(f"{stats.groups.get((v, k), 0):>16}" for k in kinds))
+    print()
+    if "spec" in against and t_spec:
+        n = sum(stats.checks.values())
+        print(f"impl vs spec: {n} case-variant checks in {t_spec:.1f} s = {n / t_spec * 60:,.0f}/min "
+              f"({stats.cases / t_spec * 60:,.0f} cases/min, all {len(variants)} variants)")
+    if "symbolic" in against:
+        rate = sym["checked"] / sym["seconds"] if sym["seconds"] else 0.0
+        print(f"impl vs symbolic: {sym['checked']} checks: {sym['forced']} forced, {sym['not_forced']} not forced, "
+              f"{sym['unknown']} inconclusive (solver unknown); {rate:,.0f} checks/s")
+        for case, v, detail in unknowns[:5]:
+            print(f"  inconclusive: {case.name} {v.value}: {detail}")
+    print(f"total {elapsed:.1f} s (generation, impl, spec and symbolic)")
+    verdict = "DISAGREEMENT" if stats.disagreements else ("INCONCLUSIVE" if unknowns else "agree")
+    print(f"result: {verdict} ({len(stats.disagreements)} disagreement(s), {len(unknowns)} inconclusive)")
+
+
+def _field_table(d) -> str:
+    impl = d.impl.to_json(d.case.name)
+    spec = d.expected.to_json(d.case.name) if d.expected is not None else None
+    rows = [("field", "spec" if spec else "", "impl")]
+    for f in ("outcome", "assertion", "dst_block_ids", "group_sizes", "block_indices", "keys"):
+        s = json.dumps(spec[f]) if spec else ""
+        i = json.dumps(impl[f])
+        mark = "  ≠" if spec and spec[f] != impl[f] else ""
+        rows.append((f, s, i + mark))
+    w0 = max(len(r[0]) for r in rows) + 2
+    w1 = max(len(r[1]) for r in rows) + 2
+    return "\n".join(f"  {a:<{w0}}{b:<{w1}}{c}" for a, b, c in rows)
+
+
+def _draw_disagreement(d) -> None:
+    print(f"DISAGREEMENT ({d.variant.value}, impl vs {d.against}): {d.case.name}: {d.detail}")
+    print(_field_table(d))
+    print()
+    if d.expected is not None:
+        print("spec:")
+        print(draw_case(d.case, plans={d.variant: d.expected}))
+        print()
+    print("impl:")
+    print(draw_case(d.case, plans={d.variant: d.impl}, legend=d.expected is None))
+
+
+def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t_spec, saved) -> dict:
+    n_checks = sum(stats.checks.values())
+    return {
+        "cases": stats.cases,
+        "seed": args.seed,
+        "device": args.device,
+        "against": list(against),
+        "families": fams,
+        "variants": {
+            v.value: {
+                "checks": stats.checks.get(v, 0),
+                "outcomes": {c: stats.outcomes.get((v, c), 0) for c in _outcome_cols(variants)},
+                "groups_per_kind": {k.value: stats.groups.get((v, k), 0) for k in GroupKind},
+                "disagreements": sum(1 for d in stats.disagreements if d.variant is v),
+            }
+            for v in variants
+        },
+        "spec_seconds": round(t_spec, 3),
+        "spec_checks_per_min": round(n_checks / t_spec * 60) if t_spec else None,
+        "symbolic": dict(sym, seconds=round(sym["seconds"], 3)),
+        "inconclusive": [{"case": c.name, "variant": v.value, "detail": det} for c, v, det in unknowns],
+        "disagreements": [
+            {
+                "case": case_to_dict(d.case),
+                "variant": d.variant.value,
+                "against": d.against,
+                "spec": d.expected.to_json(d.case.name) if d.expected is not None else None,
+                "impl": d.impl.to_json(d.case.name),
+                "detail": d.detail,
+            }
+            for d in stats.disagreements
+        ],
+        "saved": saved,
+        "elapsed_s": round(elapsed, 3),
+        "result": "disagreement" if stats.disagreements else ("inconclusive" if unknowns else "agree"),
+    }

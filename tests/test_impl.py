@@ -1,0 +1,216 @@
+"""The batched torch impl: agrees with the spec (hypothesis, random batches, the corpus),
+is forced by the symbolic model, rejects bad tensors by name, and the differential
+machinery itself catches a broken impl."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from kvbound.cli import main
+from kvbound.impl import (
+    BatchError,
+    agrees_with_spec,
+    batch_from_cases,
+    cases_from_batch,
+    diff_against_spec,
+    plan_batch,
+    plan_fields,
+    plan_variants,
+    shrink_case,
+    to_load_plans,
+)
+from kvbound.impl import plan as impl_plan
+from kvbound.impl.batch import STATE_H
+from kvbound.spec import AssertName, Variant, load_case_paths, load_cases, plan_load
+from kvbound.spec.strategies import cases, random_cases
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+CORPUS = ROOT / "corpus"
+
+
+def _agree_all(case_list, asserts=True):
+    stats = diff_against_spec(case_list, device="cpu", asserts=asserts)
+    assert stats.disagreements == [], [(d.case.name, d.variant, d.detail) for d in stats.disagreements[:3]]
+    return stats
+
+
+def test_examples_agree_with_spec_every_variant():
+    _agree_all(load_case_paths([EXAMPLES]))
+
+
+def test_corpus_replays_clean():
+    """Every shrunk failing case ever saved must now agree, under every variant."""
+    corpus = load_case_paths([CORPUS])
+    assert corpus, "corpus/ holds the shrunk cases the differential found; it must not be empty"
+    _agree_all(corpus)
+    for c in corpus:
+        for v in Variant:
+            assert agrees_with_spec(c, v)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_hypothesis_cases_agree(case):
+    for v in Variant:
+        assert agrees_with_spec(case, v), (case.name, v)
+
+
+def test_random_batch_agrees_including_python_O():
+    batch = list(random_cases(3000, seed=20260))
+    stats = _agree_all(batch)
+    # the batch exercises every assertion and every kind, or the agreement says little
+    seen = {name for (_, name) in stats.outcomes}
+    assert seen >= {"ok", "table_length", "boundary", "alignment", "window_bound", "keys_length"}
+    assert all(n > 0 for n in stats.groups.values())
+    _agree_all(batch[:1000], asserts=False)
+
+
+def test_first_failing_group_in_config_order():
+    pr = load_cases(EXAMPLES / "pr_case.json")[0]
+    b = batch_from_cases([pr])
+    out = plan_batch(b, Variant.LEGACY)
+    assert out.failing_group.tolist() == [1]  # the mamba group, after the full-attention group planned
+    assert out.code[0].tolist() == [0, impl_plan.ASSERT_CODES[AssertName.BOUNDARY]]
+    plan = to_load_plans(b, out)[0]
+    assert plan.assertion.name is AssertName.BOUNDARY and plan.dst_block_ids == ()
+    assert plan_fields(plan) == plan_fields(plan_load(pr, Variant.LEGACY))
+    fixed = to_load_plans(b, plan_batch(b, Variant.FIXED))[0]
+    assert fixed.ok and fixed.dst_block_ids == plan_load(pr, Variant.FIXED).dst_block_ids
+
+
+def test_sync_load_matches_by_position_only_in_fixed_sync():
+    sync = load_cases(EXAMPLES / "sync_load.json")[0]
+    b = batch_from_cases([sync])
+    assert bool((b.state == STATE_H).any())
+    outs = plan_variants(b)
+    for v, out in outs.items():
+        assert plan_fields(to_load_plans(b, out)[0]) == plan_fields(plan_load(sync, v))
+
+
+def test_converters_round_trip_and_padding_is_inert():
+    cs = list(random_cases(200, seed=3))
+    b = batch_from_cases(cs, slots=130, groups=11)  # extra padding must change nothing
+    assert b.shape[1:] == (11, 136)
+    assert cases_from_batch(b) == cs
+    for v, out in plan_variants(b).items():
+        for c, p in zip(cs, to_load_plans(b, out)):
+            assert plan_fields(p) == plan_fields(plan_load(c, v))
+
+
+def test_long_tables_span_several_packed_words():
+    """Tables longer than 32 and 64 slots: the scan crosses word boundaries."""
+    from kvbound.spec import Case, Group, GroupConfig, GroupKind, H, NULL, U
+
+    cs = []
+    for n_hashed in (0, 31, 32, 33, 63, 64, 65, 90):
+        table = tuple(H(i + 1) for i in range(n_hashed)) + (NULL,) * 3 + tuple(U(500 + i) for i in range(4))
+        T = len(table) * 16
+        for N in (0, n_hashed * 16, min(n_hashed + 2, len(table) - 1) * 16):
+            cs.append(Case(f"long-{n_hashed}-{N}", 1, 16, T + 16, N, T - N,
+                           (Group(GroupConfig(GroupKind.FULL_ATTENTION, 16), table),)))
+    _agree_all(cs)
+
+
+def test_bad_tensors_are_named():
+    b = batch_from_cases(list(random_cases(4, seed=1)))
+    with pytest.raises(BatchError, match="PlanBatch.block_id: must have shape"):
+        batch_from_cases([load_cases(EXAMPLES / "pr_case.json")[0]]).__class__(
+            **dict(b.tensors(), block_id=b.block_id[:, :, :-1])
+        )
+    with pytest.raises(BatchError, match="PlanBatch.tokens_per_block: dtype"):
+        type(b)(**dict(b.tensors(), tokens_per_block=b.tokens_per_block.float()))
+    with pytest.raises(BatchError, match="PlanBatch.state: must be a 3-d tensor"):
+        type(b)(**dict(b.tensors(), state=b.state[0]))
+    bad = type(b)(**dict(b.tensors(), tokens_per_block=torch.zeros_like(b.tokens_per_block)))
+    with pytest.raises(BatchError, match="tokens_per_block: must be positive"):
+        plan_batch(bad, Variant.FIXED)
+    bad = type(b)(**dict(b.tensors(), state=b.state.clone().fill_(7)))
+    with pytest.raises(BatchError, match="state: codes are N=0, H=1, U=2"):
+        plan_batch(bad, Variant.FIXED)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device in this environment")
+def test_cuda_agrees_with_cpu():
+    cs = list(random_cases(500, seed=9))
+    cpu = plan_variants(batch_from_cases(cs, device="cpu"))
+    gpu = plan_variants(batch_from_cases(cs, device="cuda"))
+    for v in Variant:
+        for f in ("load_start_gpu_block_idx", "num_pending_gpu_blocks", "code", "failing_group", "end_chunk_idx"):
+            assert torch.equal(getattr(cpu[v], f), getattr(gpu[v], f).cpu()), (v, f)
+
+
+def test_cuda_requested_without_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(BatchError, match="CUDA was requested"):
+        batch_from_cases(list(random_cases(1, seed=0)), device="cuda")
+    assert main(["diff", "--cases", "1", "--device", "cuda"]) == 2
+
+
+def test_symbolic_model_forces_impl_plans():
+    from kvbound.proofs.symbolic import check_plan
+
+    cs = load_case_paths([EXAMPLES]) + list(random_cases(60, seed=77))
+    b = batch_from_cases(cs)
+    for v, out in plan_variants(b).items():
+        for c, p in zip(cs, to_load_plans(b, out)):
+            r = check_plan(c, v, p.to_json(c.name))
+            assert r.verdict == "forced", (c.name, v, r.detail)
+
+
+def _broken_scan(monkeypatch):
+    """An off-by-one in the fixed scan whenever it starts at slot 2."""
+    real = impl_plan.first_set_slot
+
+    def broken(words, scan_from, none):
+        got = real(words, scan_from, none)
+        if scan_from is not None:
+            got = got + ((scan_from == 2) & (got < none)).to(got.dtype)
+        return got
+
+    monkeypatch.setattr(impl_plan, "first_set_slot", broken)
+
+
+def test_differential_catches_and_shrinks_a_broken_impl(monkeypatch):
+    _broken_scan(monkeypatch)
+    cs = list(random_cases(300, seed=1))
+    stats = diff_against_spec(cs, device="cpu")
+    assert stats.disagreements, "a broken scan must be caught"
+    assert {d.variant for d in stats.disagreements} == {Variant.FIXED, Variant.FIXED_SYNC}
+    d = stats.disagreements[0]
+    small = shrink_case(d.case, lambda c: not agrees_with_spec(c, d.variant))
+    assert not agrees_with_spec(small, d.variant)
+    size = lambda c: sum(len(g.blocks) for g in c.groups) + len(c.groups)  # noqa: E731
+    assert size(small) < size(d.case) and len(small.groups) == 1
+    # the saved corpus cases were found this way: each one catches this bug
+    for c in load_case_paths([CORPUS]):
+        if c.name.startswith("mutant-scan-from-off-by-one"):
+            assert not agrees_with_spec(c, Variant.FIXED), c.name
+
+
+def test_diff_command_reports_saves_and_fails(monkeypatch, tmp_path, capsys):
+    out_json = tmp_path / "d.json"
+    assert main(["diff", "--cases", "60", "--seed", "2", "--symbolic-cases", "20", "--json", str(out_json),
+                 "--corpus", str(tmp_path / "c")]) == 0
+    rep = json.loads(out_json.read_text())
+    assert rep["result"] == "agree" and rep["cases"] == 60 and rep["symbolic"]["forced"] == 60
+    assert "result: agree" in capsys.readouterr().out
+    _broken_scan(monkeypatch)
+    assert main(["diff", "--cases", "150", "--seed", "1", "--against", "spec", "--corpus", str(tmp_path / "c"),
+                 "--show", "1", "--json", str(out_json)]) == 1
+    text = capsys.readouterr().out
+    assert "DISAGREEMENT (fixed" in text and "dst_block_ids" in text and "[F]" in text
+    rep = json.loads(out_json.read_text())
+    assert rep["result"] == "disagreement" and rep["saved"]
+    assert all(load_cases(p) for p in rep["saved"])
+
+
+def test_diff_command_bad_input(capsys):
+    assert main(["diff", "--cases", "5", "--against", "spec,oracle"]) == 2
+    assert "oracle" in capsys.readouterr().err
