@@ -140,7 +140,8 @@ def _print_witnesses(records, releases) -> None:
     for name in dict.fromkeys(r["name"] for r in ws):
         parts = []
         for r in (x for x in ws if x["name"] == name):
-            mark = "✓" if r["verdict"] == C.AGREE else "✗"
+            mark = {C.AGREE: "✓", C.UNDRIVEN: "(not driven: see --json 'why')",
+                    C.UNSUPPORTED: "(config refused by the release)"}.get(r["verdict"], "✗")
             parts.append(f"{r['release']}: {C.outcome_label(r)} (spec {r['variant']}:"
                          f" {r['spec']['assertion'] or r['spec']['outcome']}) {mark}")
         print(f"  {name}:  " + "   ".join(parts))
