@@ -194,3 +194,13 @@ def test_real_legacy_and_fixed_on_the_facts_case_and_a_bad_case():
         assert C.outcome_label(rec) == want
         if want == "ok":
             assert r["dst_block_ids"] == [3, 4, 12, 13] and r["group_sizes"] == [2, 2]
+
+
+def test_missing_release_told_apart_from_unreachable_index():
+    missing = prepare._download_failure("0.99.0", "ERROR: Could not find a version that satisfies the requirement"
+                                        " vllm==0.99.0 (from versions: 0.28.0, 0.29.0, 0.33.0)\n"
+                                        "ERROR: No matching distribution found for vllm==0.99.0")
+    assert "not on the package index" in str(missing) and "0.33.0" in str(missing)
+    offline = prepare._download_failure("0.31.0", "ERROR: Could not find a version that satisfies the"
+                                        " requirement vllm==0.31.0 (from versions: none)")
+    assert "no network" in str(offline)

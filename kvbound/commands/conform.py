@@ -110,8 +110,9 @@ def run(args) -> int:
     done = list(hellos)
     m = C.matrix(records, done)
     blocking = [r for r in records if C.is_blocking(r, r["row"])]
-    print(f"== version matrix: {len(cases)} cases x {len(done)} release(s) ==")
-    print(C.render_matrix(m, done) if records else "(no release ran)")
+    if records:
+        print(f"== version matrix: {len(cases)} cases x {len(done)} release(s) ==")
+        print(C.render_matrix(m, done))
     if witness_note:
         print(f"note: {witness_note}")
     _print_witnesses(records, done)

@@ -65,16 +65,31 @@ def _say(progress, msg: str) -> None:
         progress(msg)
 
 
-def _pip_failure(what: str, out: str, hint: str) -> PrepareError:
+def _pip_failure(what: str, out: str, hint: str, unreachable: bool = False) -> PrepareError:
     tail = "\n".join(out.strip().splitlines()[-6:])
     low = out.lower()
-    if any(s in low for s in ("network is unreachable", "temporary failure in name resolution",
+    if unreachable or any(s in low for s in ("network is unreachable", "temporary failure in name resolution",
                               "failed to establish a new connection", "connection refused",
                               "max retries exceeded", "name or service not known")):
-        hint = ("no network: pip could not reach the package index. Prepare once on a machine with"
+        hint = ("no network: pip could not reach a package index that has it. Prepare once on a machine with"
                 f" network (the result is cached under {cache_dir()}), or point PIP_INDEX_URL /"
                 " PIP_FIND_LINKS at a local mirror")
     return PrepareError(f"{what} failed: {hint}\n--- pip said (last lines) ---\n{tail}")
+
+
+def _download_failure(version: str, out: str) -> PrepareError:
+    """Tell "no such release" from "no index reachable": pip lists the versions it saw,
+    and vllm has many, so an empty list means the index was not reached."""
+    m = re.search(r"\(from versions: ([^)]*)\)", out)
+    seen = [v.strip() for v in m.group(1).split(",")] if m else []
+    if m and seen and seen != ["none"]:
+        near = [v for v in seen if re.fullmatch(r"\d+\.\d+\.\d+", v)][-6:]
+        return PrepareError(
+            f"vllm=={version} is not on the package index: pick a released version"
+            f" (the newest there: {', '.join(near)}), e.g. --vllm 0.29.0 or --vllm 0.33.0")
+    return _pip_failure(
+        f"downloading vllm=={version}", out,
+        "see pip's message; retry, or put the wheel in the wheels directory by hand", unreachable=bool(m))
 
 
 def deps_venv(progress=print) -> Path:
@@ -137,14 +152,7 @@ def release_tree(version: str, python: Path, progress=print) -> Path:
         out = r.stdout + r.stderr
         if r.returncode:
             shutil.rmtree(wheels, ignore_errors=True)
-            if "no matching distribution" in out.lower() or "could not find a version" in out.lower():
-                raise PrepareError(
-                    f"vllm=={version} is not on the package index (or has no wheel for this platform):"
-                    " pick a released version from https://pypi.org/project/vllm/#history,"
-                    " e.g. --vllm 0.29.0 or --vllm 0.33.0")
-            raise _pip_failure(f"downloading vllm=={version}", out,
-                               "see pip's message; retry, or put the wheel in"
-                               f" {wheels} by hand")
+            raise _download_failure(version, out)
         whl = sorted(wheels.glob(f"vllm-{version}-*.whl"))
         if not whl:
             raise PrepareError(f"pip reported success but left no vllm-{version}-*.whl in {wheels}")
