@@ -47,12 +47,30 @@ def _solver(timeout_ms: int) -> z3.Solver:
     return s
 
 
-def decide(ob: Obligation, knobs: Knobs | None = None, timeout_ms: int = 5000):
-    """(verdict, model-or-None, problem): is premises ∧ ¬claim unsat?"""
-    prob = ob.build(knobs or ob.knobs)
-    s = _solver(timeout_ms)
-    s.add(*[as_bool(p) for p in prob.premises + prob.world.constraints])
-    s.add(as_bool(NOT(prob.claim)))
+def decide(ob: Obligation, knobs: Knobs | None = None, timeout_ms: int = 5000, seek: bool | None = None):
+    """(verdict, model-or-None, problem): is premises ∧ ¬claim unsat?
+
+    ``seek`` (default: the obligation expects a refutation) first looks for a
+    counterexample on tables of a few fixed lengths, where the quantifiers expand
+    and the search is quantifier-free: fast, repeatable, and a model found there is
+    a genuine counterexample. The verdict "proved" only ever comes from the
+    unbounded check."""
+    knobs = knobs or ob.knobs
+    if seek if seek is not None else ob.expected == REFUTED:
+        for length in WITNESS_LENGTHS:
+            with expanded(length):
+                prob = ob.build(knobs)
+            s = _assert_negation(prob, timeout_ms)
+            for extra in (prob.shaping, []):
+                s.push()
+                s.add(*[as_bool(c) for c in extra])
+                if s.check() == z3.sat:
+                    return REFUTED, s.model(), prob
+                s.pop()
+            if not _has_table(prob):
+                break
+    prob = ob.build(knobs)
+    s = _assert_negation(prob, timeout_ms)
     if prob.shaping:  # a small, readable witness first: sat there is sat everywhere
         s.push()
         s.add(*[as_bool(c) for c in prob.shaping])
@@ -71,6 +89,20 @@ def decide(ob: Obligation, knobs: Knobs | None = None, timeout_ms: int = 5000):
     return PROVED, None, prob
 
 
+WITNESS_LENGTHS = (2, 4, 6, 8)
+
+
+def _assert_negation(prob, timeout_ms):
+    s = _solver(timeout_ms)
+    s.add(*[as_bool(p) for p in prob.premises + prob.world.constraints])
+    s.add(as_bool(NOT(prob.claim)))
+    return s
+
+
+def _has_table(prob) -> bool:
+    return getattr(prob.world, "table", None) is not None
+
+
 def premises_instance(ob: Obligation, knobs: Knobs, timeout_ms: int):
     """One instance of the premises (vacuity), on tables of a few fixed lengths, so
     the check is quantifier-free; the model is a concrete input the premises admit."""
@@ -81,7 +113,7 @@ def premises_instance(ob: Obligation, knobs: Knobs, timeout_ms: int):
         s = _solver(timeout_ms)
         s.add(*[as_bool(p) for p in prob.premises + prob.world.constraints])
         r = s.check()
-        if r == z3.sat:
+        if r == z3.sat or not _has_table(prob):
             return r
     return r
 
@@ -188,12 +220,34 @@ def _task(args):
 
 
 def run_mutants_one(name: str, timeout_ms: int) -> str | None:
+    """The first proved obligation the mutant refutes, or None (it survived)."""
     change = MUTANTS[name]
     for ob in OBLIGATIONS:
-        if ob.expected == PROVED and ob.mutable:
-            if decide(ob, replace(ob.knobs, **change), timeout_ms)[0] == REFUTED:
-                return ob.id
+        if ob.expected == PROVED and ob.mutable and kills(ob, replace(ob.knobs, **change), timeout_ms):
+            return ob.id
     return None
+
+
+def kills(ob: Obligation, knobs: Knobs, timeout_ms: int) -> bool:
+    """Does the claim fail for this code? The unbounded check answers most cases at
+    once (a proof stays fast); when it hesitates, the bounded search finds the
+    counterexample quantifier-free."""
+    prob = ob.build(knobs)
+    s = _assert_negation(prob, min(timeout_ms, MUTANT_FIRST_TRY_MS))
+    verdicts = []
+    for split in prob.splits:
+        s.push()
+        s.add(as_bool(split))
+        verdicts.append(s.check())
+        s.pop()
+    if z3.sat in verdicts:
+        return True
+    if all(v == z3.unsat for v in verdicts):
+        return False
+    return decide(ob, knobs, timeout_ms, seek=True)[0] == REFUTED
+
+
+MUTANT_FIRST_TRY_MS = 1000
 
 
 def run_all(ids=None, timeout_ms: int = 10000, mutants: bool = True, jobs: int = 2) -> Report:
