@@ -138,7 +138,8 @@ def pack_slots(bits: torch.Tensor) -> torch.Tensor:
     if L % 8:
         bits = torch.cat([bits, bits.new_zeros((R, G, -L % 8))], dim=-1)
     octets = bits.contiguous().view(torch.uint8).view(R, G, -1, 8).view(torch.int64).squeeze(-1)
-    octets = torch.bitwise_right_shift(octets * _BYTES_TO_BITS, 56) & 0xFF  # wraps mod 2**64: wanted
+    octets = octets * _BYTES_TO_BITS  # wraps mod 2**64: wanted; in place below (no big temporaries)
+    octets.bitwise_right_shift_(56).bitwise_and_(0xFF)
     octets = octets.permute(2, 0, 1)  # [octet, R, G]
     n = octets.shape[0]
     words = octets[0::4].clone()
@@ -294,9 +295,11 @@ def plan_variants(batch: PlanBatch, variants=tuple(Variant), asserts: bool = Tru
     out = {}
     for v in variants:
         words = unhashed
-        if v is Variant.FIXED_SYNC and bool(batch.sync_load.any()):
-            nonnull = pack_slots((batch.state + 1) >> 1)
-            words = unhashed + batch.sync_load.view(1, -1, 1) * (nonnull - unhashed)
+        sync_rows = batch.sync_load.nonzero().flatten() if v is Variant.FIXED_SYNC else None
+        if sync_rows is not None and len(sync_rows):
+            # only sync-load requests match by position: pack their non-null bits alone
+            words = unhashed.clone()
+            words[:, sync_rows] = pack_slots((batch.state.index_select(0, sync_rows) + 1) >> 1)
         out[v] = _plan_one(sh, v, asserts, words)
     return out
 
