@@ -241,16 +241,28 @@ def _window_bound(knobs):
                    witness=lambda m: w.to_case(m, "witness-window-bound"), shaping=w.small(max_len=8))
 
 
-def _window_nulls(knobs):
-    w = World(GroupKind.SLIDING_WINDOW)
-    p = w.plan(knobs)
-    t = w.table
-    j = z3.Int("j")
-    win = z3.Int("sliding_window")  # tokens
-    skipped = FLOORDIV(IF(w.T - win + 1 > 0, w.T - win + 1, 0), w.b)  # SlidingWindowManager's skipped blocks
-    prem = w.base() + [w.aligned(), win >= 1, w.window == FLOORDIV(win + w.tpc - 1, w.tpc)] + w.allocator(j) + [
-        t.forall(0, skipped, lambda i: t.state(i) == NUL)]
-    return Problem(prem, p.pending <= w.window * w.bpc + 1, w)
+def _window_nulls(kind):
+    """pending <= window*bpc + 1 once the blocks the window's manager skips are null."""
+
+    def build(knobs):
+        w = World(kind)
+        p = w.plan(knobs)
+        t = w.table
+        j = z3.Int("j")
+        prem = w.base() + [w.aligned()] + w.allocator(j)
+        if kind is GroupKind.MAMBA:  # align mode keeps one state block: [f, k-1) null, one fresh block
+            prem.append(j >= w.k - 1)
+        else:
+            span = z3.Int("window_tokens")  # sliding_window, or attention_chunk_size
+            if kind is GroupKind.SLIDING_WINDOW:  # SlidingWindowManager skips T - w + 1 tokens
+                skipped_tokens = IF(w.T - span + 1 > 0, w.T - span + 1, 0)
+            else:  # ChunkedLocalAttentionManager skips the whole chunks before T's chunk
+                skipped_tokens = FLOORDIV(w.T, span) * span
+            prem += [span >= 1, w.window == FLOORDIV(span + w.tpc - 1, w.tpc),
+                     t.forall(0, FLOORDIV(skipped_tokens, w.b), lambda i: t.state(i) == NUL)]
+        return Problem(prem, p.pending <= w.window * w.bpc + 1, w)
+
+    return build
 
 
 def _fixed_sync(knobs):
@@ -395,7 +407,17 @@ OBLIGATIONS: list[Obligation] = [
         "A sliding-window group whose blocks before the window are null (SlidingWindowManager skips "
         "T - w + 1 tokens) has pending <= window_in_chunks*bpc + 1.",
         "[0, ⌊max(0, T−w+1)/b⌋) null ∧ [f, j) null ∧ [j, k) fresh  ⟹  pending ≤ ⌈w/tpc⌉·bpc + 1",
-        "the window's skipped blocks are null", PROVED, _window_nulls, FIXED),
+        "the window's skipped blocks are null", PROVED, _window_nulls(GroupKind.SLIDING_WINDOW), FIXED),
+    Obligation(
+        "window-bound.chunked-local",
+        "A chunked-local group whose blocks before T's chunk are null has pending <= window_in_chunks*bpc + 1.",
+        "[0, ⌊⌊T/c⌋·c/b⌋) null ∧ [f, j) null ∧ [j, k) fresh  ⟹  pending ≤ ⌈c/tpc⌉·bpc + 1",
+        "the chunks before T's chunk are null", PROVED, _window_nulls(GroupKind.CHUNKED_LOCAL), FIXED),
+    Obligation(
+        "window-bound.mamba",
+        "A Mamba group in align mode (one fresh state block after nulls) has pending <= bpc + 1.",
+        "[f, k−1) null ∧ [k−1, k) fresh  ⟹  pending ≤ 1·bpc + 1",
+        "Mamba align mode allocates one state block", PROVED, _window_nulls(GroupKind.MAMBA), FIXED),
     Obligation(
         "fixed-sync",
         "A sync load matches by position: the load starts at the first non-null block at or after f.",

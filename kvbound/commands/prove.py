@@ -110,7 +110,7 @@ def _problem(r) -> str:
     if r.met:
         return ""
     if r.verdict == UNKNOWN:
-        return f"solver unknown: {r.detail}"
+        return r.detail or "solver unknown"
     if r.verdict != r.obligation.expected:
         return f"expected {r.obligation.expected}, got {r.verdict}"
     if r.verdict == PROVED:
