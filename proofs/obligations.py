@@ -82,7 +82,8 @@ def _alignment_weaker(knobs):
     w = AlignWorld()
     fa_tpc = w.tokens_per_block(0) * w.bpc
     prem = w.base() + [w.n >= 2, w.kind[0] == 0, w.N_local % fa_tpc == 0]
-    return Problem(prem, w.every_group_aligned(w.N_local), w, shaping=w.small() + [w.n == 2, w.dcp == 1],
+    pow2 = [z3.Or(*[w.spec_bs[j] == v for v in (16, 32, 64)]) for j in range(2)]  # block sizes as deployed
+    return Problem(prem, w.every_group_aligned(w.N_local), w, shaping=w.small() + [w.n == 2, w.dcp == 1] + pow2,
                    witness=lambda m: w.to_case(m, "witness-alignment.weaker-premise", N=w.N_local))
 
 
