@@ -69,6 +69,10 @@ def draw_group(case: Case, gi: int, plans: dict) -> str:
     N, T = case.num_locally_computed_tokens, case.num_cached_tokens
     f, k = cdiv(N, b), cdiv(T, b)
     starts = group_starts(case, gi, plans)
+    for v, plan in plans.items():  # a plan from elsewhere (the impl, vLLM) marks its own start
+        gp = next((p for p in plan.groups if p.group_index == gi), None)
+        if gp is not None:
+            starts[v] = gp.load_start_gpu_block_idx
     cols = fold_columns(g.blocks, f, k, starts.values())
     pos = {c: x for x, c in enumerate(cols) if c is not None}
 
