@@ -204,3 +204,16 @@ def test_missing_release_told_apart_from_unreachable_index():
     offline = prepare._download_failure("0.31.0", "ERROR: Could not find a version that satisfies the"
                                         " requirement vllm==0.31.0 (from versions: none)")
     assert "no network" in str(offline)
+
+
+def test_a_worker_that_always_dies_is_not_restarted_forever(tmp_path, monkeypatch):
+    fake = tmp_path / "worker.py"
+    fake.write_text("import json, os, sys\nprint(json.dumps({'hello': 1, 'vllm': '0.0.0'}), flush=True)\n"
+                    "sys.stdin.readline()\nos._exit(7)\n")
+    monkeypatch.setattr(runner, "WORKER", fake)
+    from dataclasses import replace
+
+    cases = [replace(facts_case(), name=f"c{i}") for i in range(6)]
+    _, res = runner.run_release(prepare.ReleaseEnv("0.0.0", sys.executable, None), cases)
+    assert [r["exit_code"] for r in res] == [7, 7, 7, None, None, None]
+    assert "in a row" in res[-1]["stderr_tail"]

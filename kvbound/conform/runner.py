@@ -23,6 +23,7 @@ from .prepare import PrepareError, ReleaseEnv
 WORKER = Path(__file__).with_name("worker.py")
 HELLO_TIMEOUT_S = 300  # importing vLLM on a loaded 2-core machine
 CASE_TIMEOUT_S = 120
+MAX_CRASHES_IN_A_ROW = 3
 
 
 class WorkerError(RuntimeError):
@@ -132,12 +133,20 @@ def run_release(env: ReleaseEnv, cases: list, progress=None) -> tuple[dict, list
                  f" replaying {len(cases)} cases")
     out = []
     step = max(1, len(cases) // 5)
+    crashes = 0  # in a row: a worker that dies on every case is not restarted forever
     try:
         for i, case in enumerate(cases):
+            if crashes >= MAX_CRASHES_IN_A_ROW:
+                out.append({"outcome": "worker_crash", "exit_code": None, "stderr_tail":
+                            f"not run: the worker died on {crashes} cases in a row; fix that first"
+                            f" (the last stderr is on the earlier cases)"})
+                continue
             if not w.alive:
                 w = Worker(env)
                 w.start()
-            out.append(w.run(i, case_to_dict(case)))
+            res = w.run(i, case_to_dict(case))
+            crashes = crashes + 1 if res.get("outcome") in ("worker_crash", "worker_timeout") else 0
+            out.append(res)
             if progress and (i + 1) % step == 0 and i + 1 < len(cases):
                 progress(f"kvbound conform: vllm {env.version}: {i + 1}/{len(cases)} cases")
     finally:
