@@ -1,0 +1,7 @@
+"""kvbound.conform: the spec against vLLM's own OffloadingConnectorScheduler.
+
+``prepare`` builds (once, cached) what a release needs to import on a CPU-only
+machine; ``worker`` is the adapter that runs inside that environment (vLLM and
+the standard library only); ``runner`` feeds it cases; ``compare`` judges each
+result against ``kvbound.spec.plan_load`` and builds the version matrix.
+"""
