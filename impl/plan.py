@@ -123,16 +123,17 @@ def _cdiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.div(a + b - 1, b, rounding_mode="floor")  # a >= 0, b >= 1 throughout
 
 
-_WORD = 32  # slots per packed word: a word's lowest set bit converts to float64 exactly
+_WORD = 56  # slots per packed word: 7 octets, so a sentinel bit 56 still converts to float64 exactly
+_WORD_MASK = (1 << _WORD) - 1
 _BYTES_TO_BITS = 0x0102040810204080  # x * this >> 56: the low bits of 8 bytes (0/1 each) as 8 bits
 
 
 def pack_slots(bits: torch.Tensor) -> torch.Tensor:
-    """[R, G, L] uint8 0/1 -> [W, R, G] int64 words, W = ceil(L/32), bit i of word w = slot 32w + i.
+    """[R, G, L] uint8 0/1 -> [W, R, G] int64 words, W = ceil(L/56), bit i of word w = slot 56w + i.
 
     The slot axis is read once as bytes and the rest works on 1/8 of the elements;
     this is what makes the scan cheap next to the spec's Python loop. Words lead
-    so the minimum over them is plane-wise.
+    so the minimum over them is plane-wise; tables up to 56 blocks take one word.
     """
     R, G, L = bits.shape
     if L % 8:
@@ -141,27 +142,36 @@ def pack_slots(bits: torch.Tensor) -> torch.Tensor:
     octets = octets * _BYTES_TO_BITS  # wraps mod 2**64: wanted; in place below (no big temporaries)
     octets.bitwise_right_shift_(56).bitwise_and_(0xFF)
     octets = octets.permute(2, 0, 1)  # [octet, R, G]
-    n = octets.shape[0]
-    words = octets[0::4].clone()
-    for j in range(1, 4):  # the 4 octets of a word, not a loop over blocks
-        part = octets[j::4]
+    per_word = _WORD // 8
+    words = octets[0::per_word].clone()
+    for j in range(1, per_word):  # the octets of a word, not a loop over blocks
+        part = octets[j::per_word]
         words[: part.shape[0]] |= part << (8 * j)
     return words
 
 
-def first_set_slot(words: torch.Tensor, scan_from: torch.Tensor | None, none: int) -> torch.Tensor:
-    """[R, G] int32: the first slot >= scan_from whose bit is set in ``words`` [W, R, G]; >= ``none``
-    if there is none. Arithmetic only (torch's CPU ``where`` on bool masks is many times slower)."""
+def keep_from(scan_from: torch.Tensor, num_words: int) -> torch.Tensor:
+    """[W, R, G] masks that clear, word by word, the bits of slots below ``scan_from``."""
+    base = torch.arange(0, num_words * _WORD, _WORD, device=scan_from.device).view(num_words, 1, 1)
+    below = (scan_from.to(torch.int64) - base).clamp_(0, _WORD)
+    return torch.bitwise_left_shift(_WORD_MASK, below).bitwise_and_(_WORD_MASK)
+
+
+def first_set_slot(words: torch.Tensor, keep: torch.Tensor | None, none: int) -> torch.Tensor:
+    """[R, G] int32: the first slot whose bit is set in ``words`` [W, R, G] (after ``keep``
+    clears the slots below the scan start); >= ``none`` if there is none. Arithmetic only:
+    torch's CPU ``where`` on bool masks is many times slower."""
     W = words.shape[0]
+    if keep is not None:
+        words = words & keep
+    words = words | (1 << _WORD)  # a sentinel bit: an empty word reads as "slot 56"
+    lowest = words & -words  # 2**e, e <= 56: exact in float64; e is its exponent field
+    e = ((lowest.to(torch.float64).view(torch.int64) >> 52) - 1023).to(torch.int32)
+    pos = e + ((e + 8) >> 6) * none  # e == 56 (empty) -> beyond every slot
+    if W == 1:
+        return pos[0]
     base = torch.arange(0, W * _WORD, _WORD, device=words.device, dtype=torch.int32).view(W, 1, 1)
-    if scan_from is not None:  # clear the bits below scan_from, word by word
-        below = (scan_from.to(torch.int64) - base).clamp(0, _WORD)
-        words = words & ((0xFFFFFFFF << below) & 0xFFFFFFFF)
-    words = words | (1 << _WORD)  # a sentinel bit 32: an empty word reads as "slot 32"
-    lowest = words & -words  # 2**e, e <= 32: exact in float32, e is its exponent field
-    e = (lowest.to(torch.float32).view(torch.int32) >> 23) - 127
-    pos = base + e + (e >> 5) * none  # e == 32 (empty) -> beyond every slot
-    return pos.amin(0) if W > 1 else pos[0]  # int32: torch's int64 amin is many times slower
+    return (pos + base).amin(0)  # int32: torch's int64 amin is many times slower
 
 
 @dataclass
@@ -187,6 +197,13 @@ class _Shared:
     num_chunks: torch.Tensor
     have: torch.Tensor
     table_length: torch.Tensor
+    _keep: torch.Tensor | None = None
+
+    def keep_fresh(self, num_words: int) -> torch.Tensor:
+        """The fixed scan's masks (slots >= f), shared by fixed and fixed-sync."""
+        if self._keep is None:
+            self._keep = keep_from(self.f, num_words)
+        return self._keep
 
 
 def _shared(batch: PlanBatch) -> _Shared:
@@ -231,8 +248,8 @@ def _shared(batch: PlanBatch) -> _Shared:
 
 def _plan_one(sh: _Shared, variant: Variant, asserts: bool, words: torch.Tensor) -> BatchPlan:
     """One variant given the packed eligible slots; all [R, G] arithmetic."""
-    scan_from = None if variant is Variant.LEGACY else sh.f
-    start = torch.minimum(first_set_slot(words, scan_from, sh.L).to(sh.k.dtype), sh.k)
+    keep = None if variant is Variant.LEGACY else sh.keep_fresh(words.shape[0])
+    start = torch.minimum(first_set_slot(words, keep, sh.L).to(sh.k.dtype), sh.k)
     pending = sh.k - start
     start_chunk = torch.div(start, sh.bpc, rounding_mode="floor")
     # vLLM slices offload_keys[start:end]: a short list just yields fewer keys (python -O).

@@ -165,16 +165,9 @@ def test_symbolic_model_forces_impl_plans():
 
 
 def _broken_scan(monkeypatch):
-    """An off-by-one in the fixed scan whenever it starts at slot 2."""
-    real = impl_plan.first_set_slot
-
-    def broken(words, scan_from, none):
-        got = real(words, scan_from, none)
-        if scan_from is not None:
-            got = got + ((scan_from == 2) & (got < none)).to(got.dtype)
-        return got
-
-    monkeypatch.setattr(impl_plan, "first_set_slot", broken)
+    """An off-by-one in the fixed scan: it starts at f + 1 instead of f."""
+    real = impl_plan.keep_from
+    monkeypatch.setattr(impl_plan, "keep_from", lambda scan_from, num_words: real(scan_from + 1, num_words))
 
 
 def test_differential_catches_and_shrinks_a_broken_impl(monkeypatch):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvbound.cli import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
 from kvbound.draw import draw_case
-from kvbound.spec import GroupKind, Variant, case_to_dict, dump_cases, load_case_paths, plan_load
+from kvbound.spec import GroupKind, case_to_dict, dump_cases, load_case_paths
 from kvbound.spec.strategies import FAMILIES, family_of, random_cases
 
 from . import add_variant_args, selected_variants
@@ -104,7 +104,7 @@ def _chunks(cases_iter, size: int):
 
 
 def run(args) -> int:
-    from kvbound.impl import BatchError, DiffStats, Disagreement, diff_against_spec, resolve_device
+    from kvbound.impl import BatchError, DiffStats, diff_against_spec, resolve_device
 
     against = _parse_against(args.against)
     variants = selected_variants(args)
