@@ -30,7 +30,8 @@ def register(sub):
     p.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), metavar="LIST",
                    help="request-group counts (default 1000,10000,100000,1000000)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the generated inputs")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the impl runs (default cpu)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the impl runs (default auto: cuda when available, else cpu)")
     p.add_argument("--threads", type=int, default=1, metavar="T",
                    help="torch CPU threads (default 1: on a shared 2-core machine 2 threads thrash)")
     p.add_argument("--spec-limit", type=int, default=0, metavar="N",
@@ -75,7 +76,7 @@ def run(args) -> int:
     if not sizes or min(sizes) < 1:
         raise UsageError("--sizes: give positive request-group counts")
     try:
-        device = resolve_device(args.device)
+        device = resolve_device(None if args.device == "auto" else args.device)
     except BatchError as e:
         raise UsageError(f"--device {args.device}: {e.rule}") from None
     torch.set_num_threads(max(1, args.threads))

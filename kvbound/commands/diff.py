@@ -42,7 +42,8 @@ def register(sub):
                    help="generated cases (default 1000, or 0 when case files are given)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the generated cases")
     p.add_argument("--family", choices=FAMILIES, help="generate one family only (default: all, in turn)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the impl runs (default cpu)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the impl runs (default auto: cuda when available, else cpu)")
     p.add_argument("--against", default="spec,symbolic", metavar="LIST",
                    help="comma list of references: spec, symbolic (default both)")
     p.add_argument("--symbolic-cases", type=int, default=2000, metavar="K",
@@ -109,9 +110,10 @@ def run(args) -> int:
     against = _parse_against(args.against)
     variants = selected_variants(args)
     try:
-        device = resolve_device(args.device)
+        device = resolve_device(None if args.device == "auto" else args.device)
     except BatchError as e:
         raise UsageError(f"--device {args.device}: {e.rule}") from None
+    args.device_used = str(device)
     if args.batch < 1:
         raise UsageError("--batch: must be at least 1")
     files = load_case_paths(args.paths) if args.paths else []
@@ -236,7 +238,7 @@ def _print_report(args, stats, variants, against, sym, unknowns, fams, elapsed, 
     for d in stats.disagreements:
         n_dis[(d.variant, d.against)] += 1
     print(f"kvbound diff: {stats.cases} case(s) ({', '.join(f'{k} {v}' for k, v in sorted(fams.items()))}); "
-          f"seed {args.seed}; impl on {args.device}; against {', '.join(against)}")
+          f"seed {args.seed}; impl on {args.device_used}; against {', '.join(against)}")
     cols = _outcome_cols(variants)
     head = f"{'variant':<11}{'cases':>8}" + "".join(f"{c:>14}" for c in cols)
     head += "".join(f"{'≠ ' + a:>12}" for a in against)
@@ -302,7 +304,7 @@ def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t
     return {
         "cases": stats.cases,
         "seed": args.seed,
-        "device": args.device,
+        "device": args.device_used,
         "against": list(against),
         "families": fams,
         "variants": {
