@@ -14,7 +14,7 @@ from .cases import (
     parse_table,
 )
 from .plan import load_start_gpu_block_idx, plan_load, scan_from
-from .versions import UnsupportedVersion, parse_version, variant_for_version
+from .versions import UnsupportedVersion, parse_version, plan_for_version, release_asserts, variant_for_version
 from .vocab import (
     NULL,
     AssertName,
@@ -27,7 +27,9 @@ from .vocab import (
     GroupKind,
     GroupPlan,
     H,
+    LATEST_ASSERTS,
     LoadPlan,
+    ReleaseAsserts,
     U,
     Variant,
     cdiv,

@@ -12,7 +12,9 @@ from .vocab import (
     Assertion,
     Case,
     GroupPlan,
+    LATEST_ASSERTS,
     LoadPlan,
+    ReleaseAsserts,
     Variant,
     cdiv,
 )
@@ -35,7 +37,9 @@ def scan_from(variant: Variant, num_locally_computed_tokens: int, tokens_per_blo
     return cdiv(num_locally_computed_tokens, tokens_per_block)
 
 
-def plan_load(case: Case, variant: Variant | str, asserts: bool = True) -> LoadPlan:
+def plan_load(
+    case: Case, variant: Variant | str, asserts: bool = True, release: ReleaseAsserts = LATEST_ASSERTS
+) -> LoadPlan:
     variant = Variant(variant)
     N = case.num_locally_computed_tokens
     if case.num_external_tokens == 0:
@@ -82,28 +86,29 @@ def plan_load(case: Case, variant: Variant | str, asserts: bool = True) -> LoadP
             )
         pending = k - start
         window = cfg.sliding_window_size_in_chunks(bpc)
-        if asserts and window is not None and pending > window * bpc + 1:
+        slack = release.window_slack
+        if asserts and window is not None and slack is not None and pending > window * bpc + slack:
             return fail(
                 AssertName.WINDOW_BOUND, gi,
                 f"num_pending_gpu_blocks={pending} > sliding_window_size_in_chunks={window}"
-                f" * blocks_per_chunk={bpc} + 1",
+                f" * blocks_per_chunk={bpc} + {slack}",
                 num_pending_gpu_blocks=pending, sliding_window_size_in_chunks=window,
                 blocks_per_chunk=bpc, load_start_gpu_block_idx=start,
             )
         num_chunks = cdiv(T, tpc)
         start_chunk = end_chunk = start // bpc
-        if pending:
-            end_chunk = num_chunks
+        if pending or release.keys_every_group:
             have = case.num_offload_keys(gi)
-            if asserts and have < end_chunk:
+            if asserts and have < num_chunks:
                 return fail(
                     AssertName.KEYS_LENGTH, gi,
-                    f"len(offload_keys)={have} < end_chunk_idx={end_chunk}",
-                    num_offload_keys=have, end_chunk_idx=end_chunk,
+                    f"len(offload_keys)={have} < end_chunk_idx={num_chunks}",
+                    num_offload_keys=have, end_chunk_idx=num_chunks,
                     load_start_gpu_block_idx=start,
                 )
+        if pending:
             # vLLM slices offload_keys[start:end]: a short list just yields fewer keys.
-            end_chunk = max(start_chunk, min(end_chunk, have))
+            end_chunk = max(start_chunk, min(num_chunks, case.num_offload_keys(gi)))
         planned.append(
             GroupPlan(
                 group_index=gi,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .vocab import Variant
+from .vocab import LATEST_ASSERTS, ReleaseAsserts, Variant
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -34,3 +34,22 @@ def variant_for_version(version: str) -> Variant:
     if (major, minor) < (0, 33):
         return Variant.FIXED
     return Variant.FIXED_SYNC
+
+
+def release_asserts(version: str) -> ReleaseAsserts:
+    """The window and keys asserts of a release, as each wheel's scheduler.py reads:
+    0.20 has no window assert; 0.21-0.26 bound pending by window*bpc; 0.27 adds + 1;
+    up to 0.27 every group's keys are checked, from 0.28 only a group with pending blocks."""
+    variant_for_version(version)  # refuses what kvbound does not model
+    minor = parse_version(version)[:2]
+    if minor >= (0, 28):
+        return LATEST_ASSERTS
+    slack = None if minor < (0, 21) else (0 if minor < (0, 27) else 1)
+    return ReleaseAsserts(window_slack=slack, keys_every_group=True)
+
+
+def plan_for_version(case, version: str, asserts: bool = True):
+    """The spec's plan of ``case`` as vLLM ``version`` computes it: its scan and its asserts."""
+    from .plan import plan_load
+
+    return plan_load(case, variant_for_version(version), asserts, release_asserts(version))

@@ -151,6 +151,21 @@ class Variant(str, Enum):
     FIXED_SYNC = "fixed-sync"  # 0.33+: as fixed; sync loads match by position
 
 
+@dataclass(frozen=True)
+class ReleaseAsserts:
+    """Assert details that moved between releases independently of the scan.
+
+    The default is 0.28+ (what ``legacy`` 0.29, ``fixed`` and ``fixed-sync`` do);
+    ``versions.release_asserts`` gives older releases theirs (read from each wheel).
+    """
+
+    window_slack: int | None = 1  # pending <= window*bpc + slack; 0.21-0.26: 0; 0.20: no window assert
+    keys_every_group: bool = False  # 0.20-0.27: keys checked for every group, pending or not
+
+
+LATEST_ASSERTS = ReleaseAsserts()
+
+
 class AssertName(str, Enum):
     TABLE_LENGTH = "table_length"  # len(group_blocks) >= num_gpu_blocks
     BOUNDARY = "boundary"  # N <= start * tokens_per_block (legacy)

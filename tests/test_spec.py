@@ -217,3 +217,34 @@ def test_version_map(version, variant):
 def test_version_map_refuses_what_it_cannot_model(version, words):
     with pytest.raises(ValueError, match=words):
         variant_for_version(version)
+
+
+# --- release details beside the scan (read from each wheel) -----------------------------
+
+def test_release_asserts_per_release():
+    from kvbound.spec import LATEST_ASSERTS, release_asserts
+
+    assert release_asserts("0.20.0").window_slack is None
+    assert release_asserts("0.26.0").window_slack == 0 and release_asserts("0.26.0").keys_every_group
+    assert release_asserts("0.27.0").window_slack == 1 and release_asserts("0.27.0").keys_every_group
+    assert release_asserts("0.28.0") == release_asserts("0.29.0") == release_asserts("0.33.0") == LATEST_ASSERTS
+
+
+def test_0_26_window_bound_has_no_slack():
+    from kvbound.spec import plan_for_version
+
+    case = mk([(MAMBA, 16, "N U1 U2")], N=16, M=32, P=64)  # 2 pending, Mamba window 1 chunk
+    assert plan_for_version(case, "0.29.0").ok
+    a = plan_for_version(case, "0.26.0").assertion
+    assert a.name is AssertName.WINDOW_BOUND and "+ 0" in a.message
+
+
+def test_0_27_checks_keys_of_a_group_with_nothing_pending():
+    from kvbound.spec import plan_for_version
+
+    # group 1 (b=64) has nothing to load, yet 0.27 checks its keys: a 32-token prompt gives it 0 < 1
+    case = mk([(FA, 16, "H1 U2"), (FA, 64, "H3")], N=16, M=16, P=32)
+    assert plan_for_version(case, "0.29.0").dst_block_ids == (2,)
+    a = plan_for_version(case, "0.27.0").assertion
+    assert a.name is AssertName.KEYS_LENGTH and a.group_index == 1
+    assert a.values["num_offload_keys"] == 0 and a.values["end_chunk_idx"] == 1

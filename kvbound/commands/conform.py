@@ -13,7 +13,7 @@ from kvbound.conform import compare as C
 from kvbound.conform.prepare import PrepareError, cache_dir, prepare_release
 from kvbound.conform.runner import WorkerError, current_env, run_release
 from kvbound.draw import draw_case
-from kvbound.spec import Case, case_to_dict, load_case_paths, plan_load, variant_for_version
+from kvbound.spec import Case, case_to_dict, load_case_paths, plan_for_version, variant_for_version
 
 
 def register(sub):
@@ -165,7 +165,7 @@ def _print_disagreements(items, records, show_adversarial: int) -> None:
         if r["verdict"] == C.FAULT:
             print(r["fault"])
             continue
-        plan = plan_load(case, r["variant"])
+        plan = plan_for_version(case, r["release"])
         print(draw_case(case, plans={plan.variant: plan}, legend=False))
         print(f"  differs in: {', '.join(r['diff'])}")
         print(f"  real vllm {r['release']}: {json.dumps(r['real'])}")

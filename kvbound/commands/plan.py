@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvbound.spec import Variant, load_case_paths, plan_load
+from kvbound.spec import Variant, load_case_paths, plan_for_version, plan_load
 
 from . import add_variant_args, selected_variants
 
@@ -25,7 +25,11 @@ def register(sub):
 def run(args) -> int:
     (variant,) = selected_variants(args, default=(Variant.FIXED_SYNC,))
     for case in load_case_paths(args.cases):
-        line = plan_load(case, variant).to_json(case.name)
+        if args.vllm_version:  # that release's scan and its window/keys asserts
+            plan = plan_for_version(case, args.vllm_version)
+        else:
+            plan = plan_load(case, variant)
+        line = plan.to_json(case.name)
         line["variant"] = variant.value
         print(json.dumps(line), flush=True)
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from kvbound.spec import AssertName, Case, GroupKind, LoadPlan, Variant, plan_load, variant_for_version
+from kvbound.spec import AssertName, Case, GroupKind, LoadPlan, Variant, plan_for_version, variant_for_version
 
 # The fields ``kvbound plan`` prints, compared one by one.
 PLAN_FIELDS = ("outcome", "assertion", "dst_block_ids", "group_sizes", "block_indices", "keys")
@@ -84,7 +84,7 @@ AGREE, DISAGREE, FAULT, UNDRIVEN, UNSUPPORTED = "agree", "disagree", "fault", "u
 def judge(case: Case, release: str, result: dict) -> dict:
     """The per-case record of the report: both outputs, the verdict, and why."""
     variant = variant_for_version(release)
-    spec_plan = plan_load(case, variant)
+    spec_plan = plan_for_version(case, release)  # its scan and its release's asserts
     spec = spec_plan.to_json(case.name)
     rec = {"name": case.name, "release": release, "variant": variant.value, "spec": spec,
            "lookup": result.get("lookup"), "sync_load_marked": result.get("sync_load_marked"),
