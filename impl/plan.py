@@ -197,6 +197,7 @@ class _Shared:
     num_chunks: torch.Tensor
     have: torch.Tensor
     table_length: torch.Tensor
+    misaligned: torch.Tensor
     _keep: torch.Tensor | None = None
 
     def keep_fresh(self, num_words: int) -> torch.Tensor:
@@ -209,16 +210,24 @@ class _Shared:
 def _shared(batch: PlanBatch) -> _Shared:
     R, G, L = batch.shape
     dev = batch.device
-    # int32 arithmetic when every token count fits (it halves the memory traffic)
-    big = max(int(batch.num_prompt_tokens.max()), int(batch.window_tokens.max()),
-              int((batch.num_locally_computed_tokens + batch.num_external_tokens).max()),
-              int(batch.table_length.max()), int(batch.blocks_per_chunk.max()) * int(batch.tokens_per_block.max()))
-    it = torch.int32 if big < 2**30 else torch.int64
-    N = batch.num_locally_computed_tokens.to(it).unsqueeze(1)
-    T = N + batch.num_external_tokens.to(it).unsqueeze(1)
-    bpc = batch.blocks_per_chunk.to(it).unsqueeze(1)
-    tph = batch.tokens_per_hash.to(it).unsqueeze(1)
-    P = batch.num_prompt_tokens.to(it).unsqueeze(1)
+    # The narrowest integer type every intermediate fits: on CPU an int16 op runs ~3x
+    # faster than int32, and request fields are expanded to [R, G] once because a
+    # broadcast [R, 1] operand makes every op several times slower.
+    b_max, bpc_max = int(batch.tokens_per_block.max()), int(batch.blocks_per_chunk.max())
+    w_max = int(batch.window_tokens.max())
+    big = max(int((batch.num_locally_computed_tokens + batch.num_external_tokens).max()) + b_max,
+              int(batch.num_prompt_tokens.max()), (w_max + 1) * bpc_max + 1, b_max * bpc_max + w_max,
+              (L + 1) * b_max, G + 1)
+    it = torch.int16 if big < 2**15 - 2 else torch.int32 if big < 2**31 - 2 else torch.int64
+
+    def per_group(t):
+        return t.to(it).unsqueeze(1).expand(R, G).contiguous()
+
+    N = per_group(batch.num_locally_computed_tokens)
+    T = N + per_group(batch.num_external_tokens)
+    bpc = per_group(batch.blocks_per_chunk)
+    tph = per_group(batch.tokens_per_hash)
+    P = per_group(batch.num_prompt_tokens)
     b = batch.tokens_per_block.to(it)
     kind = batch.kind
     table_length = batch.table_length.to(it)
@@ -243,6 +252,7 @@ def _shared(batch: PlanBatch) -> _Shared:
         num_chunks=_cdiv(T, tpc) * on,
         have=torch.div(torch.div(P, tph, rounding_mode="floor"), hashes_per_chunk, rounding_mode="floor") * on,
         table_length=table_length,
+        misaligned=N % b != 0,
     )
 
 
@@ -261,7 +271,7 @@ def _plan_one(sh: _Shared, variant: Variant, asserts: bool, words: torch.Tensor)
         if variant is Variant.LEGACY:
             scan_fail, scan_code = sh.N > start * sh.b, ASSERT_CODES[AssertName.BOUNDARY]
         else:
-            scan_fail, scan_code = sh.N % sh.b != 0, ASSERT_CODES[AssertName.ALIGNMENT]
+            scan_fail, scan_code = sh.misaligned, ASSERT_CODES[AssertName.ALIGNMENT]
         code = (loads & (sh.have < sh.num_chunks)) * ASSERT_CODES[AssertName.KEYS_LENGTH]
         code = code + (pending > sh.window_limit) * (ASSERT_CODES[AssertName.WINDOW_BOUND] - code)
         code = code + scan_fail * (scan_code - code)
@@ -288,8 +298,8 @@ def _plan_one(sh: _Shared, variant: Variant, asserts: bool, words: torch.Tensor)
         failing_group=first_bad - (first_bad == sh.G) * (sh.G + 1),  # -1: none
         table_length=sh.table_length,
         tokens_per_block=sh.b,
-        num_locally_computed_tokens=sh.N.squeeze(1),
-        blocks_per_chunk=sh.bpc.squeeze(1),
+        num_locally_computed_tokens=sh.N[:, 0],
+        blocks_per_chunk=sh.bpc[:, 0],
     )
 
 
