@@ -14,7 +14,7 @@ import torch
 
 from kvbound.spec import Case, LoadPlan, Variant, plan_load
 
-from .batch import batch_from_cases
+from .batch import KIND_CODES, batch_from_cases
 from .plan import ASSERT_CODES, ASSERTION_VALUE_FIELDS, plan_fields, plan_variants, to_load_plans
 
 _VALUE_KEYS = tuple(ASSERTION_VALUE_FIELDS)
@@ -128,7 +128,7 @@ def diff_against_spec(cases, variants=tuple(Variant), device=None, asserts: bool
             stats.add(stats.outcomes, (v, "ok" if p.ok else p.assertion.name.value))
         kinds = batch.kind.cpu()
         reached = out.reached.cpu()
-        for code, kind in _kind_codes():
+        for kind, code in KIND_CODES.items():
             stats.add(stats.groups, (v, kind), int((reached & (kinds == code)).sum()))
         rows = mismatched_rows(batch, out, cases, plans)
         if rows:
@@ -138,12 +138,6 @@ def diff_against_spec(cases, variants=tuple(Variant), device=None, asserts: bool
                     Disagreement(cases[r], v, "spec", plans[r], ip, _what_differs(plans[r], ip))
                 )
     return stats
-
-
-def _kind_codes():
-    from .batch import KIND_CODES
-
-    return [(c, k) for k, c in KIND_CODES.items()]
 
 
 def _what_differs(spec: LoadPlan, impl: LoadPlan) -> str:

@@ -59,7 +59,8 @@ class BatchPlan:
     ``code`` is the assert this group would hit if vLLM reached it (0 none);
     the request's outcome is ``failing_group`` [R] (-1: none), the first group in
     config order with a code. Padded groups and requests with nothing external
-    (``planned`` [R] false: vLLM returns before planning) hold zeros.
+    (``planned`` [R] false: vLLM returns before planning) hold zeros. The
+    destination mask [R, G, L] is ``dst_mask``, built on demand from [start, k).
     """
 
     variant: Variant
@@ -350,9 +351,7 @@ def to_load_plans(batch: PlanBatch, out: BatchPlan, rows=None) -> list[LoadPlan]
         for name in ("num_gpu_blocks", "first_fresh_gpu_block_idx", "load_start_gpu_block_idx",
                      "num_pending_gpu_blocks", "start_chunk_idx", "end_chunk_idx", "code")
     }
-    ok_rows = {}
-    for key in ASSERTION_VALUE_FIELDS:
-        ok_rows[key] = out.value(key).index_select(0, idx).cpu().tolist()
+    vals = {key: out.value(key).index_select(0, idx).cpu().tolist() for key in ASSERTION_VALUE_FIELDS}
     planned = out.planned.index_select(0, idx).cpu().tolist()
     failing = out.failing_group.index_select(0, idx).cpu().tolist()
     num_groups = batch.num_groups.index_select(0, idx).cpu().tolist()
@@ -380,7 +379,7 @@ def to_load_plans(batch: PlanBatch, out: BatchPlan, rows=None) -> list[LoadPlan]
         if failing[j] >= 0:
             g = failing[j]
             name = ASSERT_NAMES[col["code"][j][g]]
-            values = {key: ok_rows[key][j][g] for key in ASSERTION_VALUES[name]}
+            values = {key: vals[key][j][g] for key in ASSERTION_VALUES[name]}
             shown = ", ".join(f"{k}={v}" for k, v in values.items())
             assertion = Assertion(name, g, f"(batched impl) {name.value}: {shown}", values)
         plans.append(LoadPlan(out.variant, groups, assertion, out.asserts))
