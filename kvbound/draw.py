@@ -62,17 +62,24 @@ def fold_columns(blocks, f: int, k: int, starts) -> list:
     return cols
 
 
+def plan_starts(case: Case, gi: int, plans: dict) -> dict:
+    """Each plan's load start in group gi: its own where it planned the group (a plan
+    from elsewhere, the impl or vLLM, marks where it started), else the spec's scan."""
+    starts = group_starts(case, gi, plans)
+    for v, plan in plans.items():
+        gp = next((p for p in plan.groups if p.group_index == gi), None)
+        if gp is not None:
+            starts[v] = gp.load_start_gpu_block_idx
+    return starts
+
+
 def draw_group(case: Case, gi: int, plans: dict) -> str:
     g = case.groups[gi]
     cfg = g.config
     b = cfg.tokens_per_block
     N, T = case.num_locally_computed_tokens, case.num_cached_tokens
     f, k = cdiv(N, b), cdiv(T, b)
-    starts = group_starts(case, gi, plans)
-    for v, plan in plans.items():  # a plan from elsewhere (the impl, vLLM) marks its own start
-        gp = next((p for p in plan.groups if p.group_index == gi), None)
-        if gp is not None:
-            starts[v] = gp.load_start_gpu_block_idx
+    starts = plan_starts(case, gi, plans)
     cols = fold_columns(g.blocks, f, k, starts.values())
     pos = {c: x for x, c in enumerate(cols) if c is not None}
 

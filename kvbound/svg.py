@@ -1,7 +1,7 @@
 """Block tables as inline SVG for the HTML report: the picture ``draw_case`` prints.
 
 The columns, glyphs, f, k, per-variant starts and verdict lines all come from
-``kvbound.draw`` (``fold_columns``, ``block_glyph``, ``group_starts``, ``_verdict``)
+``kvbound.draw`` (``fold_columns``, ``block_glyph``, ``plan_starts``, ``_verdict``)
 so the page and the terminal can never disagree about a table. Cell kinds differ by
 colour *and* glyph, so the picture survives greyscale printing and colour blindness.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from html import escape
 
-from kvbound.draw import _verdict, block_glyph, fold_columns, group_starts
+from kvbound.draw import _verdict, block_glyph, fold_columns, plan_starts
 from kvbound.spec import Case, Variant, cdiv, plan_load
 
 CELL, GAP = 34, 4  # cell width and spacing, px
@@ -71,7 +71,7 @@ def group_svg(case: Case, gi: int, plans: dict) -> str:
     b = cfg.tokens_per_block
     N, T = case.num_locally_computed_tokens, case.num_cached_tokens
     f, k = cdiv(N, b), cdiv(T, b)
-    starts = group_starts(case, gi, plans)
+    starts = plan_starts(case, gi, plans)
     cols = fold_columns(g.blocks, f, k, starts.values())
     step = CELL + GAP
     x0 = LABEL_W
