@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -217,3 +218,52 @@ def test_a_worker_that_always_dies_is_not_restarted_forever(tmp_path, monkeypatc
     _, res = runner.run_release(prepare.ReleaseEnv("0.0.0", sys.executable, None), cases)
     assert [r["exit_code"] for r in res] == [7, 7, 7, None, None, None]
     assert "in a row" in res[-1]["stderr_tail"]
+
+
+# --- capture: case files dumped from a running scheduler ------------------------------------
+
+CAPTURE_DRIVER = r"""
+import importlib.util, json, sys
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); return mod
+worker, capture = load("w", sys.argv[1]), load("c", sys.argv[2])
+rel = worker.Release()
+capture.install(sys.argv[3], rel.scheduler.OffloadingConnectorScheduler)
+for line in sys.stdin:
+    print(json.dumps(rel.run_case(json.loads(line))["phase"]))
+"""
+
+
+def test_capture_dumps_the_real_calls_as_case_files(tmp_path):
+    """Drive real vLLM with capture installed: every call that reaches
+    update_state_after_alloc comes back, in order, as exactly the case that produced it
+    (the engine's own objects read back into the case format)."""
+    import subprocess
+
+    from kvbound.conform import capture, worker
+    from kvbound.spec import case_to_dict, load_cases
+    from kvbound.spec.strategies import random_cases
+
+    env = _env("0.33.0")
+    cases = [facts_case()] + list(random_cases(30, seed=11))
+    out = tmp_path / "captured.jsonl"
+    r = subprocess.run(
+        [env.python, "-P", "-c", CAPTURE_DRIVER, worker.__file__, capture.__file__, str(out)],
+        input="".join(json.dumps(case_to_dict(c)) + "\n" for c in cases),
+        env=dict(os.environ, PYTHONPATH=env.tree or "", VLLM_TARGET_DEVICE="cpu"),
+        capture_output=True, text=True, timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    phases = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(phases) == len(cases)
+    reached = [c for c, ph in zip(cases, phases) if ph in ("update_state_after_alloc", "done")]
+    assert len(reached) >= 10, phases
+    got = load_cases(out)
+    assert not (tmp_path / "captured.jsonl.errors").exists()
+
+    def unnamed(case):
+        return {k: v for k, v in case_to_dict(case).items() if k != "name"}
+
+    assert [unnamed(c) for c in got] == [unnamed(c) for c in reached]
+    assert all(c.name.startswith("captured-") for c in got)
