@@ -10,6 +10,7 @@ from __future__ import annotations
 from .vocab import (
     AssertName,
     Assertion,
+    BlockState,
     Case,
     GroupPlan,
     LATEST_ASSERTS,
@@ -23,9 +24,10 @@ from .vocab import (
 def load_start_gpu_block_idx(blocks, scan_from: int, num_gpu_blocks: int, match_hashed: bool) -> int:
     """First i in [scan_from, num_gpu_blocks) with a non-null block that is unhashed
     (or any non-null block when ``match_hashed``, the 0.33 sync-load rule); else k."""
+    # states are exactly NULL / HASHED / UNHASHED: "non-null and unhashed" is UNHASHED
+    wanted = (BlockState.UNHASHED, BlockState.HASHED) if match_hashed else (BlockState.UNHASHED,)
     for i in range(scan_from, num_gpu_blocks):
-        b = blocks[i]
-        if not b.is_null and (match_hashed or not b.is_hashed):
+        if blocks[i].state in wanted:
             return i
     return num_gpu_blocks
 
@@ -108,7 +110,7 @@ def plan_load(
                 )
         if pending:
             # vLLM slices offload_keys[start:end]: a short list just yields fewer keys.
-            end_chunk = max(start_chunk, min(num_chunks, case.num_offload_keys(gi)))
+            end_chunk = max(start_chunk, min(num_chunks, have))
         planned.append(
             GroupPlan(
                 group_index=gi,
