@@ -7,6 +7,8 @@ per variant the load start ``^`` and the load region ``~``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from kvbound.spec import Case, LoadPlan, Variant, cdiv, plan_load
 from kvbound.spec.plan import load_start_gpu_block_idx, scan_from
 
@@ -73,14 +75,31 @@ def plan_starts(case: Case, gi: int, plans: dict) -> dict:
     return starts
 
 
-def draw_group(case: Case, gi: int, plans: dict) -> str:
+class GroupLayout(NamedTuple):
+    """What a drawing of group gi needs, text or SVG alike."""
+
+    group: object
+    config: object
+    tokens_per_block: int
+    N: int
+    T: int
+    f: int
+    k: int
+    starts: dict
+    cols: list
+
+
+def group_layout(case: Case, gi: int, plans: dict) -> GroupLayout:
     g = case.groups[gi]
-    cfg = g.config
-    b = cfg.tokens_per_block
+    b = g.config.tokens_per_block
     N, T = case.num_locally_computed_tokens, case.num_cached_tokens
     f, k = cdiv(N, b), cdiv(T, b)
     starts = plan_starts(case, gi, plans)
-    cols = fold_columns(g.blocks, f, k, starts.values())
+    return GroupLayout(g, g.config, b, N, T, f, k, starts, fold_columns(g.blocks, f, k, starts.values()))
+
+
+def draw_group(case: Case, gi: int, plans: dict) -> str:
+    g, cfg, b, N, T, f, k, starts, cols = group_layout(case, gi, plans)
     pos = {c: x for x, c in enumerate(cols) if c is not None}
 
     def row(label: str, cells: list) -> str:

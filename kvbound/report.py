@@ -156,7 +156,7 @@ ul.outcomes{font-size:13px;margin:6px 0;padding-left:18px} details summary{curso
 def render_page(sections: list, title: str = "kvbound report") -> str:
     cards = "".join(
         f'<div class="card"><a href="#{s.anchor}"><b>{escape(s.title)}</b>'
-        + (f'<span class="bad">unreadable input</span>' if s.error else (
+        + ('<span class="bad">unreadable input</span>' if s.error else (
             f'<span class="{"bad" if s.failed else ""}">{escape(s.summary)}</span>'))
         + "</a></div>"
         for s in sections

@@ -1,7 +1,7 @@
 """Block tables as inline SVG for the HTML report: the picture ``draw_case`` prints.
 
 The columns, glyphs, f, k, per-variant starts and verdict lines all come from
-``kvbound.draw`` (``fold_columns``, ``block_glyph``, ``plan_starts``, ``_verdict``)
+``kvbound.draw`` (``group_layout``, ``block_glyph``, ``_verdict``)
 so the page and the terminal can never disagree about a table. Cell kinds differ by
 colour *and* glyph, so the picture survives greyscale printing and colour blindness.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from html import escape
 
-from kvbound.draw import _verdict, block_glyph, fold_columns, plan_starts
-from kvbound.spec import Case, Variant, cdiv, plan_load
+from kvbound.draw import _verdict, block_glyph, group_layout
+from kvbound.spec import Case, Variant, plan_load
 
 CELL, GAP = 34, 4  # cell width and spacing, px
 LABEL_W = 96  # left column: row labels
@@ -66,13 +66,7 @@ def legend_svg() -> str:
 
 
 def group_svg(case: Case, gi: int, plans: dict) -> str:
-    g = case.groups[gi]
-    cfg = g.config
-    b = cfg.tokens_per_block
-    N, T = case.num_locally_computed_tokens, case.num_cached_tokens
-    f, k = cdiv(N, b), cdiv(T, b)
-    starts = plan_starts(case, gi, plans)
-    cols = fold_columns(g.blocks, f, k, starts.values())
+    g, cfg, b, N, T, f, k, starts, cols = group_layout(case, gi, plans)
     step = CELL + GAP
     x0 = LABEL_W
 

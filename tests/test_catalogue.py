@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbound.catalogue import DOC, generate, render
+from kvbound.catalogue import render
 from kvbound.proofs.obligations import OBLIGATIONS
 from kvbound.proofs.runner import run_obligation
 

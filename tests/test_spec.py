@@ -6,17 +6,13 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from kvbound.spec import (
-    NULL,
     AssertName,
     Case,
     Group,
     GroupConfig,
     GroupKind,
-    H,
-    U,
     Variant,
     cdiv,
     load_cases,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from kvbound.spec import AssertName, Case, GroupKind, LoadPlan, Variant, plan_for_version, variant_for_version
+from kvbound.spec import AssertName, Case, GroupKind, Variant, plan_for_version, variant_for_version
 
 # The fields ``kvbound plan`` prints, compared one by one.
 PLAN_FIELDS = ("outcome", "assertion", "dst_block_ids", "group_sizes", "block_indices", "keys")
