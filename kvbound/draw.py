@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kvbound.spec import Case, LoadPlan, Variant, cdiv, plan_load
-from kvbound.spec.plan import load_start_gpu_block_idx, scan_from
+from kvbound.spec.plan import variant_load_start
 
 W = 5  # column width
 LEGEND = "legend  [H] hashed  [·] null  [U] non-null unhashed below f  [F] non-null unhashed at/after f (fresh)"
@@ -25,7 +25,7 @@ def block_glyph(block, idx: int, first_fresh: int) -> str:
 
 
 def group_starts(case: Case, gi: int, variants) -> dict:
-    """The load start each variant's scan picks in group gi (k when the table is short)."""
+    """The load start each variant's scan picks in group gi (None when the table is short)."""
     g = case.groups[gi]
     b = g.config.tokens_per_block
     k = cdiv(case.num_cached_tokens, b)
@@ -34,10 +34,7 @@ def group_starts(case: Case, gi: int, variants) -> dict:
         if len(g.blocks) < k:
             out[v] = None
             continue
-        out[v] = load_start_gpu_block_idx(
-            g.blocks, scan_from(v, case.num_locally_computed_tokens, b), k,
-            match_hashed=v is Variant.FIXED_SYNC and case.sync_load,
-        )
+        out[v] = variant_load_start(g.blocks, v, case.num_locally_computed_tokens, b, k, case.sync_load)
     return out
 
 

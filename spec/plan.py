@@ -39,6 +39,14 @@ def scan_from(variant: Variant, num_locally_computed_tokens: int, tokens_per_blo
     return cdiv(num_locally_computed_tokens, tokens_per_block)
 
 
+def variant_load_start(blocks, variant: Variant, N: int, b: int, k: int, sync_load: bool) -> int:
+    """The load start ``variant``'s scan picks in one group's table (len(blocks) >= k):
+    the one place the releases' scans differ."""
+    return load_start_gpu_block_idx(
+        blocks, scan_from(variant, N, b), k, match_hashed=variant is Variant.FIXED_SYNC and sync_load,
+    )
+
+
 def plan_load(
     case: Case, variant: Variant | str, asserts: bool = True, release: ReleaseAsserts = LATEST_ASSERTS
 ) -> LoadPlan:
@@ -67,10 +75,7 @@ def plan_load(
                 f"len(group_blocks)={len(blocks)} < num_gpu_blocks={k}",
                 table_length=len(blocks), num_gpu_blocks=k,
             )
-        start = load_start_gpu_block_idx(
-            blocks, scan_from(variant, N, b), k,
-            match_hashed=variant is Variant.FIXED_SYNC and case.sync_load,
-        )
+        start = variant_load_start(blocks, variant, N, b, k, case.sync_load)
         if asserts and variant is Variant.LEGACY and not N <= start * b:
             return fail(
                 AssertName.BOUNDARY, gi,
