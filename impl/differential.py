@@ -15,11 +15,9 @@ import torch
 from kvbound.spec import Case, LoadPlan, Variant, plan_load
 
 from .batch import KIND_CODES, batch_from_cases
-from .plan import ASSERT_CODES, ASSERTION_VALUE_FIELDS, plan_fields, plan_variants, to_load_plans
+from .plan import ASSERT_CODES, ASSERTION_VALUE_FIELDS, GROUP_FIELDS, plan_fields, plan_variants, to_load_plans
 
 _VALUE_KEYS = tuple(ASSERTION_VALUE_FIELDS)
-_GROUP_FIELDS = ("num_gpu_blocks", "first_fresh_gpu_block_idx", "load_start_gpu_block_idx",
-                 "num_pending_gpu_blocks", "start_chunk_idx", "end_chunk_idx")
 
 
 @dataclass
@@ -48,69 +46,113 @@ class DiffStats:
         key_dict[key] = key_dict.get(key, 0) + n
 
 
-def _spec_tensors(cases, plans, G: int):
-    """The spec's plans laid out as the impl's tensors: [R] outcome, [R, G] group fields
-    (with the reached mask), the flat dst ids, and the failing group's assertion values."""
-    R = len(cases)
-    failing = [-1] * R
-    code = [0] * R
-    at: list = []  # flat r * G + g of every reached group
-    cols: dict = {f: [] for f in _GROUP_FIELDS}
-    dst: list = []
-    values = []  # (row, group, key index, value)
-    for r, plan in enumerate(plans):
-        for gp in plan.groups:
-            at.append(r * G + gp.group_index)
-            for f in _GROUP_FIELDS:
-                cols[f].append(getattr(gp, f))
+@dataclass
+class SpecSide:
+    """The spec's plans of one batch under one variant, as flat lists (cheap to pickle
+    from a worker process): per request the failing group, its code and how many
+    groups were planned; per planned group, in order, the ``GROUP_FIELDS`` and its
+    destination block ids; the failing group's assertion values."""
+
+    variant: Variant
+    failing: list
+    code: list
+    reached: list
+    fields: list  # len(GROUP_FIELDS) ints per planned group
+    dst_count: list  # per planned group
+    dst: list
+    values: list  # (row, key index, value)
+    outcomes: dict  # "ok" | assertion name -> count
+
+
+def spec_side(cases, variant: Variant, asserts: bool = True) -> SpecSide:
+    """Run the spec on ``cases`` and flatten its plans (``plan_load``, per case, in Python)."""
+    variant = Variant(variant)
+    side = SpecSide(variant, [], [], [], [], [], [], [], {})
+    for r, case in enumerate(cases):
+        plan = plan_load(case, variant, asserts=asserts)
         a = plan.assertion
+        side.failing.append(-1 if a is None else a.group_index)
+        side.code.append(0 if a is None else ASSERT_CODES[a.name])
+        side.reached.append(len(plan.groups))
+        for gp in plan.groups:
+            side.fields += [getattr(gp, f) for f in GROUP_FIELDS]
+            side.dst_count.append(len(gp.dst_block_ids))
+            side.dst += gp.dst_block_ids
         if a is not None:
-            failing[r], code[r] = a.group_index, ASSERT_CODES[a.name]
-            values += [(r, a.group_index, _VALUE_KEYS.index(k), v) for k, v in a.values.items()]
-        else:
-            dst += [i for gp in plan.groups for i in gp.dst_block_ids]
-    at_t = torch.tensor(at, dtype=torch.int64)
-    reached = torch.zeros(R * G, dtype=torch.bool)
-    reached[at_t] = True
-    t = {}
-    for f, v in cols.items():
-        full = torch.zeros(R * G, dtype=torch.int64)
-        full[at_t] = torch.tensor(v, dtype=torch.int64)
-        t[f] = full.view(R, G)
-    return (torch.tensor(failing), torch.tensor(code), reached.view(R, G), t,
-            torch.tensor(dst, dtype=torch.int64), values)
+            side.values += [(r, _VALUE_KEYS.index(k), v) for k, v in a.values.items()]
+        key = "ok" if a is None else a.name.value
+        side.outcomes[key] = side.outcomes.get(key, 0) + 1
+    return side
 
 
-def mismatched_rows(batch, out, cases, plans) -> list[int]:
-    """Rows whose impl outputs differ from the spec's ``plans`` in any compared field
-    (what ``plan_fields`` compares: outcome, failing group and its values, every
-    reached group's fields and destination ids)."""
-    R, G, _ = batch.shape
-    failing, code, reached, cols, dst, values = _spec_tensors(cases, plans, G)
-    bad = (out.failing_group.cpu() != failing) | (out.request_code.cpu() != code)
-    bad |= (out.reached.cpu() != reached).any(1)
-    for f, want in cols.items():
-        got = getattr(out, f).cpu().to(torch.int64)
-        bad |= ((got != want) & reached).any(1)
-    if values:
-        v = torch.tensor(values, dtype=torch.int64)
-        stacked = torch.stack([out.value(k).cpu().to(torch.int64) for k in _VALUE_KEYS], -1)
-        got = stacked[v[:, 0], v[:, 1], v[:, 2]]
-        bad.index_put_((v[got != v[:, 3], 0],), torch.tensor(True), accumulate=False)
-    ok_rows = out.ok.cpu()
-    mask = out.dst_mask.cpu() & reached.unsqueeze(-1) & ok_rows.view(R, 1, 1)
-    got_dst = batch.block_id.cpu()[mask].to(torch.int64)
-    if got_dst.shape != dst.shape or bool((got_dst != dst).any()):
-        # the flat lists differ somewhere: compare row by row to say where
-        per_row = mask.sum((1, 2)).tolist()
-        want_rows = [sum(len(gp.dst_block_ids) for gp in p.groups) if p.ok else 0 for p in plans]
-        g_off = w_off = 0
-        for r in range(R):
-            if per_row[r] != want_rows[r] or got_dst[g_off:g_off + per_row[r]].tolist() != dst[w_off:w_off + want_rows[r]].tolist():
-                bad[r] = True
-            g_off += per_row[r]
-            w_off += want_rows[r]
+def mismatched_rows(batch, out, spec: SpecSide) -> list[int]:
+    """Rows whose impl outputs differ from the spec's in any compared field (what
+    ``plan_fields`` compares: outcome, failing group and its values, every planned
+    group's fields and destination ids). All in tensors, on the CPU."""
+    cells = out.cells
+    i64 = torch.int64
+    bad = out.failing_group.cpu() != torch.tensor(spec.failing, dtype=i64)
+    bad |= out.request_code.cpu() != torch.tensor(spec.code, dtype=i64)
+    reached = torch.tensor(spec.reached, dtype=i64)
+    impl_reached = torch.where(out.ok, cells.G, out.failing_group).cpu().clamp(max=cells.count.cpu())
+    bad |= impl_reached != reached
+    # the spec's planned groups as cells: request r's groups 0 .. reached[r] - 1
+    R = cells.R
+    n = int(reached.sum())
+    row = torch.repeat_interleave(torch.arange(R), reached, output_size=n)
+    first = torch.cumsum(reached, 0) - reached
+    gi = torch.arange(n) - first.index_select(0, row)
+    at = (cells.start.cpu().index_select(0, row) + gi).clamp(max=max(cells.size - 1, 0))
+    if n:
+        want = torch.tensor(spec.fields, dtype=i64).view(n, len(GROUP_FIELDS))
+        got = torch.stack([getattr(out, f).cpu().to(i64).index_select(0, at) for f in GROUP_FIELDS], -1)
+        bad.index_fill_(0, row[(got != want).any(-1)], True)
+        # destination ids of the same groups
+        of = torch.zeros(cells.size, dtype=torch.bool)
+        of[at] = True
+        ids, count = out.dst_block_ids(batch.block_id, of.to(batch.device))
+        ids, count = ids.cpu().to(i64), count.cpu().index_select(0, at)
+        want_count = torch.tensor(spec.dst_count, dtype=i64)
+        differ = count != want_count
+        bad.index_fill_(0, row[differ], True)
+        if not bool(differ.any()):
+            wrong = ids != torch.tensor(spec.dst, dtype=i64)
+            bad.index_fill_(0, torch.repeat_interleave(row, count)[wrong], True)
+        else:  # misaligned lists: compare group by group (only when something already differs)
+            got_ids, want_ids = ids.tolist(), spec.dst
+            g_off = w_off = 0
+            for j, (c, w) in enumerate(zip(count.tolist(), want_count.tolist())):
+                if c != w or got_ids[g_off:g_off + c] != want_ids[w_off:w_off + w]:
+                    bad[row[j]] = True
+                g_off, w_off = g_off + c, w_off + w
+    if spec.values:
+        v = torch.tensor(spec.values, dtype=i64)
+        fail = torch.tensor(spec.failing, dtype=i64).index_select(0, v[:, 0])
+        cell = (cells.start.cpu().index_select(0, v[:, 0]) + fail).clamp(max=max(cells.size - 1, 0))
+        stacked = torch.stack([out.value(k).cpu().to(i64) for k in _VALUE_KEYS], -1)
+        got = stacked[cell, v[:, 1]]
+        bad.index_fill_(0, v[got != v[:, 2], 0], True)
     return bad.nonzero().flatten().tolist()
+
+
+def record(stats: DiffStats, batch, out, spec: SpecSide, cases_of_rows) -> None:
+    """Count one variant's outcomes and groups, and turn every mismatched row into a
+    ``Disagreement`` (``cases_of_rows(rows)`` gives the ``Case`` views of just those rows)."""
+    v = spec.variant
+    stats.add(stats.checks, v, len(spec.failing))
+    for name, n in spec.outcomes.items():
+        stats.add(stats.outcomes, (v, name), n)
+    reached_kinds = out.cells.kind[out.reached].cpu()
+    counts = torch.bincount(reached_kinds.to(torch.int64), minlength=len(KIND_CODES)).tolist()
+    for kind, code in KIND_CODES.items():
+        stats.add(stats.groups, (v, kind), counts[code])
+    rows = mismatched_rows(batch, out, spec)
+    if rows:
+        cases = cases_of_rows(rows)
+        impl_plans = to_load_plans(batch, out, rows)
+        for case, ip in zip(cases, impl_plans):
+            sp = plan_load(case, v, asserts=out.asserts)
+            stats.disagreements.append(Disagreement(case, v, "spec", sp, ip, _what_differs(sp, ip)))
 
 
 def diff_against_spec(cases, variants=tuple(Variant), device=None, asserts: bool = True,
@@ -122,21 +164,7 @@ def diff_against_spec(cases, variants=tuple(Variant), device=None, asserts: bool
     outs = plan_variants(batch, variants, asserts=asserts, check=False)
     stats.cases += len(cases)
     for v, out in outs.items():
-        plans = [plan_load(c, v, asserts=asserts) for c in cases]
-        stats.add(stats.checks, v, len(cases))
-        for p in plans:
-            stats.add(stats.outcomes, (v, "ok" if p.ok else p.assertion.name.value))
-        kinds = batch.kind.cpu()
-        reached = out.reached.cpu()
-        for kind, code in KIND_CODES.items():
-            stats.add(stats.groups, (v, kind), int((reached & (kinds == code)).sum()))
-        rows = mismatched_rows(batch, out, cases, plans)
-        if rows:
-            impl_plans = to_load_plans(batch, out, rows)
-            for r, ip in zip(rows, impl_plans):
-                stats.disagreements.append(
-                    Disagreement(cases[r], v, "spec", plans[r], ip, _what_differs(plans[r], ip))
-                )
+        record(stats, batch, out, spec_side(cases, v, asserts), lambda rows: [cases[r] for r in rows])
     return stats
 
 
