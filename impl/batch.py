@@ -8,6 +8,7 @@ as case files.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -223,42 +224,80 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
     )
 
 
-def cases_from_batch(batch: PlanBatch, rows=None) -> list[Case]:
-    """Back to spec ``Case``s (validated on construction), e.g. to save as case files."""
-    batch.check_values()
-    rows = range(batch.shape[0]) if rows is None else rows
-    t = {k: v.cpu().tolist() for k, v in batch.tensors().items()}
-    out = []
-    for r in rows:
-        groups = []
-        for g in range(t["num_groups"][r]):
-            kind = _KINDS[t["kind"][r][g]]
-            w = t["window_tokens"][r][g]
-            blocks = tuple(
-                Block(_STATES[s], i)
-                for s, i in zip(t["state"][r][g][: t["table_length"][r][g]], t["block_id"][r][g])
-            )
-            groups.append(
-                Group(
-                    GroupConfig(
-                        kind,
-                        t["tokens_per_block"][r][g],
-                        sliding_window=w if kind is GroupKind.SLIDING_WINDOW else None,
-                        attention_chunk_size=w if kind is GroupKind.CHUNKED_LOCAL else None,
-                    ),
-                    blocks,
-                )
-            )
-        out.append(
-            Case(
-                name=batch.names[r] if batch.names else f"batch-{r}",
-                blocks_per_chunk=t["blocks_per_chunk"][r],
-                tokens_per_hash=t["tokens_per_hash"][r],
-                num_prompt_tokens=t["num_prompt_tokens"][r],
-                num_locally_computed_tokens=t["num_locally_computed_tokens"][r],
-                num_external_tokens=t["num_external_tokens"][r],
-                groups=tuple(groups),
-                sync_load=bool(t["sync_load"][r]),
-            )
+class _BlockCache(dict):
+    """block id * 4 + state code -> Block: blocks are immutable, so rows share them
+    (and ``map(_BLOCKS.__getitem__, codes)`` runs without a Python frame per block)."""
+
+    def __missing__(self, code: int) -> Block:
+        blk = self[code] = Block(_STATES[code & 3], code >> 2)
+        return blk
+
+
+_BLOCKS = _BlockCache()
+_CONFIGS: dict = {}  # (kind code, tokens_per_block, window) -> GroupConfig
+
+
+def _config(kind_code: int, b: int, w: int) -> GroupConfig:
+    cfg = _CONFIGS.get((kind_code, b, w))
+    if cfg is None:
+        kind = _KINDS[kind_code]
+        cfg = _CONFIGS[(kind_code, b, w)] = GroupConfig(
+            kind, b,
+            sliding_window=w if kind is GroupKind.SLIDING_WINDOW else None,
+            attention_chunk_size=w if kind is GroupKind.CHUNKED_LOCAL else None,
         )
+    return cfg
+
+
+def _trusted_case(**fields) -> Case:
+    """A ``Case`` without re-running ``validate_case``: only for rows of a batch whose
+    values were checked (``check_values``) or that a generator built by the rules."""
+    case = object.__new__(Case)
+    for k, v in fields.items():
+        object.__setattr__(case, k, v)
+    return case
+
+
+def cases_from_batch(batch: PlanBatch, rows=None, validate: bool = True) -> list[Case]:
+    """Back to spec ``Case``s, e.g. to run the spec or save case files. ``validate``
+    checks the tensors and builds every ``Case`` through its validating constructor;
+    ``validate=False`` (trusted rows: generated, or checked before) skips both, which
+    is what lets the spec side of a million-case run keep up."""
+    if validate:
+        batch.check_values()
+    R = batch.shape[0]
+    rows = list(range(R)) if rows is None else list(rows)
+    idx = torch.as_tensor(rows, dtype=torch.int64, device=batch.device)
+    t = {k: v.index_select(0, idx).cpu().tolist() for k, v in batch.tensors().items() if v.dim() < 3}
+    # only the slots inside each table, as one flat list of block id * 4 + state
+    length = batch.table_length.index_select(0, idx)
+    inside = torch.arange(batch.shape[2], device=batch.device) < length.unsqueeze(-1)
+    codes = (batch.block_id.index_select(0, idx).to(torch.int64) * 4 + batch.state.index_select(0, idx))[inside]
+    blocks_flat = list(map(_BLOCKS.__getitem__, codes.cpu().tolist()))
+    build = Case if validate else _trusted_case
+    out = []
+    at = 0
+    gc_was = gc.isenabled()
+    gc.disable()  # many small objects, none cyclic: the collector would only rescan them
+    for j, r in enumerate(rows):
+        groups = []
+        lengths = t["table_length"][j]
+        for g in range(t["num_groups"][j]):
+            n = lengths[g]
+            groups.append(Group(_config(t["kind"][j][g], t["tokens_per_block"][j][g], t["window_tokens"][j][g]),
+                                tuple(blocks_flat[at:at + n])))
+            at += n
+        at += sum(lengths[t["num_groups"][j]:])  # padded groups hold no slots, but count them if they did
+        out.append(build(
+            name=batch.names[r] if batch.names else f"batch-{r}",
+            blocks_per_chunk=t["blocks_per_chunk"][j],
+            tokens_per_hash=t["tokens_per_hash"][j],
+            num_prompt_tokens=t["num_prompt_tokens"][j],
+            num_locally_computed_tokens=t["num_locally_computed_tokens"][j],
+            num_external_tokens=t["num_external_tokens"][j],
+            groups=tuple(groups),
+            sync_load=bool(t["sync_load"][j]),
+        ))
+    if gc_was:
+        gc.enable()
     return out

@@ -26,7 +26,7 @@ from kvbound.impl import (
 )
 from kvbound.impl import plan as impl_plan
 from kvbound.impl.batch import STATE_H
-from kvbound.spec import AssertName, Variant, load_case_paths, load_cases, plan_load
+from kvbound.spec import AssertName, Variant, case_to_dict, load_case_paths, load_cases, plan_load
 from kvbound.spec.strategies import cases, random_cases
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,3 +206,72 @@ def test_diff_command_reports_saves_and_fails(monkeypatch, tmp_path, capsys):
 def test_diff_command_bad_input(capsys):
     assert main(["diff", "--cases", "5", "--against", "spec,oracle"]) == 2
     assert "oracle" in capsys.readouterr().err
+
+
+# --- generation in tensors, the exhaustive scope, the spec in worker processes -------
+
+def test_tensor_generator_builds_valid_cases_that_agree():
+    from kvbound.impl.generate import generate_batch
+
+    gb = generate_batch(3000, seed=5)
+    again = generate_batch(3000, seed=5)
+    assert all(torch.equal(a, b) for a, b in zip(gb.batch.tensors().values(), again.batch.tensors().values()))
+    other = generate_batch(3000, seed=5, first=3000)
+    assert not torch.equal(gb.batch.num_locally_computed_tokens, other.batch.num_locally_computed_tokens)
+    cs = gb.cases()  # validating constructor: a generated row is a well-formed Case
+    assert cs == gb.cases(validate=False)
+    assert gb.family_counts() == {"realistic": 1000, "recurrent_state": 1000, "adversarial": 1000}
+    assert {c.name.rsplit("-", 1)[-1] for c in cs if c.name.startswith("adversarial")} >= {"unaligned_n", "wide_hit"}
+    stats = _agree_all(cs)
+    seen = {name for (_, name) in stats.outcomes}
+    assert seen >= {"ok", "table_length", "boundary", "alignment", "window_bound", "keys_length"}
+    # the PR's shape: a recurrent_state case has an unhashed Mamba block below f
+    rec = [c for c in cs if c.name.startswith("recurrent_state")]
+    assert all(any(g.config.kind.value == "mamba" for g in c.groups) for c in rec)
+
+
+def test_exhaustive_scope_enumerates_every_case_once():
+    from kvbound.impl.exhaustive import Scope, ScopeError, scope_chunks
+
+    scope = Scope.parse("groups=2,len=1,bpc=1,prompt=0,sync=0")
+    chunks = list(scope_chunks(scope, chunk=700))
+    cases = [c for ch in chunks for c in ch.cases()]
+    assert len(cases) == scope.size == (4 * 4 + (4 * 4) ** 2) * len(scope.token_pairs(4))
+    keys = {json.dumps(dict(case_to_dict(c), name=None), sort_keys=True) for c in cases}
+    assert len(keys) == scope.size  # no case twice
+    _agree_all(cases)
+    with pytest.raises(ScopeError, match="unknown key 'lenght'"):
+        Scope.parse("lenght=3")
+
+
+def test_spec_in_worker_processes_gives_the_same_counts():
+    from kvbound.impl import run_differential
+    from kvbound.impl.generate import generate_batch
+
+    def chunks():
+        return (generate_batch(400, seed=2, first=i) for i in (0, 400, 800))
+
+    inline, _ = run_differential(chunks(), workers=0)
+    pooled, tm = run_differential(chunks(), workers=1)
+    assert inline.cases == pooled.cases == 1200 and not pooled.disagreements
+    assert inline.outcomes == pooled.outcomes and inline.groups == pooled.groups
+    assert tm.spec_cpu > 0
+
+
+def test_workers_report_a_broken_impl(monkeypatch, tmp_path):
+    _broken_scan(monkeypatch)  # the impl runs in this process; the spec in the workers
+    out_json = tmp_path / "d.json"
+    assert main(["diff", "--cases", "300", "--seed", "1", "--against", "spec", "--workers", "1", "--no-save",
+                 "--json", str(out_json)]) == 1
+    rep = json.loads(out_json.read_text())
+    assert rep["variants"]["fixed"]["disagreements"] > 0 and rep["variants"]["legacy"]["disagreements"] == 0
+
+
+def test_diff_exhaustive_command(tmp_path, capsys):
+    out_json = tmp_path / "e.json"
+    assert main(["diff", "--exhaustive", "len=2,bpc=1,sync=0", "--against", "spec", "--workers", "0",
+                 "--json", str(out_json)]) == 0
+    rep = json.loads(out_json.read_text())
+    assert rep["exhaustive"]["cases"] == rep["cases"] > 1000 and rep["result"] == "agree"
+    assert main(["diff", "--exhaustive", "groups=x"]) == 2
+    assert "groups" in capsys.readouterr().err
