@@ -11,6 +11,8 @@ import json
 import re
 from pathlib import Path
 
+from kvbound.errors import CaseError
+
 from .vocab import NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind
 
 CASE_FIELDS = (
@@ -22,12 +24,6 @@ _WINDOW_FIELD = {GroupKind.SLIDING_WINDOW: "sliding_window", GroupKind.CHUNKED_L
 _TOKEN = re.compile(r"^([HU])([1-9][0-9]*)$")
 
 
-class CaseError(ValueError):
-    """A malformed or impossible case: which case, which field, which rule."""
-
-    def __init__(self, case: str, field: str, rule: str):
-        self.case, self.field, self.rule = case, field, rule
-        super().__init__(f"case {case!r}: {field}: {rule}")
 
 
 def parse_block(token: object, case: str = "?", field: str = "block") -> Block:

@@ -1,16 +1,16 @@
-"""Which spec variant a vLLM release runs (FACTS.md, release by release)."""
+"""Which spec variant a vLLM release runs (docs/vllm-semantics.md#load-start-scan, #asserts)."""
 
 from __future__ import annotations
 
 import re
+
+from kvbound.errors import UnsupportedVersion
 
 from .vocab import LATEST_ASSERTS, ReleaseAsserts, Variant
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 
-class UnsupportedVersion(ValueError):
-    pass
 
 
 def parse_version(version: str) -> tuple[int, int, int]:

@@ -99,7 +99,7 @@ FACTS_CASE = {
 def test_check_plan_forces_vllms_hand_built_case():
     case = case_from_dict(FACTS_CASE)
     plan = plan_load(case, Variant.FIXED).to_json(case.name)
-    assert plan["dst_block_ids"] == [32, 42]  # FACTS.md
+    assert plan["dst_block_ids"] == [32, 42]  # docs/vllm-semantics.md#hand-built-cases
     assert check_plan(case, Variant.FIXED, plan).verdict == "forced"
     legacy = plan_load(case, Variant.LEGACY).to_json(case.name)
     assert legacy["assertion"] == "boundary"

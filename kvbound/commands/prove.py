@@ -13,6 +13,7 @@ import time
 import xml.etree.ElementTree as ET
 
 from kvbound.draw import draw_case
+from kvbound.errors import UsageError
 from kvbound.spec import case_to_dict
 
 
@@ -36,7 +37,6 @@ def register(sub):
 
 
 def run(args) -> int:
-    from kvbound.cli import UsageError
     from kvbound.proofs import OBLIGATIONS, run_all, solve_plan
 
     if args.list:
