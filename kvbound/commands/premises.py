@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import sys
 
+from kvbound.errors import UsageError
+
 
 def register(sub):
     p = sub.add_parser(
@@ -31,7 +33,6 @@ def register(sub):
 
 
 def run(args) -> int:
-    from kvbound.cli import UsageError
     from kvbound.proofs.premises import BY_ID, PREMISES, evaluate
     from kvbound.spec import load_case_paths
 
