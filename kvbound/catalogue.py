@@ -32,16 +32,23 @@ Each entry below is one proof obligation of `kvbound prove`: what it claims in w
 mathematics, the premise it rests on, the verdict Z3 reaches, and — for a refutation — the
 witness Z3 found, drawn as block tables and replayed through the executable spec.
 
-* **proved**: Z3 found `premises ∧ ¬claim` unsatisfiable over unbounded integers and symbolic
-  tables, and the premises alone are satisfiable (the proof is not vacuous).
+* **proved**: Z3 found `premises ∧ ¬claim` unsatisfiable within the obligation's declared
+  bound, and the premises alone are satisfiable (the proof is not vacuous).
+* **Bound**, per obligation and per dimension: `groups` (KV-cache groups in one formula),
+  `table` (blocks per table: `any` = a symbolic table of every length, `≤L` = tables of up to L
+  blocks, `—` = no table), `sizes` (tokens_per_block, blocks_per_chunk, N, M: `unbounded` =
+  every value an unbounded Z3 integer).
 * **refuted**: Z3 found a model; it is turned into a case file and the spec must reproduce the
   failure. A refuted obligation documents a premise that matters: drop it and this breaks.
 * Notation, as in vLLM: `N` = num_locally_computed_tokens, `M` = num_external_tokens,
   `T = N + M`, `b` = tokens_per_block, `bpc` = blocks_per_chunk, `tpc = b·bpc`,
   `f = cdiv(N, b)` the first fresh block, `k = cdiv(T, b)` the end of the load region,
   `start` = load_start_gpu_block_idx, `pending = k − start`, `P(i)` the scan's test on block i
-  (non-null, and unhashed unless a 0.33 sync load). Groups are planned independently, so each
-  obligation is stated for one group.
+  (non-null, and unhashed unless a 0.33 sync load). An obligation bounded to one group says so;
+  the hybrid obligations state several groups in one formula.
+* **Premises** are named objects (`kvbound.proofs.premises`), each with its Z3 term and an
+  executable predicate (`kvbound premises CASE...`), and the vLLM source lines it was read from;
+  they are listed at the end of this page.
 
 Witness drawings: """ + LEGEND.replace("legend  ", "") + """; `^` marks f, k and
 each variant's load start, `~` the load region.
@@ -70,7 +77,8 @@ def entry(result) -> str:
         "",
         f"* {'Holds because' if proved else 'Premise at stake'}: {o.premise}.",
         f"* Verdict: {verdict}; expected {o.expected}.",
-        f"* Bound: {o.bound or 'none — every size is an unbounded Z3 integer, every table symbolic'}.",
+        f"* Bound: {o.bound.text()}" + (f" — {o.bound.why}." if o.bound.why else "."),
+        *([f"* Premises: {', '.join(f'[`{p}`](#premise-{p})' for p in o.premises)}."] if o.premises else []),
     ]
     if proved and o.mutable:
         lines.append("* Used by the mutation check: a mutant of the scan or plan should refute it.")
@@ -92,13 +100,29 @@ def entry(result) -> str:
     return "\n".join(lines)
 
 
+def premises_section() -> str:
+    from kvbound.proofs.premises import PREMISES
+
+    out = ["# Premises", "",
+           "What the obligations assume about the inputs, each read from vLLM's source. Every premise is "
+           "checked on concrete calls by `kvbound premises CASE...` (cases captured from a running vLLM "
+           "included) with the predicate beside its Z3 term."]
+    for p in PREMISES:
+        kinds = "every kind" if len(p.kinds) == 4 else ", ".join(sorted(k.value for k in p.kinds))
+        out += ["", f"<a id=\"premise-{p.id}\"></a>", f"## premise `{p.id}` ({kinds})", "", p.statement, "",
+                "```text", p.math, "```", "", "Read from:", "", *[f"* {src}" for src in p.sources]]
+    return "\n".join(out)
+
+
 def render(results) -> str:
-    head = ["| obligation | verdict | statement | premise |", "|---|---|---|---|"]
+    head = ["| obligation | verdict | bound | statement | premise |", "|---|---|---|---|---|"]
     for r in results:
         o = r.obligation
         mark = r.verdict if r.verdict == o.expected else f"{r.verdict} (expected {o.expected})"
-        head.append(f"| [`{o.id}`](#{_anchor(o.id)}) | {mark} | {o.statement.replace('|', '∣')} | {o.premise} |")
-    return "\n\n".join([GENERATED, INTRO, "\n".join(head)] + [entry(r) for r in results]) + "\n"
+        head.append(f"| [`{o.id}`](#{_anchor(o.id)}) | {mark} | {o.bound.text()} | "
+                    f"{o.statement.replace('|', '∣')} | {o.premise} |")
+    return "\n\n".join([GENERATED, INTRO, "\n".join(head)] + [entry(r) for r in results]
+                       + [premises_section()]) + "\n"
 
 
 def generate(timeout_ms: int = 20000) -> str:
