@@ -29,6 +29,7 @@ from kvbound.spec import (
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
 EXAMPLES = ROOT / "examples"
+V2 = ROOT / "tests" / "cases_v2"  # the v2 examples; they move to examples/ once impl and proofs model v2
 # the example files of case format v1, in the order `kvbound plan examples/` read them
 V1_EXAMPLES = (
     "chunked_local.json", "facts_fa_mamba_run.json", "full_attention.json", "mamba_align.json", "pr_case.json",
@@ -79,7 +80,7 @@ def test_v1_example_files_kvbound_plan_byte_identical():
 # --- issue 9's three inputs ---------------------------------------------------------------
 
 def plan_json(name, version):
-    (case,) = load_cases(EXAMPLES / name)
+    (case,) = load_cases(V2 / name)
     return plan_for_version(case, version).to_json(case.name)
 
 
@@ -104,7 +105,7 @@ def test_partial_tail_of_a_10_token_prompt_loads_through_boundary_keys(version):
 def test_retained_window_mtp_is_ok_from_0_31_and_window_bound_before():
     assert plan_json("retained_window_mtp.json", "0.33.0")["outcome"] == "ok"
     assert plan_json("retained_window_mtp.json", "0.31.0")["outcome"] == "ok"
-    (case,) = load_cases(EXAMPLES / "retained_window_mtp.json")
+    (case,) = load_cases(V2 / "retained_window_mtp.json")
     p = plan_for_version(case, "0.29.0")
     assert p.assertion.name is AssertName.WINDOW_BOUND and p.assertion.group_index == 1
     assert p.assertion.values["sliding_window_size_in_chunks"] == 1  # 0.28-0.30 ignore the retained tokens
@@ -113,14 +114,14 @@ def test_retained_window_mtp_is_ok_from_0_31_and_window_bound_before():
 
 def test_v1_partial_tail_cases_gave_keys_length():
     """Without the boundary the 45-token case dies on keys_length: the v1 answer the issue reports."""
-    (case,) = load_cases(EXAMPLES / "partial_tail_fa_mamba.json")
+    (case,) = load_cases(V2 / "partial_tail_fa_mamba.json")
     v1 = case_from_dict({k: v for k, v in case_to_dict(case).items() if k != "partial_tail_boundary"})
     assert plan_for_version(v1, "0.33.0").assertion.name is AssertName.KEYS_LENGTH
 
 
 # --- release semantics --------------------------------------------------------------------
 
-TAIL = json.loads((EXAMPLES / "partial_tail_fa_mamba.json").read_text())
+TAIL = json.loads((V2 / "partial_tail_fa_mamba.json").read_text())
 
 
 def v2(**edits):
@@ -224,7 +225,7 @@ def test_bad_v2_input_names_case_field_rule(edits, field, rule):
 
 
 def test_bad_sliding_window_retained_and_eagle_hash():
-    sw = json.loads((EXAMPLES / "retained_window_mtp.json").read_text())
+    sw = json.loads((V2 / "retained_window_mtp.json").read_text())
     sw["groups"][1]["extra_retained_tokens"] = -1
     with pytest.raises(CaseError, match=r"groups\[1\].extra_retained_tokens: must be non-negative"):
         case_from_dict(sw)
