@@ -1,6 +1,10 @@
 """kvbound.spec: the vocabulary and the executable reference of vLLM's load plan.
 
-Imports nothing from the other layers (proofs, impl and the tool import it).
+Directory ``spec/`` at the repository top, installed as ``kvbound.spec``: layer 0, the
+reference the three relations check against (docs/architecture.md).
+
+Imports nothing from the other layers (proofs, impl and the tool import it); its errors
+are ``kvbound.errors``, the leaf every layer shares.
 """
 
 from .cases import (

@@ -11,6 +11,8 @@ import json
 import re
 from pathlib import Path
 
+from kvbound.errors import CaseError
+
 from .vocab import MAMBA_CACHE_MODES, NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind
 
 CASE_FIELDS = (
@@ -27,12 +29,6 @@ _KIND_ONLY = {"extra_retained_tokens": GroupKind.SLIDING_WINDOW, "mamba_cache_mo
 _TOKEN = re.compile(r"^([HU])([1-9][0-9]*)$")
 
 
-class CaseError(ValueError):
-    """A malformed or impossible case: which case, which field, which rule."""
-
-    def __init__(self, case: str, field: str, rule: str):
-        self.case, self.field, self.rule = case, field, rule
-        super().__init__(f"case {case!r}: {field}: {rule}")
 
 
 def parse_block(token: object, case: str = "?", field: str = "block") -> Block:

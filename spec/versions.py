@@ -10,13 +10,11 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+from kvbound.errors import UnsupportedVersion
+
 from .vocab import Case, ReleaseFeatures, Variant
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
-
-
-class UnsupportedVersion(ValueError):
-    pass
 
 
 _L, _F, _S = Variant.LEGACY, Variant.FIXED, Variant.FIXED_SYNC
