@@ -14,13 +14,14 @@ from typing import Callable
 import z3
 
 from kvbound.spec import AssertName, GroupKind, Variant, plan_load
+from kvbound.spec.verdicts import Verdict
 
 from .encoding import HSH, NUL, UNH, Knobs, knobs_for
 from .terms import AND, FLOORDIV, IF, NOT, OR
 from .alignment import MAX_GROUPS, AlignWorld
 from .world import World
 
-PROVED, REFUTED = "proved", "refuted"
+PROVED, REFUTED = Verdict.PROVED, Verdict.REFUTED
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Obligation:
     statement: str  # English, for the report and the docs
     math: str  # the claim as a formula, for the invariant catalogue
     premise: str  # the premise that makes it hold (or whose absence the witness shows)
-    expected: str  # PROVED or REFUTED
+    expected: Verdict  # PROVED or REFUTED
     build: Callable  # (knobs) -> Problem
     knobs: Knobs = Knobs()  # the code it is about; mutants perturb these
     reproduce: Callable | None = None  # (Case) -> str | None: None when the spec shows the failure

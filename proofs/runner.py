@@ -11,19 +11,21 @@ from dataclasses import dataclass, replace
 
 import z3
 
+from kvbound.spec.verdicts import Verdict
+
 from .encoding import Knobs
 from .obligations import OBLIGATIONS, PROVED, REFUTED, Obligation, problem
 from .symbolic import SEED
 from .terms import NOT, as_bool
 from .world import expanded
 
-UNKNOWN = "unknown"
+UNKNOWN = Verdict.UNKNOWN
 
 
 @dataclass
 class Result:
     obligation: Obligation
-    verdict: str  # proved | refuted | unknown
+    verdict: Verdict  # PROOF_VERDICTS
     seconds: float
     witness: object = None  # a spec Case, for a refutation
     vacuity: str = ""  # proved: "premises satisfiable" or why not
