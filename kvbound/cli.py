@@ -16,7 +16,7 @@ from kvbound.spec import CaseError, UnsupportedVersion
 
 # Each name is a module kvbound.commands.<name> with register(subparsers) -> parser
 # (which sets ``func``); order is the order ``kvbound --help`` lists them.
-COMMANDS = ["plan", "explain", "prove", "report", "catalogue", "conform", "diff", "bench"]
+COMMANDS = ["plan", "explain", "prove", "report", "catalogue", "conform", "diff", "bench", "trace"]
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
 
