@@ -11,7 +11,6 @@ import pytest
 from kvbound.cli import main
 from kvbound.conform.prepare import is_prepared, prepare_release
 from kvbound.spec import case_from_dict
-from kvbound.trace import premises as P
 from kvbound.trace import runner as R
 from kvbound.trace import shrink as S
 from kvbound.trace import tracefile as TF
@@ -44,42 +43,7 @@ def test_truncate_keeps_a_prefix():
     assert prompt_len(truncate(p, 100)) == 22
 
 
-# --- premises: each holds on an allocator-shaped table and fails on a planted one -----
-
-def _case(groups, N, M, prompt=None, tph=16, bpc=1, sync=False):
-    return case_from_dict({"name": "t", "blocks_per_chunk": bpc, "tokens_per_hash": tph,
-                           "num_prompt_tokens": prompt if prompt is not None else N + M + 1,
-                           "num_locally_computed_tokens": N, "num_external_tokens": M,
-                           "sync_load": sync, "groups": groups})
-
-
 FA = lambda blocks: {"kind": "full_attention", "tokens_per_block": 16, "blocks": blocks}  # noqa: E731
-MB = lambda blocks: {"kind": "mamba", "tokens_per_block": 16, "blocks": blocks}  # noqa: E731
-SW = lambda blocks: {"kind": "sliding_window", "tokens_per_block": 16, "sliding_window": 32, "blocks": blocks}  # noqa: E731
-
-
-def test_premises_hold_on_allocator_shaped_tables():
-    good = _case([FA(["H1", "H2", "U3", "U4"]), MB(["N", "N", "N", "U5"]), SW(["N", "H6", "U7", "U8"])], 32, 32)
-    assert P.evaluate(good) == []
-
-
-@pytest.mark.parametrize("premise,groups,N,M,prompt", [
-    ("table-length", [FA(["H1", "H2", "U3"])], 32, 32, None),
-    ("aligned", [FA(["H1", "U3", "U4"])], 20, 28, None),
-    ("fresh-after-nulls", [FA(["H1", "H2", "H3", "U4"])], 32, 32, None),
-    ("computed-hashed", [FA(["H1", "U2", "U3", "U4"])], 32, 32, None),
-    ("no-unhashed-below-f", [FA(["H1", "H2", "U3", "U4"]), SW(["U9", "H6", "U7", "U8"])], 32, 32, None),
-    ("mamba-one-block", [MB(["N", "N", "U4", "U5"])], 32, 32, None),
-    ("keys-cover", [FA(["H1", "H2", "U3", "U4"])], 32, 32, 40),
-])
-def test_each_premise_fails_on_a_planted_table(premise, groups, N, M, prompt):
-    got = {v.premise for v in P.evaluate(_case(groups, N, M, prompt))}
-    assert premise in got
-
-
-def test_premises_cite_vllm_lines():
-    for p in P.PREMISES:
-        assert p.sources and all("0.33.0" in s or "0.29.0" in s for s in p.sources), p.id
 
 
 # --- the host-side checks on a worker result ------------------------------------------

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from kvbound.cli import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
-from kvbound.conform.prepare import PrepareError, ReleaseEnv, deps_venv, prepare_release
+from kvbound.conform.prepare import ReleaseEnv, deps_venv, prepare_release
+from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, PrepareError, UsageError
 from kvbound.spec import case_from_dict, plan_for_version, variant_for_version
 
 

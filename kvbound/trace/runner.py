@@ -17,10 +17,11 @@ from pathlib import Path
 
 from kvbound.conform.compare import AGREE, DISAGREE, judge
 from kvbound.conform.prepare import ReleaseEnv
-from kvbound.conform.runner import Worker, WorkerError
+from kvbound.conform.runner import Worker
+from kvbound.errors import KvboundError, WorkerError
+from kvbound.proofs.premises import evaluate as evaluate_premises
 from kvbound.spec import case_from_dict
 
-from . import premises as premise_mod
 from .layouts import ENGINE, LAYOUTS
 from .workload import workload
 
@@ -30,8 +31,12 @@ STAT_KEYS = ("requests", "steps", "lookups", "loads", "partial_hits", "partial_t
              "preemptions", "aborts")
 
 
-class TraceError(RuntimeError):
-    """The harness (not vLLM) failed: the message says where."""
+# Premises about whole-chunk hits, which a 0.33 partial-tail hit does not claim.
+WHOLE_CHUNK_PREMISES = ("keys-cover-hit", "hit-a-chunk")
+
+
+class TraceError(KvboundError, RuntimeError):
+    """The harness (not vLLM) failed: the message says where (exit 2)."""
 
 
 class TraceWorker(Worker):
@@ -131,11 +136,13 @@ def check_result(release: str, layout_name: str, job: dict, res: dict) -> tuple[
                                       "step": c.get("step"), "lookup": c.get("lookup")}, c["case"])
         else:
             tally["undriven"] += 1
-        for v in premise_mod.evaluate(case):
-            if v.premise == "keys-cover" and c.get("partial_tail_boundary") is not None:
+        for v in evaluate_premises(case):
+            if v.holds:
+                continue
+            if v.premise.id in WHOLE_CHUNK_PREMISES and c.get("partial_tail_boundary") is not None:
                 continue  # a partial tail: the last, partial chunk is keyed by its boundary hash
-            add("premise:" + v.premise, {"group_index": v.group_index, "detail": v.detail,
-                                         "step": c.get("step")}, c["case"])
+            add("premise:" + v.premise.id, {"group_index": v.group_index, "detail": v.detail,
+                                            "step": c.get("step")}, c["case"])
     return out, tally
 
 
