@@ -339,12 +339,13 @@ def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
     import z3
 
     from .encoding import STATE_CODE
+    from .options import PREMISE, is_sat
     from .world import World, expanded
 
     g = case.groups[gi]
     with expanded(len(g.blocks)):
         w = World(g.config.kind)
-    s = z3.Solver()
+    s = PREMISE.solver()
     s.add(w.N == case.num_locally_computed_tokens, w.M == case.num_external_tokens,
           w.b == g.config.tokens_per_block, w.bpc == case.blocks_per_chunk,
           w.num_keys == case.num_offload_keys(gi), w.sync_load == case.sync_load)
@@ -354,7 +355,7 @@ def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
         s.add(w.span == (g.config.sliding_window or g.config.attention_chunk_size),
               w.extra == (getattr(g.config, "extra_retained_tokens", 0) or 0))
     s.add(z3.BoolVal(True) if p.term(w) is True else p.term(w))
-    return s.check() == z3.sat
+    return is_sat(s)
 
 
 def when_kind(kind_term, kind_codes, formula):

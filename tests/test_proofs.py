@@ -13,16 +13,17 @@ from kvbound.proofs import (
     MUTANTS, OBLIGATIONS, PROVED, REFUTED, UNKNOWN, check_plan, run_obligation, solve_plan, witness_cases,
 )
 from kvbound.proofs.encoding import Knobs, knobs_for
+from kvbound.proofs.options import CATALOGUE
 from kvbound.proofs.runner import Report, Result, run_mutants_one
 from kvbound.spec import GroupKind, Variant, case_from_dict, plan_load
 from kvbound.spec.strategies import random_cases
 
-TIMEOUT_MS = 20000
+OPTIONS = CATALOGUE  # the generous budget: a loaded CI machine must not turn a proof unknown
 
 
 @pytest.mark.parametrize("ob", OBLIGATIONS, ids=[o.id for o in OBLIGATIONS])
 def test_obligation_meets_expected_verdict(ob):
-    r = run_obligation(ob, TIMEOUT_MS)
+    r = run_obligation(ob, OPTIONS)
     assert r.verdict == ob.expected, (r.verdict, r.detail)
     if ob.expected == PROVED:
         assert r.vacuity == "premises satisfiable"
@@ -46,24 +47,24 @@ def test_obligations_are_declarative_and_documented():
 def test_a_witness_the_spec_does_not_reproduce_fails_the_obligation():
     """Faithfulness is checked, not assumed: replay a witness against the wrong claim."""
     ob = next(o for o in OBLIGATIONS if o.id == "legacy-refuted")
-    r = run_obligation(ob, TIMEOUT_MS)
+    r = run_obligation(ob, OPTIONS)
     fixed_only = plan_load(r.witness, Variant.FIXED)
     assert fixed_only.ok  # the fixed code survives the same witness, so a replay against it must fail
     import dataclasses
 
     wrong = dataclasses.replace(ob, reproduce=lambda case: None if not plan_load(case, Variant.FIXED).ok else "ok")
-    r2 = run_obligation(wrong, TIMEOUT_MS)
+    r2 = run_obligation(wrong, OPTIONS)
     assert not r2.met
 
 
 def test_every_mutant_is_killed():
-    killed = {m: run_mutants_one(m, TIMEOUT_MS) for m in MUTANTS}
+    killed = {m: run_mutants_one(m, OPTIONS) for m in MUTANTS}
     assert all(killed.values()), [m for m, k in killed.items() if k is None]
 
 
 @pytest.fixture(scope="module")
 def witnesses():
-    return witness_cases(TIMEOUT_MS)
+    return witness_cases(OPTIONS)
 
 
 def test_witness_cases_replay_on_the_spec(witnesses):
@@ -247,3 +248,26 @@ def test_premises_command(tmp_path, capsys):
     assert "single_type_kv_cache_manager.py:1971" in capsys.readouterr().out
     assert main(["premises", str(good), "--only", "no-such"]) == 2
     assert "no-such" in capsys.readouterr().err
+
+
+def test_solver_options_own_the_timeout_and_unknown_is_never_an_answer():
+    import z3
+
+    from kvbound.errors import SolverUnknown
+    from kvbound.proofs.options import PROVE, is_sat
+
+    assert PROVE.with_timeout(0.25).timeout_ms == 250
+
+    class GaveUp:  # what a solver past its timeout answers
+        def check(self, *assumptions):
+            return z3.unknown
+
+        def reason_unknown(self):
+            return "timeout"
+
+    with pytest.raises(SolverUnknown, match=r"unknown \(timeout\)"):
+        is_sat(GaveUp())
+    x = z3.Int("x")
+    s = PROVE.solver()
+    s.add(x > 1)
+    assert is_sat(s) and not is_sat(s, x < 0)

@@ -27,7 +27,8 @@ def register(sub):
         "spec, and kill the seeded mutants.",
     )
     p.add_argument("--only", nargs="+", metavar="ID", help="run only these obligations (mutants are skipped)")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per solver call, seconds (default 10)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="per solver call, seconds (default: kvbound.proofs.options.PROVE's)")
     p.add_argument("--jobs", type=int, default=2, metavar="N", help="worker processes (default 2)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report (one test per obligation)")
@@ -38,18 +39,20 @@ def register(sub):
 
 def run(args) -> int:
     from kvbound.proofs import OBLIGATIONS, run_all, solve_plan
+    from kvbound.proofs.options import PROVE
 
     if args.list:
         for o in OBLIGATIONS:
             print(f"{o.id:40s} {o.expected:8s} {o.statement}")
         return 0
-    if args.timeout <= 0:
+    if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout must be positive seconds, got {args.timeout}")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     t0 = time.perf_counter()
     try:
-        report = run_all(args.only, timeout_ms=int(args.timeout * 1000), mutants=not args.only, jobs=args.jobs)
+        options = PROVE if args.timeout is None else PROVE.with_timeout(args.timeout)
+        report = run_all(args.only, options, mutants=not args.only, jobs=args.jobs)
     except KeyError as e:
         raise UsageError(e.args[0]) from None
     total = time.perf_counter() - t0
