@@ -15,39 +15,33 @@ from dataclasses import dataclass
 import z3
 
 from kvbound.spec import AssertName, Variant
+from kvbound.spec.verdicts import Verdict
 
+from .options import PLAN_CHECK, SolverOptions
 from .encoding import CODE_FAIL, FAIL_CODE, OK, Knobs, case_inputs, encode_group, knobs_for
 from .terms import AND, NOT, OR, Sx, _lit
 
-SEED = 0  # Z3's random seed, pinned so verdicts and models repeat run to run
 
 
 @dataclass(frozen=True)
 class SymbolicCheck:
-    verdict: str  # "forced" | "not_forced" | "unknown"
+    verdict: Verdict  # PLAN_CHECK_VERDICTS
     detail: str = ""
 
     @property
     def forced(self) -> bool:
-        return self.verdict == "forced"
+        return self.verdict is Verdict.FORCED
 
 
 _local = threading.local()
 
 
-def new_solver(timeout_ms: int) -> z3.Solver:
-    s = z3.SolverFor("QF_LIA")
-    s.set("random_seed", SEED)
-    s.set("timeout", int(timeout_ms))
-    return s
-
-
-def _solver(timeout_ms: int) -> z3.Solver:
+def _solver(options: SolverOptions) -> z3.Solver:
     """One solver per thread, reused with push/pop: creating one costs more than a check."""
     s = getattr(_local, "solver", None)
-    if s is None or _local.timeout != timeout_ms:
-        s = _local.solver = new_solver(timeout_ms)
-        _local.timeout = timeout_ms
+    if s is None or _local.options != options:
+        s = _local.solver = options.solver()
+        _local.options = options
         _local.declared = set()
     return s
 
@@ -181,10 +175,10 @@ def model_plan(case, outs, model) -> dict:
             "block_indices": starts, "keys": keys}
 
 
-def solve_plan(case, knobs: Knobs, timeout_ms: int = 2000) -> dict | None:
+def solve_plan(case, knobs: Knobs, options: SolverOptions = PLAN_CHECK) -> dict | None:
     """The plan the encoding gives a case under ``knobs`` (a variant or a mutant); None if unknown."""
     outs, cs = encode_case(case, knobs)
-    s = _solver(timeout_ms)
+    s = _solver(options)
     s.push()
     try:
         s.from_string(_assert_text(_new_decls(outs), cs))
@@ -195,26 +189,27 @@ def solve_plan(case, knobs: Knobs, timeout_ms: int = 2000) -> dict | None:
         s.pop()
 
 
-def check_plan(case, variant, plan_json: dict, timeout_ms: int = 2000, knobs: Knobs | None = None) -> SymbolicCheck:
+def check_plan(case, variant, plan_json: dict, options: SolverOptions = PLAN_CHECK,
+               knobs: Knobs | None = None) -> SymbolicCheck:
     """Does the encoding of ``variant`` force exactly ``plan_json``'s outputs on ``case``?"""
     knobs = knobs or knobs_for(Variant(variant))
     outs, cs = encode_case(case, knobs)
     claim = plan_claim(case, outs, plan_json)
-    s = _solver(timeout_ms)
+    s = _solver(options)
     s.push()
     try:
         s.from_string(_assert_text(_new_decls(outs), cs))
         r = s.check()
         if r != z3.sat:
-            return SymbolicCheck("unknown", f"the encoding of the case has no model ({r}): an encoding bug")
+            return SymbolicCheck(Verdict.UNKNOWN, f"the encoding of the case has no model ({r}): an encoding bug")
         if claim is False:
-            return SymbolicCheck("not_forced", f"the encoding gives {model_plan(case, outs, s.model())}")
+            return SymbolicCheck(Verdict.NOT_FORCED, f"the encoding gives {model_plan(case, outs, s.model())}")
         s.from_string(_assert_text("", [NOT(claim)]))  # the solver keeps the declarations
         r = s.check()
         if r == z3.unsat:
-            return SymbolicCheck("forced", "")
+            return SymbolicCheck(Verdict.FORCED, "")
         if r == z3.sat:
-            return SymbolicCheck("not_forced", f"the encoding also allows {model_plan(case, outs, s.model())}")
-        return SymbolicCheck("unknown", f"solver: {s.reason_unknown()}")
+            return SymbolicCheck(Verdict.NOT_FORCED, f"the encoding also allows {model_plan(case, outs, s.model())}")
+        return SymbolicCheck(Verdict.UNKNOWN, f"solver: {s.reason_unknown()}")
     finally:
         s.pop()

@@ -9,7 +9,6 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -19,15 +18,9 @@ from kvbound.report import ReportInputError, build_report, conform_section
 from kvbound.spec import Variant, load_cases, plan_load
 from kvbound.svg import STYLE, case_svgs
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
-DATA = Path(__file__).resolve().parent / "data"
+from conftest import DATA, EXAMPLES, ROOT, kvbound
+
 SVG_NS = "{http://www.w3.org/2000/svg}"
-
-
-def kvbound(*args):
-    return subprocess.run([sys.executable, "-m", "kvbound.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=ROOT)
 
 
 def pr_case():
@@ -182,3 +175,13 @@ def test_missed_verdict_and_malformed_obligation():
     del data["obligations"][0]["verdict"]
     with pytest.raises(ReportInputError, match=r"prove JSON.obligations\[0\]: missing field 'verdict'"):
         prove_section(data)
+
+
+def test_conform_summary_counts_every_verdict_including_refused_configs():
+    data = json.loads((DATA / "conform_pr.json").read_text())
+    data["cases"][0]["verdict"] = "unsupported"
+    sec = conform_section(data)
+    assert "1 agree" in sec.summary and "1 refused by the release's config" in sec.summary
+    data["cases"][0]["verdict"] = "agreed"
+    with pytest.raises(ReportInputError, match=r"conform JSON.cases\[0\].verdict: 'agreed' is not one of"):
+        conform_section(data)

@@ -8,12 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from kvbound.cli import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
+from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, PrepareError, UsageError, WorkerError
 from kvbound.conform import compare as C
-from kvbound.conform.prepare import PrepareError, cache_dir, prepare_release
-from kvbound.conform.runner import WorkerError, current_env, run_release
+from kvbound.conform.prepare import cache_dir, prepare_release
+from kvbound.conform.runner import current_env, run_release
 from kvbound.draw import draw_case
 from kvbound.spec import Case, case_to_dict, load_case_paths, plan_for_version, variant_for_version
+from kvbound.spec.verdicts import CONFORM_VERDICTS
 
 
 def register(sub):
@@ -122,8 +123,7 @@ def run(args) -> int:
         Path(args.json).write_text(json.dumps(
             {"releases": hellos, "not_prepared": failed, "matrix": m, "blocking": len(blocking),
              "witness_note": witness_note, "cases": records}, indent=1) + "\n")
-    count = {v: sum(r["verdict"] == v for r in records)
-             for v in (C.AGREE, C.DISAGREE, C.FAULT, C.UNDRIVEN, C.UNSUPPORTED)}
+    count = {v: sum(r["verdict"] == v for r in records) for v in CONFORM_VERDICTS}
     print(f"\nsummary: {count[C.AGREE]} agree, {count[C.DISAGREE]} disagree, {count[C.FAULT]} fault,"
           f" {count[C.UNDRIVEN]} not driven, {count[C.UNSUPPORTED]} refused by the release's config;"
           f" {len(blocking)} blocking (non-adversarial disagreement/fault or failed witness)")

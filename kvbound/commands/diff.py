@@ -17,10 +17,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from kvbound.cli import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
+from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
 from kvbound.draw import draw_case
 from kvbound.spec import GroupKind, case_to_dict, dump_cases, load_case_paths
 from kvbound.spec.strategies import FAMILIES, family_of, random_cases
+from kvbound.spec.verdicts import Verdict
 
 from . import add_variant_args, selected_variants
 
@@ -58,7 +59,8 @@ def register(sub):
                    help="comma list of references: spec, symbolic (default both)")
     p.add_argument("--symbolic-cases", type=int, default=2000, metavar="K",
                    help="check only the first K cases against the symbolic model (default 2000)")
-    p.add_argument("--timeout-ms", type=int, default=2000, metavar="MS", help="Z3 timeout per check")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="Z3 timeout per symbolic check, seconds (default: kvbound.proofs.options.PLAN_CHECK's)")
     p.add_argument("--batch", type=int, default=10000, metavar="B", help="cases per impl batch")
     p.add_argument("--corpus", default=DEFAULT_CORPUS, metavar="DIR",
                    help=f"save shrunk disagreements here (default {DEFAULT_CORPUS}/)")
@@ -187,7 +189,7 @@ def run(args) -> int:
                 n = min(sym_left, chunk.batch.shape[0])
                 sym_left -= n
                 t = time.perf_counter()
-                _symbolic(chunk.cases(range(n)), variants, device, args.timeout_ms, stats, sym, unknowns)
+                _symbolic(chunk.cases(range(n)), variants, device, args.timeout, stats, sym, unknowns)
                 sym["seconds"] += time.perf_counter() - t
             if "spec" not in against:
                 stats.cases += chunk.batch.shape[0]
@@ -226,20 +228,22 @@ def run(args) -> int:
     return EXIT_OK
 
 
-def _symbolic(cases, variants, device, timeout_ms, stats, sym, unknowns) -> None:
+def _symbolic(cases, variants, device, timeout_s, stats, sym, unknowns) -> None:
     """Each impl plan must be forced by the encoding with the case's inputs fixed."""
     from kvbound.impl import Disagreement, batch_from_cases, plan_variants, to_load_plans
+    from kvbound.proofs.options import PLAN_CHECK
     from kvbound.proofs.symbolic import check_plan
 
+    options = PLAN_CHECK if timeout_s is None else PLAN_CHECK.with_timeout(timeout_s)
     batch = batch_from_cases(cases, device=device)
     for v, out in plan_variants(batch, variants, check=False).items():
         for case, ip in zip(cases, to_load_plans(batch, out)):
-            r = check_plan(case, v, ip.to_json(case.name), timeout_ms=timeout_ms)
+            r = check_plan(case, v, ip.to_json(case.name), options)
             sym["checked"] += 1
             sym[r.verdict] = sym.get(r.verdict, 0) + 1
-            if r.verdict == "not_forced":
+            if r.verdict is Verdict.NOT_FORCED:
                 stats.disagreements.append(Disagreement(case, v, "symbolic", None, ip, r.detail))
-            elif r.verdict != "forced":
+            elif r.verdict is not Verdict.FORCED:
                 unknowns.append((case, v, r.detail))
 
 
@@ -254,7 +258,7 @@ def _fails_again(d):
     def fails(c):
         b = batch_from_cases([c], device="cpu")
         ip = to_load_plans(b, plan_variants(b, (d.variant,))[d.variant])[0]
-        return check_plan(c, d.variant, ip.to_json(c.name)).verdict == "not_forced"
+        return check_plan(c, d.variant, ip.to_json(c.name)).verdict is Verdict.NOT_FORCED
 
     return fails
 

@@ -45,13 +45,18 @@ def _token(block):
     return ("H%d" if block.block_hash is not None else "U%d") % block.block_id
 
 
-def case_of_call(sched, request, blocks, num_external_tokens, name=None):
-    """The case (a dict in kvbound's case format) of one ``update_state_after_alloc`` call."""
+def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cache_config=None):
+    """The case (a dict in kvbound's case format) of one ``update_state_after_alloc`` call.
+
+    Before 0.33 a group's config carries no ``kv_cache_spec``: pass the engine's
+    ``kv_cache_config`` and the spec is read from its groups."""
     cfg = sched.config
     status = sched._req_status[request.request_id]
     groups = []
     for gi, g in enumerate(cfg.kv_group_configs):
-        spec = g.kv_cache_spec
+        spec = getattr(g, "kv_cache_spec", None)
+        if spec is None and kv_cache_config is not None:
+            spec = kv_cache_config.kv_cache_groups[getattr(g, "group_idx", gi)].kv_cache_spec
         kind = _kind(spec)
         out = {"kind": kind, "tokens_per_block": _first(g, "tokens_per_block", "gpu_block_size")}
         if kind == "sliding_window":
