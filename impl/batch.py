@@ -46,7 +46,19 @@ _SPEC = {
     "num_locally_computed_tokens": (1, _INTS),
     "num_external_tokens": (1, _INTS),
     "sync_load": (1, (torch.bool,)),
+    # case format v2 (optional: ``None`` gives what a v1 case meant)
+    "num_tokens": (1, _INTS),
+    "partial_tail_boundary": (1, _INTS),  # -1: None
+    "cache_hit_alignment_tokens": (1, _INTS),  # -1: None
+    "decode_context_parallel_size": (1, _INTS),
+    "extra_retained_tokens": (2, _INTS),
+    "is_eagle_group": (2, (torch.bool,)),
+    "mamba_cache_mode": (2, (torch.uint8, torch.int8)),  # MAMBA_MODE_CODES
+    "offloaded": (2, (torch.bool,)),
 }
+# GroupConfig.mamba_cache_mode: None (means "align") and vLLM's three modes
+MAMBA_MODE_CODES = {None: 0, "align": 1, "all": 2, "none": 3}
+_MAMBA_MODES = {c: m for m, c in MAMBA_MODE_CODES.items()}
 
 
 @dataclass
@@ -55,7 +67,10 @@ class PlanBatch:
 
     ``state`` holds BlockState codes (N=0, H=1, U=2); ``window_tokens`` is a
     group's ``sliding_window`` or ``attention_chunk_size`` (0 for the other kinds).
-    ``names`` is optional and only used to name cases converted back.
+    ``names`` is optional and only used to name cases converted back. The case
+    format v2 fields may be left out (``None``): each then takes the value a v1
+    case means (num_tokens = num_prompt_tokens, no partial tail, every group
+    offloaded, nothing retained, no EAGLE group).
     """
 
     state: torch.Tensor
@@ -71,9 +86,33 @@ class PlanBatch:
     num_locally_computed_tokens: torch.Tensor
     num_external_tokens: torch.Tensor
     sync_load: torch.Tensor
+    num_tokens: torch.Tensor | None = None
+    partial_tail_boundary: torch.Tensor | None = None
+    cache_hit_alignment_tokens: torch.Tensor | None = None
+    decode_context_parallel_size: torch.Tensor | None = None
+    extra_retained_tokens: torch.Tensor | None = None
+    is_eagle_group: torch.Tensor | None = None
+    mamba_cache_mode: torch.Tensor | None = None
+    offloaded: torch.Tensor | None = None
     names: list | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.state, torch.Tensor) and self.state.dim() == 3:
+            R, G, _ = self.state.shape
+            dev = self.state.device
+            v1 = {
+                "num_tokens": lambda: self.num_prompt_tokens,
+                "partial_tail_boundary": lambda: torch.full((R,), -1, dtype=torch.int64, device=dev),
+                "cache_hit_alignment_tokens": lambda: torch.full((R,), -1, dtype=torch.int64, device=dev),
+                "decode_context_parallel_size": lambda: torch.ones((R,), dtype=torch.int64, device=dev),
+                "extra_retained_tokens": lambda: torch.zeros((R, G), dtype=torch.int64, device=dev),
+                "is_eagle_group": lambda: torch.zeros((R, G), dtype=torch.bool, device=dev),
+                "mamba_cache_mode": lambda: torch.zeros((R, G), dtype=torch.uint8, device=dev),
+                "offloaded": lambda: torch.ones((R, G), dtype=torch.bool, device=dev),
+            }
+            for name, default in v1.items():
+                if getattr(self, name) is None:
+                    setattr(self, name, default())
         self.check_shapes()
 
     @property
@@ -145,6 +184,26 @@ class PlanBatch:
         bad("state", ~in_table & (self.state != STATE_N), "slots past table_length must be null (0)")
         bad("block_id", (self.state == STATE_N) & (self.block_id != 0), "a null slot has block_id 0")
         bad("block_id", (self.state != STATE_N) & (self.block_id < 1), "a non-null slot needs block_id >= 1")
+        bad("num_tokens", self.num_tokens < self.num_prompt_tokens, "must be >= num_prompt_tokens")
+        bad("partial_tail_boundary", self.partial_tail_boundary < -1, "is -1 (None) or a token count")
+        bad("cache_hit_alignment_tokens", (self.cache_hit_alignment_tokens < -1) | (self.cache_hit_alignment_tokens == 0),
+            "is -1 (None) or positive")
+        bad("decode_context_parallel_size", self.decode_context_parallel_size < 1, "must be positive")
+        bad("extra_retained_tokens", valid & ((self.extra_retained_tokens < 0)
+            | ((self.extra_retained_tokens > 0) & (self.kind != KIND_SLIDING))),
+            "only a sliding_window group retains tokens (>= 0)")
+        bad("mamba_cache_mode", valid & ((self.mamba_cache_mode.to(torch.int16) >= len(MAMBA_MODE_CODES))
+            | ((self.mamba_cache_mode != 0) & (self.kind != KIND_MAMBA))),
+            "codes are None=0, align=1, all=2, none=3, on mamba groups only")
+        bad("offloaded", ((valid & self.offloaded).sum(1) == 0).unsqueeze(1).expand(R, G),
+            "at least one group of every request must be offloaded")
+
+    @property
+    def uses_v2(self) -> bool:
+        """Whether any request sets a case format v2 field away from its v1 meaning."""
+        return bool((self.partial_tail_boundary >= 0).any() or (self.extra_retained_tokens > 0).any()
+                    or (~self.offloaded).any() or (self.num_tokens != self.num_prompt_tokens).any()
+                    or self.is_eagle_group.any())
 
     def to(self, device) -> "PlanBatch":
         return PlanBatch(**{k: v.to(device) for k, v in self.tensors().items()}, names=self.names)
@@ -171,7 +230,7 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
     L = max((len(g.blocks) for c in cases for g in c.groups), default=0)
     G, L = max(G, groups or 0), max(L, slots or 0, 1)
     L += -L % 8  # whole octets: plan_batch then packs the slots without a copy
-    lengths, kinds, tpb, win = [], [], [], []
+    lengths, kinds, tpb, win, extra, eagle, mode, off = [], [], [], [], [], [], [], []
     states, ids = [], []
     for c in cases:
         for g in c.groups:
@@ -180,6 +239,10 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
             kinds.append(KIND_CODES[cfg.kind])
             tpb.append(cfg.tokens_per_block)
             win.append(cfg.sliding_window or cfg.attention_chunk_size or 0)
+            extra.append(cfg.extra_retained_tokens)
+            eagle.append(cfg.is_eagle_group)
+            mode.append(MAMBA_MODE_CODES[cfg.mamba_cache_mode])
+            off.append(cfg.offloaded)
             states += [STATE_CODES[b.state] for b in g.blocks]
             ids += [b.block_id for b in g.blocks]
         pad = G - len(c.groups)
@@ -187,6 +250,10 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
         kinds += [0] * pad
         tpb += [1] * pad
         win += [0] * pad
+        extra += [0] * pad
+        eagle += [False] * pad
+        mode += [0] * pad
+        off += [True] * pad
     table_length = torch.tensor(lengths, dtype=torch.int64).view(R, G)
     # slot (r, g, i) of block number j: flat index (r*G + g)*L + i
     rg = torch.repeat_interleave(torch.arange(R * G), table_length.view(-1))
@@ -198,8 +265,12 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
     state[flat] = torch.tensor(states, dtype=torch.uint8)
     block_id[flat] = torch.tensor(ids, dtype=id_dtype)
 
-    def req(attr):
-        return torch.tensor([getattr(c, attr) for c in cases], dtype=torch.int64, device=dev)
+    def req(attr, none=-1):
+        return torch.tensor([none if getattr(c, attr) is None else getattr(c, attr) for c in cases],
+                            dtype=torch.int64, device=dev)
+
+    def per_group(values, dtype):
+        return torch.tensor(values, dtype=dtype).view(R, G).to(dev)
 
     return PlanBatch(
         state=state.view(R, G, L).to(dev),
@@ -215,6 +286,14 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
         num_locally_computed_tokens=req("num_locally_computed_tokens"),
         num_external_tokens=req("num_external_tokens"),
         sync_load=torch.tensor([c.sync_load for c in cases], dtype=torch.bool, device=dev),
+        num_tokens=req("num_tokens"),
+        partial_tail_boundary=req("partial_tail_boundary"),
+        cache_hit_alignment_tokens=req("cache_hit_alignment_tokens"),
+        decode_context_parallel_size=req("decode_context_parallel_size"),
+        extra_retained_tokens=per_group(extra, torch.int64),
+        is_eagle_group=per_group(eagle, torch.bool),
+        mamba_cache_mode=per_group(mode, torch.uint8),
+        offloaded=per_group(off, torch.bool),
         names=[c.name for c in cases],
     )
 
@@ -229,35 +308,36 @@ class _BlockCache(dict):
 
 
 _BLOCKS = _BlockCache()
-_CONFIGS: dict = {}  # (kind code, tokens_per_block, window) -> GroupConfig
+_CONFIGS: dict = {}  # (kind code, tokens_per_block, window, extra, eagle, mode, offloaded) -> GroupConfig
 
 
-def _config(kind_code: int, b: int, w: int) -> GroupConfig:
-    cfg = _CONFIGS.get((kind_code, b, w))
+def _config(kind_code: int, b: int, w: int, extra: int = 0, eagle: bool = False, mode: int = 0,
+            offloaded: bool = True) -> GroupConfig:
+    key = (kind_code, b, w, extra, eagle, mode, offloaded)
+    cfg = _CONFIGS.get(key)
     if cfg is None:
         kind = _KINDS[kind_code]
-        cfg = _CONFIGS[(kind_code, b, w)] = GroupConfig(
+        cfg = _CONFIGS[key] = GroupConfig(
             kind, b,
             sliding_window=w if kind is GroupKind.SLIDING_WINDOW else None,
             attention_chunk_size=w if kind is GroupKind.CHUNKED_LOCAL else None,
+            extra_retained_tokens=extra, is_eagle_group=bool(eagle), mamba_cache_mode=_MAMBA_MODES[mode],
+            offloaded=bool(offloaded),
         )
     return cfg
 
 
-def _trusted_case(**fields) -> Case:
-    """A ``Case`` without re-running ``validate_case``: only for rows of a batch whose
-    values were checked (``check_values``) or that a generator built by the rules."""
-    case = object.__new__(Case)
-    for k, v in fields.items():
-        object.__setattr__(case, k, v)
-    return case
+def _v2_case_fields(t: dict, j: int) -> dict:
+    tail, align = t["partial_tail_boundary"][j], t["cache_hit_alignment_tokens"][j]
+    return dict(num_tokens=t["num_tokens"][j], partial_tail_boundary=None if tail < 0 else tail,
+                cache_hit_alignment_tokens=None if align < 0 else align,
+                decode_context_parallel_size=t["decode_context_parallel_size"][j])
 
 
 def cases_from_batch(batch: PlanBatch, rows=None, validate: bool = True) -> list[Case]:
-    """Back to spec ``Case``s, e.g. to run the spec or save case files. ``validate``
-    checks the tensors and builds every ``Case`` through its validating constructor;
-    ``validate=False`` (trusted rows: generated, or checked before) skips both, which
-    is what lets the spec side of a million-case run keep up."""
+    """Back to spec ``Case``s (each built, so validated, by ``Case`` itself), e.g. to run
+    the spec or save case files. ``validate`` also checks the tensors first (rows a
+    generator built, or a batch checked before, may skip it)."""
     if validate:
         batch.check_values()
     R = batch.shape[0]
@@ -269,7 +349,7 @@ def cases_from_batch(batch: PlanBatch, rows=None, validate: bool = True) -> list
     inside = torch.arange(batch.shape[2], device=batch.device) < length.unsqueeze(-1)
     codes = (batch.block_id.index_select(0, idx).to(torch.int64) * 4 + batch.state.index_select(0, idx))[inside]
     blocks_flat = list(map(_BLOCKS.__getitem__, codes.cpu().tolist()))
-    build = Case if validate else _trusted_case
+    build = Case
     out = []
     at = 0
     gc_was = gc.isenabled()
@@ -279,7 +359,9 @@ def cases_from_batch(batch: PlanBatch, rows=None, validate: bool = True) -> list
         lengths = t["table_length"][j]
         for g in range(t["num_groups"][j]):
             n = lengths[g]
-            groups.append(Group(_config(t["kind"][j][g], t["tokens_per_block"][j][g], t["window_tokens"][j][g]),
+            groups.append(Group(_config(t["kind"][j][g], t["tokens_per_block"][j][g], t["window_tokens"][j][g],
+                                        t["extra_retained_tokens"][j][g], t["is_eagle_group"][j][g],
+                                        t["mamba_cache_mode"][j][g], t["offloaded"][j][g]),
                                 tuple(blocks_flat[at:at + n])))
             at += n
         at += sum(lengths[t["num_groups"][j]:])  # padded groups hold no slots, but count them if they did
@@ -292,6 +374,7 @@ def cases_from_batch(batch: PlanBatch, rows=None, validate: bool = True) -> list
             num_external_tokens=t["num_external_tokens"][j],
             groups=tuple(groups),
             sync_load=bool(t["sync_load"][j]),
+            **_v2_case_fields(t, j),
         ))
     if gc_was:
         gc.enable()

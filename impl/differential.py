@@ -18,7 +18,8 @@ import torch
 from kvbound.spec import Case, LoadPlan, Variant, plan_load
 
 from .batch import KIND_CODES, PlanBatch, batch_from_cases, cases_from_batch
-from .plan import ASSERT_CODES, ASSERTION_VALUE_FIELDS, GROUP_FIELDS, plan_fields, plan_variants, to_load_plans
+from .plan import (ASSERT_CODES, ASSERTION_VALUE_FIELDS, CODE_UNSUPPORTED, GROUP_FIELDS, NO_KEY, plan_fields,
+                   plan_variants, to_load_plans)
 
 _VALUE_KEYS = tuple(ASSERTION_VALUE_FIELDS)
 
@@ -74,16 +75,17 @@ def spec_side(cases, variant: Variant, asserts: bool = True) -> SpecSide:
     for r, case in enumerate(cases):
         plan = plan_load(case, variant, asserts=asserts)
         a = plan.assertion
-        failing.append(-1 if a is None else a.group_index)
-        code.append(0 if a is None else ASSERT_CODES[a.name])
+        failing.append(-1 if a is None or a.group_index is None else a.group_index)
+        code.append(CODE_UNSUPPORTED if plan.unsupported is not None else 0 if a is None else ASSERT_CODES[a.name])
         reached.append(len(plan.groups))
         for gp in plan.groups:
-            fields += [getattr(gp, f) for f in GROUP_FIELDS]
+            fields += [getattr(gp, f) for f in GROUP_FIELDS[:-1]]
+            fields.append(NO_KEY if gp.boundary_key_tokens is None else gp.boundary_key_tokens)
             dst_count.append(len(gp.dst_block_ids))
             dst += gp.dst_block_ids
         if a is not None:
             values += [(r, _VALUE_KEYS.index(k), v) for k, v in a.values.items()]
-        key = "ok" if a is None else a.name.value
+        key = "unsupported" if plan.unsupported is not None else "ok" if a is None else a.name.value
         outcomes[key] = outcomes.get(key, 0) + 1
     i64 = torch.int64
     return SpecSide(variant, torch.tensor(failing, dtype=i64), torch.tensor(code, dtype=i64),
@@ -101,7 +103,7 @@ def mismatched_rows(batch, out, spec: SpecSide) -> list[int]:
     bad = out.failing_group.cpu() != spec.failing
     bad |= out.request_code.cpu() != spec.code
     reached = spec.reached
-    impl_reached = torch.where(out.ok, cells.G, out.failing_group).cpu().clamp(max=cells.count.cpu())
+    impl_reached = torch.zeros(cells.R, dtype=i64).index_add_(0, cells.request.cpu(), out.reached.cpu().to(i64))
     bad |= impl_reached != reached
     # the spec's planned groups as cells: request r's groups 0 .. reached[r] - 1
     R = cells.R
@@ -134,7 +136,7 @@ def mismatched_rows(batch, out, spec: SpecSide) -> list[int]:
                 g_off, w_off = g_off + c, w_off + w
     if spec.values.shape[0]:
         v = spec.values
-        fail = spec.failing.index_select(0, v[:, 0])
+        fail = spec.failing.index_select(0, v[:, 0]).clamp(min=0)  # a request-level assert: its first cell
         cell = (cells.start.cpu().index_select(0, v[:, 0]) + fail).clamp(max=max(cells.size - 1, 0))
         stacked = torch.stack([out.value(k).cpu().to(i64) for k in _VALUE_KEYS], -1)
         got = stacked[cell, v[:, 1]]

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbound.spec import Assertion, AssertName, GroupPlan, LoadPlan, Variant
+from kvbound.spec import Assertion, AssertName, GroupPlan, LoadPlan, ReleaseFeatures, Variant, variant_features
 
-from .batch import KIND_FULL, KIND_MAMBA, STATE_H, STATE_N, STATE_U, PlanBatch
+from .batch import (KIND_FULL, KIND_MAMBA, KIND_SLIDING, MAMBA_MODE_CODES, STATE_H, STATE_N, STATE_U,
+                    PlanBatch)
 
 assert (STATE_N, STATE_H, STATE_U) == (0, 1, 2), "the scan's bit tricks assume these codes"
 
@@ -33,6 +34,7 @@ CODE_OK = 0
 # Codes in vLLM's per-group order; the spec's AssertName order is the same.
 ASSERT_CODES = {name: i + 1 for i, name in enumerate(AssertName)}
 ASSERT_NAMES = {c: n for n, c in ASSERT_CODES.items()}
+CODE_UNSUPPORTED = len(ASSERT_CODES) + 1  # request outcome "unsupported": the release lacks a v2 feature
 
 # An Assertion's ``values`` key -> the BatchPlan field that holds it, so the impl's
 # numbers at the failing group can be compared with the spec's one for one.
@@ -47,7 +49,9 @@ ASSERTION_VALUE_FIELDS = {
     "sliding_window_size_in_chunks": "window_in_chunks",
     "blocks_per_chunk": "blocks_per_chunk",
     "num_offload_keys": "num_offload_keys",
-    "end_chunk_idx": "num_chunks",
+    "end_chunk_idx": "end_chunk_limit",
+    "partial_tail_boundary": "partial_tail_boundary",
+    "num_cached_tokens": "num_cached_tokens",
 }
 # Which values each assertion reports (the spec's Assertion.values keys).
 ASSERTION_VALUES = {
@@ -58,22 +62,99 @@ ASSERTION_VALUES = {
     AssertName.WINDOW_BOUND: ("num_pending_gpu_blocks", "sliding_window_size_in_chunks", "blocks_per_chunk",
                               "load_start_gpu_block_idx"),
     AssertName.KEYS_LENGTH: ("num_offload_keys", "end_chunk_idx", "load_start_gpu_block_idx"),
+    AssertName.PARTIAL_TAIL: ("partial_tail_boundary", "num_cached_tokens"),
 }
+REQUEST_ASSERTS = (AssertName.PARTIAL_TAIL,)  # fired before any group: Assertion.group_index is None
 # The per-cell outputs compared with the spec's GroupPlan fields of the same name.
-GROUP_FIELDS = ("num_gpu_blocks", "first_fresh_gpu_block_idx", "load_start_gpu_block_idx",
-                "num_pending_gpu_blocks", "start_chunk_idx", "end_chunk_idx")
+GROUP_FIELDS = ("group_index", "num_gpu_blocks", "first_fresh_gpu_block_idx", "load_start_gpu_block_idx",
+                "num_pending_gpu_blocks", "start_chunk_idx", "end_chunk_idx", "boundary_key_tokens")
+NO_KEY = -1  # boundary_key_tokens of a group with no partial-tail key (None)
+
+
+# --- requests: what vLLM decides before the per-group loop ------------------------
+
+@dataclass
+class Requests:
+    """Request-level inputs and derivations ([R]) of the case format v2 contract;
+    ``None`` for a batch that uses no v2 field (every v1 case), which skips it all."""
+
+    tail: torch.Tensor  # a partial_tail_boundary is set
+    boundary: torch.Tensor  # partial_tail_boundary (-1: None)
+    T: torch.Tensor  # num_cached_tokens
+    subset: torch.Tensor  # some KV-cache group is not offloaded
+    retained: torch.Tensor  # some group retains extra window tokens
+    eagle: torch.Tensor  # some offloaded group is an EAGLE group
+    supports_partial_tail: torch.Tensor  # vLLM 0.33's SchedulerOffloadConfig.supports_partial_tail
+    margin: torch.Tensor  # [R, G] each group's EAGLE proof margin (0.33 _eagle_proof_margins)
+
+
+def request_features(batch: PlanBatch) -> Requests | None:
+    """``supports_partial_tail`` and the EAGLE proof margins, derived from the config as
+    vLLM derives them at scheduler start (over the offloaded groups): one block per
+    chunk, one block size, an align-mode Mamba group with tokens_per_block >
+    tokens_per_hash, no windowed group but such a Mamba group, no DCP; an offloaded
+    EAGLE group that is not a CoW source keys its tail one hash unit (fine-grained
+    lookup: alignment below the block size, a full-attention or Mamba group) or one
+    block past the boundary."""
+    if not batch.uses_v2:
+        return None
+    R, G, _ = batch.shape
+    valid = torch.arange(G, device=batch.device) < batch.num_groups.unsqueeze(1)
+    off = valid & batch.offloaded
+    b, kind = batch.tokens_per_block.to(torch.int64), batch.kind
+    tph = batch.tokens_per_hash.to(torch.int64).unsqueeze(1)
+    align_mode = (batch.mamba_cache_mode == MAMBA_MODE_CODES[None]) | (batch.mamba_cache_mode == MAMBA_MODE_CODES["align"])
+    cow = (kind == KIND_MAMBA) & align_mode  # vLLM's requires_cow_source
+    big = torch.iinfo(torch.int64).max
+    one_size = torch.where(off, b, big).amin(1) == torch.where(off, b, 0).amax(1)
+    spt = ((batch.blocks_per_chunk == 1) & one_size & (off & cow & (b > tph)).any(1)
+           & ~(off & (kind != KIND_FULL) & ~cow).any(1) & (batch.decode_context_parallel_size == 1))
+    first_off = off.to(torch.int8).argmax(1, keepdim=True)  # first offloaded group
+    block = torch.where(spt, b.gather(1, first_off).squeeze(1), 0).unsqueeze(1)  # _partial_tail_block_size
+    align = batch.cache_hit_alignment_tokens.to(torch.int64).unsqueeze(1)
+    fine = (align >= 0) & (align < block) & ((kind == KIND_FULL) | (kind == KIND_MAMBA))
+    margin = torch.where(fine & (block > tph), tph, block)
+    margin = torch.where(off & batch.is_eagle_group & ~cow & spt.unsqueeze(1), margin, 0)
+    return Requests(
+        tail=batch.partial_tail_boundary >= 0, boundary=batch.partial_tail_boundary.to(torch.int64),
+        T=(batch.num_locally_computed_tokens + batch.num_external_tokens).to(torch.int64),
+        subset=(valid & ~batch.offloaded).any(1),
+        retained=(valid & (batch.extra_retained_tokens > 0)).any(1),
+        eagle=(off & batch.is_eagle_group).any(1),
+        supports_partial_tail=spt, margin=margin,
+    )
+
+
+def unsupported(req: Requests | None, release: ReleaseFeatures) -> torch.Tensor | None:
+    """[R] the requests this release could not have made the call for (a v2 feature it
+    lacks: group subsets before 0.30, retained tokens before 0.28, partial tails before
+    0.28, a partial tail with an EAGLE group before 0.33); None when there are none."""
+    if req is None:
+        return None
+    out = torch.zeros_like(req.tail)
+    if not release.group_subsets:
+        out |= req.subset
+    if not release.extra_retained_tokens:
+        out |= req.retained
+    if not release.partial_tails:
+        out |= req.tail
+    elif not release.eagle_partial_tails:
+        out |= req.tail & ~(req.supports_partial_tail & ~req.eagle)
+    return out
 
 
 # --- cells: the (request, group) pairs vLLM plans -------------------------------
 
 @dataclass
 class Cells:
-    """The real (request, group) pairs of a batch, one entry each ([C] tensors).
+    """The (request, group) pairs vLLM plans, one entry each ([C] tensors): every
+    offloaded group of every request with external tokens.
 
-    ``request``/``group`` say where a cell sits in the padded batch; cells are in
-    request order and, within a request, in config order, so request r's cells are
-    ``start[r] : start[r] + count[r]``. Request fields are expanded per cell once:
-    a broadcast operand makes every element-wise op several times slower on CPU.
+    ``request``/``group`` say where a cell sits in the padded batch (``group`` is the
+    group's ``group_idx``); cells are in request order and, within a request, in
+    config order, so request r's cells are ``start[r] : start[r] + count[r]``. Request
+    fields are expanded per cell once: a broadcast operand makes every element-wise op
+    several times slower on CPU.
     """
 
     R: int
@@ -88,12 +169,16 @@ class Cells:
     T: torch.Tensor  # num_cached_tokens = N + num_external_tokens
     b: torch.Tensor  # tokens_per_block
     bpc: torch.Tensor  # blocks_per_chunk
-    P: torch.Tensor  # num_prompt_tokens
+    num_tokens: torch.Tensor  # the request's tokens: its offload keys cover all of them
     kind: torch.Tensor
     window_tokens: torch.Tensor
     table_length: torch.Tensor
     sync_load: torch.Tensor  # [C] bool
     state: torch.Tensor  # [C, L] uint8 block states
+    requests: Requests | None = None
+    tail: torch.Tensor | None = None  # [C] 0/1: the request has a partial tail (None: no v2 field anywhere)
+    boundary_key: torch.Tensor | None = None  # [C] boundary + the group's EAGLE proof margin
+    extra_retained: torch.Tensor | None = None  # [C] extra_retained_tokens
 
     @property
     def size(self) -> int:
@@ -105,25 +190,35 @@ def _int_type(batch: PlanBatch) -> torch.dtype:
     faster than an int32 one."""
     R, G, L = batch.shape
     b_max, bpc_max = int(batch.tokens_per_block.max()), int(batch.blocks_per_chunk.max())
-    w_max = int(batch.window_tokens.max())
+    w_max = int(batch.window_tokens.max()) + int(batch.extra_retained_tokens.max())
     big = max(int((batch.num_locally_computed_tokens + batch.num_external_tokens).max()) + b_max * bpc_max,
-              int(batch.num_prompt_tokens.max()), (w_max + 1) * bpc_max + 1, b_max * bpc_max + w_max,
-              (L + 1) * b_max, G + 1)
+              int(batch.num_tokens.max()), int(batch.partial_tail_boundary.max()) + b_max + 64,
+              (w_max + 1) * bpc_max + 1, b_max * bpc_max + w_max, (L + 1) * b_max, G + 1)
     return torch.int16 if big < 2**15 - 2 else torch.int32 if big < 2**24 else torch.int64
 
 
 def real_cells(batch: PlanBatch) -> Cells:
-    """Step 0: keep the (request, group) pairs vLLM plans, drop padding and requests
-    with nothing external (vLLM returns before planning them)."""
+    """Step 0: keep the (request, group) pairs vLLM plans: drop padding, groups the
+    connector does not offload, and requests with nothing external (vLLM returns
+    before planning them)."""
     R, G, L = batch.shape
     it = _int_type(batch)
+    req = request_features(batch)
     planned = batch.num_external_tokens > 0
-    count = torch.where(planned, batch.num_groups, 0).to(torch.int64)
-    start = torch.cumsum(count, 0) - count
-    C = int(count.sum())
-    request = torch.repeat_interleave(torch.arange(R, device=batch.device), count, output_size=C)
-    group = torch.arange(C, device=batch.device) - start.index_select(0, request)
-    flat = request * G + group
+    gidx = torch.arange(G, device=batch.device)
+    if req is None:  # every group offloaded: request r's cells are its groups 0 .. num_groups - 1
+        count = torch.where(planned, batch.num_groups, 0).to(torch.int64)
+        start = torch.cumsum(count, 0) - count
+        C = int(count.sum())
+        request = torch.repeat_interleave(torch.arange(R, device=batch.device), count, output_size=C)
+        group = torch.arange(C, device=batch.device) - start.index_select(0, request)
+        flat = request * G + group
+    else:
+        keep = (gidx < batch.num_groups.unsqueeze(1)) & batch.offloaded & planned.unsqueeze(1)
+        flat = keep.reshape(-1).nonzero().flatten()
+        request, group = torch.div(flat, G, rounding_mode="floor"), flat % G
+        count = keep.sum(1).to(torch.int64)
+        start = torch.cumsum(count, 0) - count
 
     def per_request(t):
         return t.index_select(0, request).to(it)
@@ -132,23 +227,24 @@ def real_cells(batch: PlanBatch) -> Cells:
         return t.reshape(R * G).index_select(0, flat).to(it)
 
     N = per_request(batch.num_locally_computed_tokens)
-    return Cells(
+    cells = Cells(
         R=R, G=G, L=L, request=request, group=group, start=start, count=count, planned=planned,
         N=N, T=N + per_request(batch.num_external_tokens),
         b=per_group(batch.tokens_per_block), bpc=per_request(batch.blocks_per_chunk),
-        P=per_request(batch.num_prompt_tokens),
+        num_tokens=per_request(batch.num_tokens),
         kind=batch.kind.reshape(R * G).index_select(0, flat),
         window_tokens=per_group(batch.window_tokens), table_length=per_group(batch.table_length),
         sync_load=batch.sync_load.index_select(0, request),
         state=batch.state.reshape(R * G, L).index_select(0, flat),
+        requests=req,
     )
+    if req is not None:
+        cells.tail = req.tail.index_select(0, request).to(it)
+        cells.boundary_key = (req.boundary.index_select(0, request) + per_group(req.margin)).to(it)
+        cells.extra_retained = per_group(batch.extra_retained_tokens)
+    return cells
 
 
-# Integer division through float32: IEEE division is correctly rounded, so for
-# 0 <= a < 2**24 and b >= 1 the floor/ceil of the quotient is exact (an integer
-# quotient is exact; a non-integer one is at least 1/b from the next integer, more
-# than its rounding error). torch's integer division has no vector kernel on CPU
-# and costs ~10x more. ``_int_type`` picks int64, and exact division, past 2**24.
 def _floordiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dtype == torch.int64:
         return torch.div(a, b, rounding_mode="floor")
@@ -239,11 +335,13 @@ class Geometry:
     f: torch.Tensor  # first_fresh_gpu_block_idx = cdiv(N, b)
     table_short: torch.Tensor  # len(group_blocks) < k: even python -O indexes past the table
     misaligned: torch.Tensor  # N % b != 0 (f * b != N)
-    window: torch.Tensor  # sliding_window_size_in_chunks; -1 for full attention
-    window_limit: torch.Tensor  # pending above this fails window_bound
-    num_chunks: torch.Tensor  # end_chunk_idx = cdiv(T, tokens_per_chunk)
-    num_offload_keys: torch.Tensor  # one key per chunk of prompt hashes
+    windowed: torch.Tensor  # every kind but full attention has a window in chunks
+    tpc: torch.Tensor  # tokens_per_chunk = b * blocks_per_chunk
+    num_chunks: torch.Tensor  # cdiv(T, tokens_per_chunk)
+    end_chunk_limit: torch.Tensor  # the keys' end_chunk_idx: num_chunks, less a partial tail's last chunk
+    num_offload_keys: torch.Tensor  # one key per chunk of hashes of all num_tokens
     keep_fresh: torch.Tensor | None = None  # the fixed scan's word masks (slots >= f)
+    _windows: dict | None = None  # window_counts_retained -> sliding_window_size_in_chunks
 
 
 def group_geometry(cells: Cells) -> Geometry:
@@ -251,21 +349,35 @@ def group_geometry(cells: Cells) -> Geometry:
     b, bpc = cells.b, cells.bpc
     k, f = _cdiv(cells.T, b), _cdiv(cells.N, b)
     tpc = b * bpc
-    windowed = cells.kind != KIND_FULL
-    # vLLM's get_sliding_window_size_in_chunks: cdiv(window, tpc); Mamba "a single state"
-    window = torch.where(cells.kind == KIND_MAMBA, 1, _cdiv(cells.window_tokens, tpc))
-    window = torch.where(windowed, window, -1)
-    big = torch.iinfo(k.dtype).max
+    num_chunks = _cdiv(k, bpc)  # cdiv(cdiv(T, b), bpc) == cdiv(T, b * bpc)
     return Geometry(
         k=k, f=f,
         table_short=cells.table_length < k,
         misaligned=f * b != cells.N,
-        window=window,
-        window_limit=torch.where(windowed, window * bpc + 1, big),
-        num_chunks=_cdiv(k, bpc),  # cdiv(cdiv(T, b), bpc) == cdiv(T, b * bpc)
-        # (P // tokens_per_hash) // (tpc // tokens_per_hash) == P // tpc (tpc is a multiple of it)
-        num_offload_keys=_floordiv(cells.P, tpc),
+        windowed=cells.kind != KIND_FULL,
+        tpc=tpc,
+        num_chunks=num_chunks,
+        end_chunk_limit=num_chunks if cells.tail is None else num_chunks - cells.tail,
+        # (num_tokens // tokens_per_hash) // (tpc // tokens_per_hash) == num_tokens // tpc
+        num_offload_keys=_floordiv(cells.num_tokens, tpc),
+        _windows={},
     )
+
+
+def window_in_chunks(cells: Cells, geo: Geometry, release: ReleaseFeatures) -> torch.Tensor:
+    """sliding_window_size_in_chunks (vLLM's ``get_sliding_window_size_in_chunks``):
+    cdiv(window, tpc); from 0.31 a sliding window's retained tokens count,
+    max(cdiv(w, tpc), cdiv(w - 1 + extra_retained_tokens, tpc)); Mamba "a single
+    state"; -1 for full attention (no window)."""
+    counts = bool(release.window_counts_retained and cells.extra_retained is not None)
+    if counts not in geo._windows:
+        window = torch.where(cells.kind == KIND_MAMBA, 1, _cdiv(cells.window_tokens, geo.tpc))
+        if counts:
+            retained = _cdiv((cells.window_tokens - 1 + cells.extra_retained).clamp(min=0), geo.tpc)
+            use = (cells.kind == KIND_SLIDING) & (cells.extra_retained > 0)
+            window = torch.where(use, torch.maximum(window, retained), window)
+        geo._windows[counts] = torch.where(geo.windowed, window, -1)
+    return geo._windows[counts]
 
 
 def load_start(cells: Cells, geo: Geometry, variant: Variant, words: torch.Tensor) -> torch.Tensor:
@@ -280,17 +392,22 @@ def load_start(cells: Cells, geo: Geometry, variant: Variant, words: torch.Tenso
 
 
 def offload_key_chunks(cells: Cells, geo: Geometry, start: torch.Tensor, pending: torch.Tensor):
-    """The chunk range [start_chunk, end_chunk) whose keys the group loads; empty when
-    nothing is pending. vLLM slices ``offload_keys[start:end]``: a short key list just
-    yields fewer keys (python -O)."""
+    """The chunk range [start_chunk, end_chunk) whose keys the group loads, and a
+    partial tail's boundary key (the token position its hash is read at, NO_KEY for
+    none); empty when nothing is pending. vLLM slices ``offload_keys[start:end]``:
+    a short key list just yields fewer keys (python -O)."""
     start_chunk = _floordiv(start, cells.bpc)
-    end = torch.maximum(start_chunk, torch.minimum(geo.num_chunks, geo.num_offload_keys))
+    end = torch.maximum(start_chunk, torch.minimum(geo.end_chunk_limit, geo.num_offload_keys))
+    loads = pending > 0
     # where(c, x, y) as y + c * (x - y): torch's CPU where is many times slower
-    return start_chunk, start_chunk + (pending > 0) * (end - start_chunk)
+    end_chunk = start_chunk + loads * (end - start_chunk)
+    if cells.tail is None:
+        return start_chunk, end_chunk, None
+    return start_chunk, end_chunk, torch.where(loads & (cells.tail > 0), cells.boundary_key, NO_KEY)
 
 
-def assert_codes(cells: Cells, geo: Geometry, variant: Variant, asserts: bool,
-                 start: torch.Tensor, pending: torch.Tensor) -> torch.Tensor:
+def assert_codes(cells: Cells, geo: Geometry, variant: Variant, release: ReleaseFeatures, asserts: bool,
+                 start: torch.Tensor, pending: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
     """The first assert each group hits in vLLM's order (table length, the scan's
     assert, window bound, keys length), 0 if none. ``asserts=False`` is python -O:
     only the table length, which would index past the table, still stops the plan."""
@@ -301,10 +418,14 @@ def assert_codes(cells: Cells, geo: Geometry, variant: Variant, asserts: bool,
         scan_fail, scan_code = cells.N > start * cells.b, ASSERT_CODES[AssertName.BOUNDARY]
     else:
         scan_fail, scan_code = geo.misaligned, ASSERT_CODES[AssertName.ALIGNMENT]
+    checks = [(scan_fail, scan_code)]
+    if release.window_slack is not None:  # 0.20 has no window assert
+        over = geo.windowed & (pending > window * cells.bpc + release.window_slack)
+        checks.append((over, ASSERT_CODES[AssertName.WINDOW_BOUND]))
+    keyed = (pending > 0) | release.keys_every_group  # up to 0.27 every group's keys are checked
+    checks.append((keyed & (geo.num_offload_keys < geo.end_chunk_limit), ASSERT_CODES[AssertName.KEYS_LENGTH]))
     # later in vLLM's order = lower priority: each is written only where no earlier one fired
-    for fired, c in ((scan_fail, scan_code),
-                     (pending > geo.window_limit, ASSERT_CODES[AssertName.WINDOW_BOUND]),
-                     ((pending > 0) & (geo.num_offload_keys < geo.num_chunks), ASSERT_CODES[AssertName.KEYS_LENGTH])):
+    for fired, c in checks:
         code = code + ((code == 0) & fired) * c
     return code.to(torch.uint8)
 
@@ -317,20 +438,38 @@ def first_failing_group(cells: Cells, code: torch.Tensor) -> torch.Tensor:
     return torch.where(first >= cells.G, -1, first)
 
 
+def request_outcome(cells: Cells, release: ReleaseFeatures, asserts: bool) -> torch.Tensor | None:
+    """[R] what stops a request before its groups, in vLLM's order: the release cannot
+    have made the call (CODE_UNSUPPORTED), or the ``partial_tail`` assert
+    (partial_tail_boundary == num_cached_tokens); 0 for neither, None when no request
+    uses a v2 field."""
+    req = cells.requests
+    if req is None:
+        return None
+    code = (req.tail & (req.boundary != req.T)).to(torch.uint8) * ASSERT_CODES[AssertName.PARTIAL_TAIL]
+    if not asserts:
+        code.zero_()
+    bad = unsupported(req, release)
+    return torch.where(bad, CODE_UNSUPPORTED, code).to(torch.uint8)
+
+
 # --- the plan -------------------------------------------------------------------
 
 @dataclass
 class BatchPlan:
     """Outputs per cell ([C], see ``Cells``) unless noted.
 
-    ``code`` is the assert this group would hit if vLLM reached it (0 none); the
-    request's outcome is ``failing_group`` [R] (-1: none), the first group in config
-    order with a code. ``dense(name)`` lays a per-cell output out as [R, G] (zeros
-    where nothing is planned); ``dst_block_ids`` gathers the destination blocks.
+    ``code`` is the assert this group would hit if vLLM reached it (0 none). A request
+    stops before its groups on ``stop`` [R] (CODE_UNSUPPORTED or the partial_tail
+    assert's code; None: no request uses a v2 field), else at ``failing_group`` [R]
+    (-1: none), the first group in config order with a code. ``dense(name)`` lays a
+    per-cell output out as [R, G] (zeros off the cells); ``dst_block_ids`` gathers the
+    destination blocks.
     """
 
     variant: Variant
     asserts: bool
+    release: ReleaseFeatures
     cells: Cells
     num_gpu_blocks: torch.Tensor
     first_fresh_gpu_block_idx: torch.Tensor
@@ -338,13 +477,23 @@ class BatchPlan:
     num_pending_gpu_blocks: torch.Tensor
     start_chunk_idx: torch.Tensor
     end_chunk_idx: torch.Tensor
-    num_chunks: torch.Tensor
+    end_chunk_limit: torch.Tensor
     num_offload_keys: torch.Tensor
     window_in_chunks: torch.Tensor  # -1 for full attention (no window)
+    boundary_key: torch.Tensor | None  # NO_KEY or the partial tail's key position (None: no tails)
     code: torch.Tensor
     failing_group: torch.Tensor  # [R]
+    stop: torch.Tensor | None  # [R]
 
-    # inputs echoed for the assertion values
+    # inputs echoed for the assertion values and the group fields
+    @property
+    def group_index(self):
+        return self.cells.group
+
+    @property
+    def boundary_key_tokens(self):
+        return self.boundary_key if self.boundary_key is not None else torch.full_like(self.code, NO_KEY, dtype=torch.int16)
+
     @property
     def table_length(self):
         return self.cells.table_length
@@ -362,26 +511,49 @@ class BatchPlan:
         return self.cells.bpc
 
     @property
+    def partial_tail_boundary(self):
+        req = self.cells.requests
+        return req.boundary.index_select(0, self.cells.request) if req is not None else torch.full_like(self.cells.N, -1)
+
+    @property
+    def num_cached_tokens(self):
+        return self.cells.T
+
+    @property
     def planned(self) -> torch.Tensor:
         return self.cells.planned
 
     @property
+    def stopped(self) -> torch.Tensor:
+        """[R] stopped before any group (unsupported, or the partial_tail assert)."""
+        return torch.zeros_like(self.cells.planned) if self.stop is None else self.stop > 0
+
+    @property
+    def unsupported(self) -> torch.Tensor:
+        return torch.zeros_like(self.cells.planned) if self.stop is None else self.stop == CODE_UNSUPPORTED
+
+    @property
     def ok(self) -> torch.Tensor:
-        return self.failing_group < 0
+        return (self.failing_group < 0) & ~self.stopped
 
     @property
     def request_code(self) -> torch.Tensor:
-        """[R] the code of the failing group, 0 when the request plans fine."""
+        """[R] the request's outcome code: 0 ok, an assert's code, or CODE_UNSUPPORTED."""
         out = torch.zeros(self.cells.R, dtype=torch.int64, device=self.code.device)
-        bad = (~self.ok).nonzero().flatten()
+        bad = (self.failing_group >= 0).nonzero().flatten()
         at = self.cells.start.index_select(0, bad) + self.failing_group.index_select(0, bad)
-        return out.index_copy_(0, bad, self.code.to(torch.int64).index_select(0, at))
+        out.index_copy_(0, bad, self.code.to(torch.int64).index_select(0, at))
+        if self.stop is not None:
+            out = torch.where(self.stopped, self.stop.to(torch.int64), out)
+        return out
 
     @property
     def reached(self) -> torch.Tensor:
         """[C] the groups vLLM plans before the failing one (a LoadPlan's ``groups``)."""
-        upto = torch.where(self.ok, self.cells.G, self.failing_group).index_select(0, self.cells.request)
-        return self.cells.group < upto
+        upto = torch.where(self.failing_group < 0, self.cells.G, self.failing_group)
+        if self.stop is not None:
+            upto = torch.where(self.stopped, 0, upto)
+        return self.cells.group < upto.index_select(0, self.cells.request)
 
     @property
     def dst_cells(self) -> torch.Tensor:
@@ -429,19 +601,27 @@ class BatchPlan:
         return getattr(self, ASSERTION_VALUE_FIELDS[key])
 
 
-def plan_cells(cells: Cells, geo: Geometry, variant: Variant, asserts: bool, words: torch.Tensor) -> BatchPlan:
-    """One variant: vLLM's per-group loop as one pass of steps over every cell."""
+def plan_cells(cells: Cells, geo: Geometry, variant: Variant, asserts: bool, words: torch.Tensor,
+               release: ReleaseFeatures | None = None) -> BatchPlan:
+    """One variant (and release, default the variant's last: the spec's default):
+    vLLM's per-group loop as one pass of steps over every cell."""
+    release = release or variant_features(variant)
     start = load_start(cells, geo, variant, words)
     pending = geo.k - start
-    start_chunk, end_chunk = offload_key_chunks(cells, geo, start, pending)
-    code = assert_codes(cells, geo, variant, asserts, start, pending)
+    window = window_in_chunks(cells, geo, release)
+    start_chunk, end_chunk, boundary_key = offload_key_chunks(cells, geo, start, pending)
+    code = assert_codes(cells, geo, variant, release, asserts, start, pending, window)
+    stop = request_outcome(cells, release, asserts)
+    failing = first_failing_group(cells, code)
+    if stop is not None:  # a request stopped before its groups has no failing group
+        failing = torch.where(stop > 0, -1, failing)
     return BatchPlan(
-        variant=variant, asserts=asserts, cells=cells,
+        variant=variant, asserts=asserts, release=release, cells=cells,
         num_gpu_blocks=geo.k, first_fresh_gpu_block_idx=geo.f,
         load_start_gpu_block_idx=start, num_pending_gpu_blocks=pending,
-        start_chunk_idx=start_chunk, end_chunk_idx=end_chunk,
-        num_chunks=geo.num_chunks, num_offload_keys=geo.num_offload_keys, window_in_chunks=geo.window,
-        code=code, failing_group=first_failing_group(cells, code),
+        start_chunk_idx=start_chunk, end_chunk_idx=end_chunk, end_chunk_limit=geo.end_chunk_limit,
+        num_offload_keys=geo.num_offload_keys, window_in_chunks=window, boundary_key=boundary_key,
+        code=code, failing_group=failing, stop=stop,
     )
 
 
@@ -471,8 +651,8 @@ def plan_batch(batch: PlanBatch, variant: Variant | str, asserts: bool = True, c
 def to_load_plans(batch: PlanBatch, out: BatchPlan, rows=None) -> list[LoadPlan]:
     """The impl's outputs as spec ``LoadPlan``s, to compare, draw or print as JSON.
 
-    The assertion message is the impl's own (it says which numbers it saw); compare
-    plans with ``plan_fields``, which leaves messages out.
+    Messages and reasons are the impl's own (they say which numbers it saw); compare
+    plans with ``plan_fields``, which leaves them out.
     """
     rows = range(batch.shape[0]) if rows is None else list(rows)
     cells = out.cells
@@ -480,6 +660,10 @@ def to_load_plans(batch: PlanBatch, out: BatchPlan, rows=None) -> list[LoadPlan]
     vals = {key: out.value(key).cpu().tolist() for key in ASSERTION_VALUE_FIELDS}
     start, count = cells.start.cpu().tolist(), cells.count.cpu().tolist()
     failing = out.failing_group.cpu().tolist()
+    stop = out.stop.cpu().tolist() if out.stop is not None else [0] * cells.R
+    req = cells.requests
+    boundary = req.boundary.cpu().tolist() if req is not None else None
+    T = (batch.num_locally_computed_tokens + batch.num_external_tokens).cpu().tolist()
     ids, n = out.dst_block_ids(batch.block_id, out.reached)
     ids, n = ids.cpu().tolist(), n.cpu().tolist()
     id_at = [0]
@@ -487,34 +671,45 @@ def to_load_plans(batch: PlanBatch, out: BatchPlan, rows=None) -> list[LoadPlan]
         id_at.append(id_at[-1] + x)
     plans = []
     for r in rows:
+        if stop[r] == CODE_UNSUPPORTED:
+            plans.append(LoadPlan(out.variant, (), None, out.asserts,
+                                  unsupported=f"(batched impl) vLLM {out.release.release} lacks a feature this case uses"))
+            continue
+        if stop[r]:
+            values = {"partial_tail_boundary": boundary[r], "num_cached_tokens": T[r]}
+            plans.append(LoadPlan(out.variant, (), Assertion(AssertName.PARTIAL_TAIL, None,
+                                  f"(batched impl) partial_tail: {values}", values), out.asserts))
+            continue
         if not count[r]:
             plans.append(LoadPlan(out.variant, (), None, out.asserts))
             continue
         s = start[r]
-        upto = count[r] if failing[r] < 0 else failing[r]
+        cell_range = range(s, s + count[r])
+        upto = [c for c in cell_range if failing[r] < 0 or col["group_index"][c] < failing[r]]
         groups = tuple(
             GroupPlan(
-                group_index=g,
-                **{f: col[f][s + g] for f in GROUP_FIELDS},
-                dst_block_ids=tuple(ids[id_at[s + g]:id_at[s + g + 1]]),
+                **{f: col[f][c] for f in GROUP_FIELDS if f != "boundary_key_tokens"},
+                dst_block_ids=tuple(ids[id_at[c]:id_at[c + 1]]),
+                boundary_key_tokens=None if col["boundary_key_tokens"][c] == NO_KEY else col["boundary_key_tokens"][c],
             )
-            for g in range(upto)
+            for c in upto
         )
         assertion = None
         if failing[r] >= 0:
-            g = failing[r]
-            name = ASSERT_NAMES[col["code"][s + g]]
-            values = {key: vals[key][s + g] for key in ASSERTION_VALUES[name]}
+            c = s + len(upto)
+            name = ASSERT_NAMES[col["code"][c]]
+            values = {key: vals[key][c] for key in ASSERTION_VALUES[name]}
             shown = ", ".join(f"{k}={v}" for k, v in values.items())
-            assertion = Assertion(name, g, f"(batched impl) {name.value}: {shown}", values)
+            assertion = Assertion(name, failing[r], f"(batched impl) {name.value}: {shown}", values)
         plans.append(LoadPlan(out.variant, groups, assertion, out.asserts))
     return plans
 
 
 def plan_fields(plan: LoadPlan) -> tuple:
-    """What two plans must share to agree: outcome, the failing group and its numbers,
-    and every planned group's fields (which fix dst_block_ids, group_sizes,
-    block_indices and keys). Messages are prose and left out."""
+    """What two plans must share to agree: outcome (ok, the assertion, or unsupported),
+    the failing group and its numbers, and every planned group's fields (which fix
+    dst_block_ids, group_sizes, block_indices and keys). Messages and reasons are prose
+    and left out."""
     a = plan.assertion
     head = None if a is None else (a.name, a.group_index, tuple(sorted(a.values.items())))
-    return head, plan.groups
+    return head, plan.groups, plan.unsupported is not None

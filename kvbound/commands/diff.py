@@ -20,7 +20,7 @@ from pathlib import Path
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
 from kvbound.draw import draw_case
 from kvbound.spec import GroupKind, case_to_dict, dump_cases, load_case_paths
-from kvbound.spec.strategies import FAMILIES, family_of, random_cases
+from kvbound.spec.strategies import ALL_FAMILIES, FAMILIES, family_of, random_cases
 from kvbound.spec.verdicts import Verdict
 
 from . import add_variant_args, selected_variants
@@ -43,7 +43,10 @@ def register(sub):
     p.add_argument("--cases", type=int, default=None, metavar="N",
                    help="generated cases (default 1000, or 0 when case files or --exhaustive are given)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the generated cases")
-    p.add_argument("--family", choices=FAMILIES, help="generate one family only (default: all, in turn)")
+    p.add_argument("--family", choices=ALL_FAMILIES + ("all",),
+                   help=f"generate one family only, or all (every family in turn); default: the v1 families "
+                   f"{', '.join(FAMILIES)} in turn. The tensor generator draws the v1 families; the others, and "
+                   "all, come from random_cases")
     p.add_argument("--generator", choices=("tensor", "python"), default="tensor",
                    help="tensor (default): kvbound.impl.generate draws whole batches in torch; python: "
                    "kvbound.spec.strategies.random_cases, one Case at a time (slower; the cases of older runs)")
@@ -135,8 +138,13 @@ def run(args) -> int:
     from kvbound.impl.exhaustive import Scope, ScopeError, scope_chunks
     from kvbound.impl.generate import generate_batch
 
+    import torch
+
     against = _parse_against(args.against)
     variants = selected_variants(args)
+    # one torch thread: the spec's worker processes take the other cores, and torch's
+    # spinning intra-op threads on a busy machine cost the impl 20-100x (measured)
+    torch.set_num_threads(1)
     try:
         device = resolve_device(None if args.device == "auto" else args.device)
     except BatchError as e:
@@ -165,7 +173,7 @@ def run(args) -> int:
 
     def all_chunks():
         yield from _case_chunks(files, args.batch, device)
-        if args.generator == "python":
+        if args.generator == "python" or (args.family is not None and args.family not in FAMILIES):
             yield from _case_chunks(random_cases(n_gen, seed=args.seed, family=args.family), args.batch, device)
         else:
             for first in range(0, n_gen, args.batch):
@@ -285,7 +293,8 @@ def _save_shrunk(disagreements, corpus: Path, limit: int = 10) -> list:
 
 
 def _outcome_cols(variants):
-    return ["ok", "table_length", "boundary", "alignment", "window_bound", "keys_length"]
+    return ["ok", "table_length", "boundary", "alignment", "window_bound", "keys_length", "partial_tail",
+            "unsupported"]
 
 
 def _print_report(args, stats, variants, against, sym, unknowns, fams, elapsed, timings, workers) -> None:
