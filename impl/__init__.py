@@ -12,7 +12,7 @@ import warnings
 # torch warns at import when numpy is absent; kvbound never hands tensors to numpy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from .batch import BatchError, PlanBatch, batch_from_cases, cases_from_batch, resolve_device
+from .batch import BatchError, PlanBatch, batch_from_cases, cases_from_batch, concat_batches, resolve_device
 from .differential import (CaseChunk, DiffStats, Disagreement, SpecSide, Timings, agrees_with_spec, diff_against_spec,
                            mismatched_rows, record, run_differential, spec_side)
 from .plan import (ASSERT_CODES, ASSERT_NAMES, CODE_OK, GROUP_FIELDS, BatchPlan, Cells, plan_batch, plan_fields, plan_variants,

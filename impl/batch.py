@@ -205,8 +205,37 @@ class PlanBatch:
                     or (~self.offloaded).any() or (self.num_tokens != self.num_prompt_tokens).any()
                     or self.is_eagle_group.any())
 
+    def rows(self, start: int, stop: int) -> "PlanBatch":
+        """Requests ``start`` .. ``stop`` (views, no copy)."""
+        return PlanBatch(**{k: v[start:stop] for k, v in self.tensors().items()},
+                         names=self.names[start:stop] if self.names else None)
+
     def to(self, device) -> "PlanBatch":
         return PlanBatch(**{k: v.to(device) for k, v in self.tensors().items()}, names=self.names)
+
+
+def concat_batches(batches) -> PlanBatch:
+    """One batch of the requests of ``batches`` in order (slots and groups padded to the widest)."""
+    batches = list(batches)
+    if len(batches) == 1:
+        return batches[0]
+    G = max(b.shape[1] for b in batches)
+    L = max(b.shape[2] for b in batches)
+    out = {}
+    for name in batches[0].tensors():
+        parts = []
+        for b in batches:
+            t = getattr(b, name)
+            if t.dim() >= 2 and t.shape[1] < G:  # padded groups: inert values (offloaded, tokens_per_block 1)
+                fill = 1 if name in ("tokens_per_block", "offloaded") else 0
+                t = torch.cat([t, torch.full((t.shape[0], G - t.shape[1]) + tuple(t.shape[2:]), fill,
+                                             dtype=t.dtype, device=t.device)], 1)
+            if t.dim() == 3 and t.shape[2] < L:
+                t = torch.cat([t, t.new_zeros(t.shape[:2] + (L - t.shape[2],))], 2)
+            parts.append(t)
+        out[name] = torch.cat(parts, 0)
+    names = None if any(b.names is None for b in batches) else [n for b in batches for n in b.names]
+    return PlanBatch(**out, names=names)
 
 
 def resolve_device(device=None) -> torch.device:

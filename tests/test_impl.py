@@ -28,7 +28,7 @@ from kvbound.impl.batch import STATE_H
 from kvbound.spec import AssertName, Variant, case_to_dict, load_case_paths, load_cases, plan_load
 from kvbound.spec.strategies import cases, random_cases
 
-from conftest import CORPUS, EXAMPLES
+from conftest import CORPUS, EXAMPLES, ROOT
 
 
 def _agree_all(case_list, asserts=True):
@@ -272,3 +272,18 @@ def test_diff_exhaustive_command(tmp_path, capsys):
     assert rep["exhaustive"]["cases"] == rep["cases"] > 1000 and rep["result"] == "agree"
     assert main(["diff", "--exhaustive", "groups=x"]) == 2
     assert "groups" in capsys.readouterr().err
+
+
+def test_case_format_v2_agrees_every_family():
+    """Partial tails (boundary keys, the partial_tail assert), EAGLE margins, retained
+    window tokens, resumed requests, group subsets and unsupported outcomes, as the spec."""
+    cs = load_case_paths([ROOT / "tests" / "cases_v2"]) + list(random_cases(1400, seed=4, family="all"))
+    b = batch_from_cases(cs)
+    assert b.uses_v2 and cases_from_batch(b) == cs  # the v2 fields survive the tensors
+    stats = _agree_all(cs)
+    seen = {name for (_, name) in stats.outcomes}
+    assert {"partial_tail", "unsupported", "ok"} <= seen
+    _agree_all(cs[:500], asserts=False)
+    keys = [k for c in cs for p in to_load_plans(batch_from_cases([c]), plan_batch(batch_from_cases([c]), "fixed-sync"))
+            for k in p.keys if len(k) == 3]
+    assert keys and all(k[1] == "boundary" for k in keys)
