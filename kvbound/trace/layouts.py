@@ -26,6 +26,9 @@ LAYOUTS = {
     # Hybrid Mamba align: attention and Mamba share a 64-token page, hashed every
     # 16 tokens (tokens_per_hash < block size: partial tails on 0.33).
     "mamba": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1, "prefix_match_unit": 16},
+    # The same hybrid hashed per block (tokens_per_hash = block size): what releases
+    # before 0.28 can offload (their store path needs whole-block hashes).
+    "mamba-block": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1},
     # Hybrid Mamba with a realistic page: 528 tokens per block (a Mamba2 state page
     # matched by the attention block size), hashed every 16 tokens.
     "mamba528": {"groups": [_g(FA, 528), _g(MAMBA, 528)], "blocks_per_chunk": 1, "prefix_match_unit": 16},
@@ -42,6 +45,7 @@ ENGINE = {
     "swa": dict(_BASE),
     "chunked": dict(_BASE),
     "mamba": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
+    "mamba-block": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba528": dict(_BASE, num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
     "bpc2": dict(_BASE),
 }
