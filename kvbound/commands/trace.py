@@ -45,6 +45,8 @@ def register(sub):
     p.add_argument("--out", default="trace-findings", metavar="DIR", help="where trace files go")
     p.add_argument("--json", metavar="FILE", help="summary and findings as JSON (for CI)")
     p.add_argument("--replay", metavar="F", help="rerun a trace file's requests and say if its finding reproduces")
+    p.add_argument("--reshrink", action="store_true",
+                   help="with --replay: shrink the reproduced finding further and save it under --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p
@@ -217,6 +219,22 @@ def replay(args) -> int:
         return EXIT_INPUT
     w.stop()
     same = [g for g in got if g.key() == f.key()]
+    if same and args.reshrink:
+        from kvbound.trace import shrink as S
+        from kvbound.trace import tracefile as TF
+
+        n0 = len(f.segment["requests"])
+        w = R.start_worker(env)
+        try:
+            reqs, runs = S.shrink(w, same[0], args.shrink_budget)
+            again = [g for g in R.rerun(w, env.version, same[0], reqs) if g.key() == f.key()]
+        finally:
+            w.stop()
+        if again:
+            path = TF.save(again[0], Path(args.out), n0, runs)
+            print(f"reproduced on vllm {env.version}: {f.kind}; shrunk {n0} -> {len(reqs)} requests")
+            print(describe(again[0], str(path), n0))
+            return EXIT_FAIL
     if same:
         print(f"reproduced on vllm {env.version}: {f.kind}")
         print(describe(same[0], args.replay))
