@@ -39,7 +39,7 @@ LAYOUTS = {
 # How big each engine is, per layout: GPU blocks (incl. the null block), CPU chunks,
 # batch limits, the longest prompt and the fake transfer engine.
 _BASE = dict(num_gpu_blocks=72, cpu_chunks=256, max_num_seqs=8, max_num_batched_tokens=256,
-             max_delay=2, fail_p=0.0, max_model_len=8192)
+             max_delay=2, fail_p=0.0, max_model_len=8192, abort_p=0.04)
 ENGINE = {
     "full": dict(_BASE),
     "swa": dict(_BASE),
