@@ -188,8 +188,11 @@ def _term_computed_cached(g):
 def _term_sliding_skipped_null(g):
     t = g.table
     skipped = MAX(g.T - g.span + 1 - g.extra, 0)
-    # window_in_chunks as 0.33 derives it (config.get_sliding_window_size_in_chunks)
-    window = MAX(FLOORDIV(g.span + g.tpc - 1, g.tpc), FLOORDIV(g.span - 1 + g.extra + g.tpc - 1, g.tpc))
+    # window_in_chunks as 0.31+ derive it (config.get_sliding_window_size_in_chunks); the world's
+    # ``window_counts_retained`` is False for the mutant (or a release) that ignores the retained tokens
+    window = FLOORDIV(g.span + g.tpc - 1, g.tpc)
+    if getattr(g, "window_counts_retained", True):
+        window = MAX(window, FLOORDIV(g.span - 1 + g.extra + g.tpc - 1, g.tpc))
     return AND(g.span >= 1, g.extra >= 0, g.window == window,
                t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == NUL))
 

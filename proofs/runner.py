@@ -14,6 +14,7 @@ import z3
 from kvbound.spec.verdicts import Verdict
 
 from .encoding import Knobs
+from .mutants import ENCODING_MUTANTS
 from .obligations import OBLIGATIONS, PROVED, REFUTED, Obligation, problem
 from .options import OBLIGATION, PROVE, SolverOptions
 from .terms import NOT, as_bool
@@ -142,21 +143,7 @@ def run_obligation(ob: Obligation, options: SolverOptions = OBLIGATION) -> Resul
 
 # --- mutants --------------------------------------------------------------------
 
-MUTANTS = {
-    "scan-from-0": dict(scan_from_zero=True),
-    "no-null-skip": dict(null_skip=False),
-    "floor-f": dict(f_floor=True),
-    "unhashed-test-dropped": dict(unhashed_test=False),
-    "start-equals-f": dict(no_scan=True),
-    "loop-from-f+1": dict(lo_offset=1),
-    "loop-from-f-1": dict(lo_offset=-1),
-    "loop-to-k-1": dict(hi_offset=-1),
-    "loop-to-k+1": dict(hi_offset=1),
-    "keys-from-start//bpc+1": dict(key_start_offset=1),
-    "pending+1": dict(pending_offset=1),
-    "pending-1": dict(pending_offset=-1),
-    "end-chunk-floor": dict(end_chunk_floor=True),
-}
+MUTANTS = ENCODING_MUTANTS  # name -> Knobs changes (proofs/mutants.py is the one table)
 
 
 # --- the whole suite ------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import xml.etree.ElementTree as ET
 
@@ -248,6 +249,35 @@ def test_premises_command(tmp_path, capsys):
     assert "single_type_kv_cache_manager.py:1971" in capsys.readouterr().out
     assert main(["premises", str(good), "--only", "no-such"]) == 2
     assert "no-such" in capsys.readouterr().err
+
+
+# --- the one mutant table -----------------------------------------------------------
+
+def test_mutant_table_covers_every_class_and_scores_by_name():
+    from kvbound.proofs.mutants import MUTANTS as TABLE, applicable, score
+
+    classes = {m.cls for m in TABLE}
+    assert {"scan", "assert", "sync", "keys", "partial-tail", "groups"} <= classes
+    assert len({m.name for m in TABLE}) == len(TABLE)
+    enc = [m.name for m in applicable("encoding")]
+    assert enc == list(MUTANTS)  # the runner's mutants are the table's encodable ones
+    for m in TABLE:  # a mutant the encoding cannot express says why
+        assert (m.encoding is None) == ("encoding" in m.not_for), m.name
+    s = score("encoding", {n: ("x" if i else None) for i, n in enumerate(enc)})
+    assert s["killed"] == len(enc) - 1 and s["survivors"] == [enc[0]] and s["total"] == len(enc)
+    assert set(s["not_applicable"]) == {m.name for m in TABLE if "encoding" in m.not_for}
+    with pytest.raises(ValueError):
+        score("encoding", {"no-such-mutant": None})
+
+
+def test_keys_prompt_only_is_killed_by_keys_from_all_tokens_alone():
+    """issue 9: the keys-from-all-tokens obligation is the one that sees keys counted from the prompt."""
+    from kvbound.proofs.runner import kills
+
+    change = MUTANTS["keys-prompt-only"]
+    killers = [o.id for o in OBLIGATIONS if o.expected == PROVED and o.mutable and o.bound.groups == 1
+               and kills(o, dataclasses.replace(o.knobs, **change), OPTIONS)]
+    assert killers == ["keys-from-all-tokens"]
 
 
 def test_solver_options_own_the_timeout_and_unknown_is_never_an_answer():
