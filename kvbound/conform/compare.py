@@ -58,6 +58,8 @@ def real_plan_json(result: dict) -> dict:
     if outcome == "ok":
         for f in ("dst_block_ids", "group_sizes", "block_indices", "keys"):
             out[f] = list(result.get(f) or [])
+    elif outcome == "unsupported":
+        out["reason"] = result.get("why")
     elif outcome == "assertion_error":
         out["assertion"] = classify_assert(result.get("assert_site"))
     elif outcome == "exception":
@@ -119,15 +121,30 @@ def judge(case: Case, release: str, result: dict) -> dict:
                        " non-zero hit with N + hit < num_prompt_tokens); the positional match"
                        " was not exercised, so the case is not judged")
         return rec
-    if result.get("partial_tail_boundary") is not None:
-        rec.update(verdict=UNDRIVEN,
-                   why=f"vLLM's lookup chose a partial tail at {result['partial_tail_boundary']}"
-                       " tokens, which the case format leaves out")
+    if outcome != "unsupported" and result.get("partial_tail_boundary") != case.partial_tail_boundary:
+        rec.update(verdict=UNDRIVEN, why=_tail_undriven(case, result))
         return rec
     diff = diff_fields(real, spec)
     rec["diff"] = diff
     rec["verdict"] = DISAGREE if diff else AGREE
     return rec
+
+
+def _tail_undriven(case: Case, result: dict) -> str:
+    """Why vLLM's lookup did not record the case's partial tail (or recorded one the case lacks)."""
+    got = result.get("partial_tail_boundary")
+    lookup_m = (result.get("lookup") or {}).get("num_external_tokens")
+    N, want = case.num_locally_computed_tokens, case.partial_tail_boundary
+    if want is None:
+        return (f"vLLM's lookup recorded a partial tail at {got} tokens the case does not have (the fake"
+                " tier answers MISS for every boundary key but the case's), so the case is not judged")
+    if got is None:
+        return (f"vLLM's lookup recorded no partial tail though the tier holds the case's boundary key at"
+                f" {want}: it answered M={lookup_m} from N={N} (complete chunks only). The boundary is searched"
+                " only in the block after the complete-chunk hit (two blocks with an EAGLE group, 0.33) and"
+                " below num_prompt_tokens, so the case's M and boundary are not what the lookup can pick;"
+                " the case is not judged")
+    return (f"vLLM's lookup recorded a partial tail at {got}, not the case's {want}; the case is not judged")
 
 
 def _fault_text(result: dict) -> str:
@@ -183,8 +200,10 @@ def outcome_label(rec: dict) -> str:
 
 
 def is_blocking(rec: dict, row: str) -> bool:
-    """What fails CI: a disagreement or fault outside the adversarial row."""
-    return row != "adversarial" and rec["verdict"] in (DISAGREE, FAULT)
+    """What fails CI: a disagreement, fault or undriven case outside the adversarial row
+    (a non-adversarial case the real lookup cannot be made to drive is a generator or
+    adapter bug, not a pass)."""
+    return row != "adversarial" and rec["verdict"] in (DISAGREE, FAULT, UNDRIVEN)
 
 
 def matrix(records: list[dict], releases: list[str]) -> dict:

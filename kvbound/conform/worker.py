@@ -78,14 +78,19 @@ class Release:
         self.fake_spec_cls = _fake_spec_class(base)
 
     # -- config -----------------------------------------------------------------
-    def vllm_config(self, block_size):
-        if block_size not in self._vllm_configs:
-            self._vllm_configs[block_size] = self.VllmConfig(
+    def vllm_config(self, block_size, dcp=1):
+        if (block_size, dcp) not in self._vllm_configs:
+            cfg = self.VllmConfig(
                 cache_config=self.CacheConfig(block_size=block_size, enable_prefix_caching=True),
                 parallel_config=self.ParallelConfig(),
                 device_config=self.DeviceConfig(device="cpu"),
             )
-        return self._vllm_configs[block_size]
+            if dcp != 1:
+                # Validation wants tp_size divisible by dcp_size (a GPU deployment); the
+                # connector's scheduler only reads the number, so it is set afterwards.
+                cfg.parallel_config.decode_context_parallel_size = dcp
+            self._vllm_configs[block_size, dcp] = cfg
+        return self._vllm_configs[block_size, dcp]
 
     def group_spec(self, g):
         t = self.torch.float32
@@ -104,7 +109,7 @@ class Release:
                 attention_chunk_size=g["attention_chunk_size"])
         if kind == "mamba":
             return _build(self.kci.MambaSpec, block_size=b, shapes=((1,),), dtypes=(t,),
-                          mamba_cache_mode="align")
+                          mamba_cache_mode=g.get(MAMBA_MODE) or "align")
         raise ValueError("unknown group kind %r" % (kind,))
 
     def missing_features(self, case):
@@ -120,10 +125,6 @@ class Release:
         if not all(_offloaded(g) for g in case["groups"]) and "group_id" not in _fields(ocfg.OffloadingGroupConfig):
             why.append("OffloadingGroupConfig has no group_id in this release: every KV-cache group is"
                        " offloaded and indexed by position")
-        if case.get(PARTIAL_TAIL) is not None and "partial_tail_boundary" not in _fields(
-                getattr(self.scheduler, "RequestOffloadState", None)):
-            why.append("the offloading scheduler has no partial tails in this release"
-                       " (RequestOffloadState has no partial_tail_boundary)")
         return "; ".join(why) or None
 
     def offloading_config(self, specs, case, extra_config):
@@ -191,7 +192,7 @@ class Release:
         manager = self.fake_manager_cls()
         spec = self.fake_spec_cls(self.offloading_config(specs, case, extra), manager)
         sched = self.scheduler.OffloadingConnectorScheduler(
-            spec, self.vllm_config(specs[0].block_size), kv_cache_config)
+            spec, self.vllm_config(specs[0].block_size, case.get(DCP) or 1), kv_cache_config)
         cfg = sched.config
         group_configs = list(getattr(cfg, "kv_group_configs", ()))
         out["real_config"] = {
@@ -200,6 +201,14 @@ class Release:
             "eagle_groups": [gc.group_idx for gc in group_configs if getattr(gc, "is_eagle_group", False)],
             "eagle_proof_margins": {str(k): v for k, v in getattr(sched, "_eagle_proof_margins", {}).items()},
         }
+        if tail is not None and not out["real_config"]["supports_partial_tail"]:
+            has = out["real_config"]["supports_partial_tail"] is not None
+            out.update(outcome="unsupported", phase="features",
+                       why="the release's own SchedulerOffloadConfig.supports_partial_tail is False for this"
+                           " config, so its lookup never records a partial tail" if has else
+                           "this release has no partial tails (SchedulerOffloadConfig has no"
+                           " supports_partial_tail)")
+            return out
         req = self.Request(
             request_id="kvbound-case",
             prompt_token_ids=list(range(P)),
@@ -277,9 +286,11 @@ class Release:
 NUM_TOKENS = "num_tokens"
 PARTIAL_TAIL = "partial_tail_boundary"
 EXTRA_RETAINED = "extra_retained_tokens"
-EAGLE = "eagle"
+EAGLE = "is_eagle_group"
 OFFLOADED = "offloaded"
 HIT_ALIGNMENT = "cache_hit_alignment_tokens"
+MAMBA_MODE = "mamba_cache_mode"
+DCP = "decode_context_parallel_size"
 
 
 def _offloaded(group):
