@@ -1,5 +1,8 @@
 """kvbound.impl: the load plan batched in torch, the fast oracle for millions of configurations.
 
+Directory ``impl/`` at the repository top, installed as ``kvbound.impl``: layer 1,
+the impl ↔ spec relation (docs/architecture.md).
+
 Imports only ``kvbound.spec``; it is checked against the spec and against the
 symbolic model by ``kvbound diff``.
 """

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from kvbound.errors import BatchError
 from kvbound.spec import Block, BlockState, Case, Group, GroupConfig, GroupKind
 
 # Small integer codes; the order of the enums is the code.
@@ -25,12 +26,6 @@ _STATES = tuple(BlockState)
 _KINDS = tuple(GroupKind)
 
 
-class BatchError(ValueError):
-    """A wrongly typed, shaped or placed input tensor: which field, what was expected."""
-
-    def __init__(self, field: str, rule: str):
-        self.field, self.rule = field, rule
-        super().__init__(f"PlanBatch.{field}: {rule}")
 
 
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)

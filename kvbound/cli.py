@@ -1,8 +1,12 @@
 """The ``kvbound`` console script: one subcommand per module in ``kvbound.commands``.
 
-Exit codes, for CI: 0 all good; 1 a check failed (an obligation missed its
-verdict, a disagreement); 2 bad input or an inconclusive solver. A ``CaseError``
-or other input error prints one line naming the field, never a traceback.
+Exit codes, for CI (``kvbound.errors``): 0 all good; 1 a check failed (an obligation
+missed its verdict, a disagreement); 2 bad input, an unpreparable release or an
+inconclusive solver. Every deliberate error is a ``kvbound.errors.KvboundError``:
+``main`` prints it as one line naming the case, field or flag, never a traceback.
+
+Commands import ``kvbound.errors``, never this module, so ``python -m kvbound.cli`` and
+``python -m kvbound`` see the same error classes as the console script.
 """
 
 from __future__ import annotations
@@ -12,17 +16,11 @@ import importlib
 import sys
 
 from kvbound import __version__
-from kvbound.spec import CaseError, UnsupportedVersion
+from kvbound.errors import EXIT_OK, KvboundError
 
 # Each name is a module kvbound.commands.<name> with register(subparsers) -> parser
 # (which sets ``func``); order is the order ``kvbound --help`` lists them.
-COMMANDS = ["plan", "explain", "prove", "report", "catalogue", "conform", "diff", "bench"]
-
-EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
-
-
-class UsageError(Exception):
-    """A user-facing error: printed as one line, exit 2."""
+COMMANDS = ["plan", "explain", "prove", "premises", "report", "catalogue", "conform", "diff", "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,9 +40,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (CaseError, UnsupportedVersion, UsageError) as e:
+    except KvboundError as e:
         print(f"kvbound {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_INPUT
+        return e.exit_code
     except BrokenPipeError:
         return EXIT_OK
 

@@ -140,6 +140,10 @@ def draw_group(case: Case, gi: int, plans: dict) -> str:
 
 def _verdict(plan: LoadPlan, gi: int, start: int, k: int) -> str:
     a = plan.assertion
+    if plan.unsupported is not None:
+        return f"start={start}  (unsupported in this release)"
+    if a is not None and a.group_index is None:
+        return f"start={start}  (not reached: the request-level {a.name.value} assert fired first)"
     if a is not None and a.group_index == gi:
         return f"start={start}  ✗ {a.name.value}: {a.message}"
     if a is not None and a.group_index < gi:
@@ -174,9 +178,12 @@ def draw_case(case: Case, variants=tuple(Variant), plans: dict | None = None, le
 
 def describe_plan(plan: LoadPlan) -> str:
     """One paragraph: the assert with its numbers, or what is loaded and from which keys."""
+    if plan.unsupported is not None:
+        return f"unsupported: {plan.unsupported}"
     if plan.assertion is not None:
         a = plan.assertion
-        return f"AssertionError ({a.name.value}) in group {a.group_index}: {a.message}"
+        where = "before any group" if a.group_index is None else f"in group {a.group_index}"
+        return f"AssertionError ({a.name.value}) {where}: {a.message}"
     if not plan.groups:
         return "num_external_tokens == 0: vLLM returns before planning; nothing is loaded"
     return (
@@ -188,6 +195,13 @@ def describe_plan(plan: LoadPlan) -> str:
 def why(case: Case, plan: LoadPlan) -> str:
     """The reason behind ``describe_plan``, in the PR's terms."""
     a = plan.assertion
+    if plan.unsupported is not None:
+        return ""
+    if a is not None and a.name.value == "partial_tail":
+        return (
+            f"vLLM's lookup recorded a partial tail at {a.values['partial_tail_boundary']} tokens, so the load must "
+            f"end there, but N + M = {a.values['num_cached_tokens']}"
+        )
     if a is None:
         if not plan.groups:
             return ""

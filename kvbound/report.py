@@ -15,12 +15,11 @@ from pathlib import Path
 
 from kvbound import __version__
 from kvbound.draw import case_header, describe_plan, draw_case
-from kvbound.spec import CaseError, Variant, case_from_dict, plan_load
+from kvbound.errors import CaseError, ReportInputError
+from kvbound.spec import Variant, case_from_dict, plan_load
 from kvbound.svg import case_svgs, legend_svg
 
 
-class ReportInputError(ValueError):
-    """A JSON file without the shape its section reads: which file, where, what was expected."""
 
 
 @dataclass

@@ -1,5 +1,8 @@
 """kvbound.proofs: the Z3 encoding of the load plan, the proof obligations, mutants.
 
+Directory ``proofs/`` at the repository top, installed as ``kvbound.proofs``: layer 1,
+the encoding ↔ spec relation (docs/architecture.md).
+
 Imports only kvbound.spec (and z3). ``check_plan`` holds any plan to the encoding;
 ``witness_cases`` gives every witness the obligations produce as a spec Case;
 ``run_all`` runs the suite (``kvbound prove`` draws and reports it).

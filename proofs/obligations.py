@@ -8,7 +8,7 @@ must reproduce its witness. Docs are generated from these objects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import z3
@@ -34,6 +34,34 @@ class Problem:
 
 
 @dataclass(frozen=True)
+class Bound:
+    """How far a claim reaches, per dimension, as data (printed by prove, JSON, JUnit, catalogue).
+
+    ``None`` in a dimension means Z3 reasons about every value (a symbolic table, an
+    unbounded integer); a number is the largest value covered."""
+
+    groups: int | None = 1  # KV-cache groups in one formula
+    table_length: int | None = None  # blocks per group's table
+    sizes: str = "unbounded"  # tokens_per_block, blocks_per_chunk, N, M: what ranges Z3 covers
+    why: str = ""  # why the bounded dimensions are bounded
+
+    def text(self) -> str:
+        g = "—" if self.groups == 0 else ("any" if self.groups is None else
+                                           ("1" if self.groups == 1 else f"≤{self.groups}"))
+        t = "—" if self.table_length == 0 else ("any" if self.table_length is None else f"≤{self.table_length}")
+        return f"groups {g}; table {t}; sizes {self.sizes}"
+
+    def to_json(self) -> dict:
+        return {"groups": self.groups, "table_length": self.table_length, "sizes": self.sizes, "why": self.why,
+                "text": self.text()}
+
+
+ONE_GROUP = Bound(1, None, "unbounded", "one group: the plan loops over groups with no state carried between "
+                  "them, so a claim about one group holds for each (the hybrid obligations check groups together)")
+NO_TABLE = Bound(0, 0, "unbounded", "arithmetic only: no table enters the formula")
+
+
+@dataclass(frozen=True)
 class Obligation:
     id: str
     statement: str  # English, for the report and the docs
@@ -43,7 +71,8 @@ class Obligation:
     build: Callable  # (knobs) -> Problem
     knobs: Knobs = Knobs()  # the code it is about; mutants perturb these
     reproduce: Callable | None = None  # (Case) -> str | None: None when the spec shows the failure
-    bound: str | None = None  # where the claim is bounded, and why
+    bound: Bound = ONE_GROUP  # how far the claim reaches, per dimension
+    premises: tuple = ()  # ids of proofs.premises assumed (their Z3 faces are added by ``problem``)
     mutable: bool = True  # does a mutant of the scan/plan change what it encodes?
     about: Knobs | None = None  # a variant outside the spec the witness is about (shown beside the drawing)
 
@@ -119,6 +148,14 @@ def _replay_converse(case):
     return None
 
 
+def problem(ob: "Obligation", knobs: Knobs | None = None) -> Problem:
+    """The obligation's problem for ``knobs`` (default its own), its premises' Z3 faces added."""
+    prob = ob.build(ob.knobs if knobs is None else knobs)
+    if ob.premises:
+        prob = replace(prob, premises=list(prob.premises) + prob.world.premise_terms(ob.premises))
+    return prob
+
+
 def _recurrent_below_f(w):
     t = w.table
     i = z3.Int("i_unhashed")
@@ -128,8 +165,7 @@ def _recurrent_below_f(w):
 def _legacy_refuted(knobs):
     w = World(GroupKind.MAMBA)
     p = w.plan(knobs)
-    j = z3.Int("j")
-    prem = w.base() + [w.aligned(), j < w.k] + _recurrent_below_f(w) + w.allocator(j)
+    prem = w.base() + [NOT(w.sync_load), w.j < w.k] + _recurrent_below_f(w)
     return Problem(prem, w.N <= p.start * w.b, w,
                    witness=lambda m: w.to_case(m, "witness-legacy-refuted"), shaping=w.small())
 
@@ -152,8 +188,7 @@ def _legacy_agrees_when_passing(knobs):
 def _legacy_without_asserts(knobs):
     w = World(GroupKind.MAMBA)
     legacy, fixed = w.plan(knobs_for(Variant.LEGACY, asserts=False), "L"), w.plan(knobs, "F")
-    j = z3.Int("j")
-    prem = w.base() + [w.aligned(), j < w.k] + _recurrent_below_f(w) + w.allocator(j)
+    prem = w.base() + [NOT(w.sync_load), w.j < w.k] + _recurrent_below_f(w)
     claim = OR(legacy.start >= w.f, legacy.start_chunk == fixed.start_chunk)
     return Problem(prem, claim, w, witness=lambda m: w.to_case(m, "witness-legacy-without-asserts"),
                    shaping=w.small())
@@ -176,8 +211,7 @@ def _null_skip_needed(knobs):
     w = World(GroupKind.MAMBA)
     p = w.plan(Knobs(no_scan=True))  # the variant start = f, no loop
     t = w.table
-    j = z3.Int("j")
-    prem = w.base() + [w.aligned(), j < w.k] + w.allocator(j)
+    prem = w.base() + [NOT(w.sync_load), w.j < w.k]
     claim = t.forall(p.start, w.k, lambda i: t.state(i) != NUL)
     return Problem(prem, claim, w, witness=lambda m: w.to_case(m, "witness-null-skip-needed"),
                    shaping=w.small())
@@ -200,24 +234,31 @@ def _null_skip_fixed(knobs):
     w = World(GroupKind.MAMBA)
     p = w.plan(knobs)
     t = w.table
-    j = z3.Int("j")
-    prem = w.base() + [w.aligned()] + w.allocator(j)
-    return Problem(prem, t.forall(p.start, w.k, lambda i: t.state(i) != NUL), w)
+    return Problem(w.base(), t.forall(p.start, w.k, lambda i: t.state(i) != NUL), w)
 
 
 def _destinations_exact(knobs):
     w = World(GroupKind.SLIDING_WINDOW)
     p = w.plan(knobs)
     t = w.table
-    j = z3.Int("j")
-    fresh = IF(w.sync_load, HSH, UNH) if knobs.match_hashed_on_sync else UNH
-    prem = w.base() + [w.aligned()] + w.allocator(j, fresh)
-    claim = AND(p.start == j, p.pending == p.dst_len,
+    prem = w.base() + ([] if knobs.match_hashed_on_sync else [NOT(w.sync_load)])  # sync loads: 0.33 only
+    claim = AND(p.start == w.j, p.pending == p.dst_len,
                 OR(w.sync_load, t.forall(p.start, w.k, lambda i: t.state(i) != HSH)))
     return Problem(prem, claim, w)
 
 
 def _keys_in_range(knobs):
+    """The lookup (``_lookup_complete_chunks``) confirms chunks [N // tpc, cdiv(T, tpc)):
+    it starts at ``start_chunk_idx = N // tpc`` and its hit T is capped at keys·tpc."""
+    w = World(GroupKind.MAMBA)
+    p = w.plan(knobs)
+    lookup_start, lookup_end = FLOORDIV(w.N, w.tpc), FLOORDIV(w.T + w.tpc - 1, w.tpc)
+    claim = OR(p.pending == 0, AND(lookup_start <= p.start_chunk, p.start_chunk < p.end_chunk,
+                                   p.end_chunk == lookup_end))
+    return Problem(w.base(), claim, w)
+
+
+def _keys_from_lookup_start(knobs):
     w = World(GroupKind.MAMBA)
     p = w.plan(knobs)
     return Problem(w.base(), p.start_chunk >= FLOORDIV(w.N, w.tpc), w)
@@ -235,9 +276,8 @@ def _window_bound(knobs):
     w = World(GroupKind.SLIDING_WINDOW)
     p = w.plan(knobs)
     t = w.table
-    j = z3.Int("j")
     below_f = t.forall(0, w.f, lambda i: t.state(i) != UNH)  # local blocks: hashed, or null when skipped
-    prem = w.base() + [w.aligned(), below_f] + w.allocator(j)
+    prem = w.base() + [below_f, NOT(w.sync_load)]
     return Problem(prem, p.pending <= w.window * w.bpc + 1, w,
                    witness=lambda m: w.to_case(m, "witness-window-bound"), shaping=w.small(max_len=8))
 
@@ -248,20 +288,7 @@ def _window_nulls(kind):
     def build(knobs):
         w = World(kind)
         p = w.plan(knobs)
-        t = w.table
-        j = z3.Int("j")
-        prem = w.base() + [w.aligned()] + w.allocator(j)
-        if kind is GroupKind.MAMBA:  # align mode keeps one state block: [f, k-1) null, one fresh block
-            prem.append(j >= w.k - 1)
-        else:
-            span = z3.Int("window_tokens")  # sliding_window, or attention_chunk_size
-            if kind is GroupKind.SLIDING_WINDOW:  # SlidingWindowManager skips T - w + 1 tokens
-                skipped_tokens = IF(w.T - span + 1 > 0, w.T - span + 1, 0)
-            else:  # ChunkedLocalAttentionManager skips the whole chunks before T's chunk
-                skipped_tokens = FLOORDIV(w.T, span) * span
-            prem += [span >= 1, w.window == FLOORDIV(span + w.tpc - 1, w.tpc),
-                     t.forall(0, FLOORDIV(skipped_tokens, w.b), lambda i: t.state(i) == NUL)]
-        return Problem(prem, p.pending <= w.window * w.bpc + 1, w)
+        return Problem(w.base() + [NOT(w.sync_load)], p.pending <= w.window * w.bpc + 1, w)
 
     return build
 
@@ -278,9 +305,8 @@ def _fixed_sync(knobs):
 def _fixed_sync_needed(knobs):
     w = World(GroupKind.FULL_ATTENTION)
     p = w.plan(knobs_for(Variant.FIXED))
-    j = z3.Int("j")
-    prem = w.base() + [w.aligned(), w.sync_load, j < w.k] + w.allocator(j, HSH)
-    return Problem(prem, p.start == j, w,
+    prem = w.base() + [w.sync_load, w.j < w.k]
+    return Problem(prem, p.start == w.j, w,
                    witness=lambda m: w.to_case(m, "witness-fixed-sync.needed", sync_load=True), shaping=w.small())
 
 
@@ -306,6 +332,11 @@ LEGACY = knobs_for(Variant.LEGACY)
 
 SINGLE = "one group; groups are planned independently, so one group stands for each"
 
+ALLOC = ("n-aligned", "fresh-after-nulls")  # what the allocator and the scheduler's rounding give every group
+ALIGN_BOUND = Bound(MAX_GROUPS, 0, "unbounded (block sizes, DCP size, N)",
+                    f"at most {MAX_GROUPS} KV-cache groups: slots are unrolled, LCM has no closed form over a "
+                    "symbolic count")
+
 OBLIGATIONS: list[Obligation] = [
     Obligation(
         "boundary",
@@ -318,17 +349,14 @@ OBLIGATIONS: list[Obligation] = [
         "kinds, block sizes and DCP size; so the N a load sees is a multiple of every tokens_per_block.",
         "unit = (n = 1 ? cache_bs·dcp₀ : lcm_j bs_j·dcp_j)  ⟹  ∀ g: tpb_g | unit ∧ tpb_g | (N_local − N_local mod unit)",
         "the scheduler rounds N to the LCM of every group's DCP-scaled block size (a lone group: its "
-        "spec.block_size is cache_config.block_size)", PROVED, _alignment, mutable=False,
-        bound=f"at most {MAX_GROUPS} KV-cache groups (slots unrolled; LCM has no closed form over a symbolic "
-              "count); sizes, DCP and N unbounded"),
+        "spec.block_size is cache_config.block_size)", PROVED, _alignment, mutable=False, bound=ALIGN_BOUND),
     Obligation(
         "alignment.weaker-premise",
         "The weaker premise 'N is a multiple of the full-attention group's tokens_per_chunk' does not make "
         "every group aligned.",
         "∃ config: tpc_FA | N ∧ ∃ g: tpb_g ∤ N",
         "the scheduler rounds to the LCM, not to the full-attention chunk", REFUTED, _alignment_weaker,
-        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False,
-        bound=f"at most {MAX_GROUPS} KV-cache groups"),
+        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND),
     Obligation(
         "alignment.lone-group",
         "With one group the scheduler rounds to cache_config.block_size*dcp, the connector uses the spec's "
@@ -336,7 +364,7 @@ OBLIGATIONS: list[Obligation] = [
         "mamba_block_size = max_model_len; a sliding-window layer may pick its own block size).",
         "∃ lone group: spec.block_size ≠ cache_config.block_size ∧ tpb ∤ N",
         "a lone group's spec.block_size is cache_config.block_size", REFUTED, _alignment_lone,
-        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False),
+        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND),
     Obligation(
         "fixed-assert-subsumes-legacy",
         "Whenever the fixed code passes its alignment assert, the legacy assert holds on its start.",
@@ -353,45 +381,54 @@ OBLIGATIONS: list[Obligation] = [
         "The legacy scan fires its boundary assert on a recurrent table with a non-null unhashed block below f.",
         "∃ table, i < f: state(i) = U ∧ N mod b = 0 ∧ N > scan_legacy·b",
         "a recurrent group keeps its state block below f", REFUTED, _legacy_refuted, LEGACY,
-        reproduce=replay_assert(Variant.LEGACY, AssertName.BOUNDARY), mutable=False),
+        reproduce=replay_assert(Variant.LEGACY, AssertName.BOUNDARY), mutable=False, premises=ALLOC),
     Obligation(
         "legacy-refuted.full-attention",
         "On full-attention tables (every block below f hashed) legacy and fixed scans agree.",
         "(∀ i < f: state(i) = H)  ⟹  scan_legacy = scan_fixed",
-        "full attention: every block below f is full and cached", PROVED, _legacy_full_attention, FIXED),
+        "full attention: every block below f is full and cached", PROVED, _legacy_full_attention, FIXED,
+        premises=("computed-hashed",)),
     Obligation(
         "legacy-refuted.agrees-when-passing",
         "Under alignment, whenever the legacy assert passes, legacy and fixed give the same start.",
         "N mod b = 0 ∧ N ≤ scan_legacy·b  ⟹  scan_legacy = scan_fixed",
-        "the scheduler's rounding of N", PROVED, _legacy_agrees_when_passing, FIXED),
+        "the scheduler's rounding of N", PROVED, _legacy_agrees_when_passing, FIXED, premises=("n-aligned",)),
     Obligation(
         "legacy-without-asserts",
         "With asserts stripped (python -O) the legacy plan loads into a computed block and requests wrong keys.",
         "∃ table: scan_legacy < f ∧ scan_legacy // bpc ≠ scan_fixed // bpc",
         "a recurrent group keeps its state block below f", REFUTED, _legacy_without_asserts, FIXED,
-        reproduce=_replay_without_asserts, mutable=False),
+        reproduce=_replay_without_asserts, mutable=False, premises=ALLOC),
     Obligation(
         "null-skip-needed",
         "The variant start = f writes into the shared null block.",
         "∃ allocator table: ∃ i ∈ [f, k): state(i) = null",
         "the scan skips null blocks", REFUTED, _null_skip_needed, FIXED,
-        reproduce=_replay_null_skip, mutable=False, about=Knobs(no_scan=True)),
+        reproduce=_replay_null_skip, mutable=False, about=Knobs(no_scan=True), premises=ALLOC),
     Obligation(
         "null-skip-needed.fixed",
         "The fixed scan never targets the null block when [f, k) is nulls then fresh blocks.",
         "[f, j) null ∧ [j, k) fresh  ⟹  ∀ i ∈ [start, k): state(i) ≠ null",
-        "the allocator puts nulls before fresh blocks", PROVED, _null_skip_fixed, FIXED),
+        "the allocator puts nulls before fresh blocks", PROVED, _null_skip_fixed, FIXED, premises=ALLOC),
     Obligation(
         "destinations-exact",
         "Under the allocator precondition the destinations are exactly the fresh blocks, no hashed block is "
         "overwritten, and the group size equals the number of destinations.",
         "[f, j) null ∧ [j, k) fresh  ⟹  start = j ∧ pending = |blocks[start:k]| ∧ (sync ∨ ∀ i ∈ [start, k): state(i) ≠ H)",
-        "the allocator puts nulls before fresh blocks", PROVED, _destinations_exact, FIXED_SYNC),
+        "the allocator puts nulls before fresh blocks", PROVED, _destinations_exact, FIXED_SYNC, premises=ALLOC),
     Obligation(
         "keys-in-lookup-range",
-        "Every loaded key lies in the range the lookup confirmed: start // bpc >= N // tpc.",
+        "A group that loads requests exactly the chunks from its load start's chunk to the end of the range "
+        "the lookup confirmed, [N // tpc, cdiv(T, tpc)) (the lookup starts at chunk N // tpc and caps T at "
+        "keys·tpc): no key before the lookup's start, none past its end, none of its tail left out.",
+        "keys·tpc ≥ T ∧ pending > 0  ⟹  ⌊N/tpc⌋ ≤ start_chunk < end_chunk = ⌈T/tpc⌉",
+        "the scan starts at f = cdiv(N, b); the lookup caps T at keys·tpc", PROVED, _keys_in_range, FIXED,
+        premises=("keys-cover-hit",)),
+    Obligation(
+        "keys-from-lookup-start",
+        "The first requested key is at or after the chunk the lookup started from: start // bpc >= N // tpc.",
         "⌊start/bpc⌋ ≥ ⌊N/(b·bpc)⌋",
-        "the scan starts at f = cdiv(N, b)", PROVED, _keys_in_range, FIXED),
+        "the scan starts at f = cdiv(N, b)", PROVED, _keys_from_lookup_start, FIXED),
     Obligation(
         "keys-in-lookup-range.count",
         "Per group the key count equals cdiv(pending + start % bpc, bpc), as vLLM's worker requires.",
@@ -402,23 +439,27 @@ OBLIGATIONS: list[Obligation] = [
         "The allocator shape alone does not bound a windowed group's pending blocks by window*bpc + 1.",
         "∃ allocator table: pending > window_in_chunks·bpc + 1",
         "the window's skipped blocks are null", REFUTED, _window_bound, FIXED,
-        reproduce=replay_assert(Variant.FIXED, AssertName.WINDOW_BOUND), mutable=False),
+        reproduce=replay_assert(Variant.FIXED, AssertName.WINDOW_BOUND), mutable=False, premises=ALLOC),
     Obligation(
         "window-bound.window-nulls",
         "A sliding-window group whose blocks before the window are null (SlidingWindowManager skips "
-        "T - w + 1 tokens) has pending <= window_in_chunks*bpc + 1.",
-        "[0, ⌊max(0, T−w+1)/b⌋) null ∧ [f, j) null ∧ [j, k) fresh  ⟹  pending ≤ ⌈w/tpc⌉·bpc + 1",
-        "the window's skipped blocks are null", PROVED, _window_nulls(GroupKind.SLIDING_WINDOW), FIXED),
+        "T - w + 1 - extra_retained_tokens tokens) has pending <= window_in_chunks*bpc + 1, with 0.33's "
+        "window in chunks max(cdiv(w, tpc), cdiv(w - 1 + extra, tpc)).",
+        "[0, ⌊max(0, T−w+1−extra)/b⌋) null ∧ [f, j) null ∧ [j, k) fresh  ⟹  pending ≤ window·bpc + 1",
+        "the window's skipped blocks are null", PROVED, _window_nulls(GroupKind.SLIDING_WINDOW), FIXED,
+        premises=ALLOC + ("window-skipped-null",)),
     Obligation(
         "window-bound.chunked-local",
         "A chunked-local group whose blocks before T's chunk are null has pending <= window_in_chunks*bpc + 1.",
         "[0, ⌊⌊T/c⌋·c/b⌋) null ∧ [f, j) null ∧ [j, k) fresh  ⟹  pending ≤ ⌈c/tpc⌉·bpc + 1",
-        "the chunks before T's chunk are null", PROVED, _window_nulls(GroupKind.CHUNKED_LOCAL), FIXED),
+        "the chunks before T's chunk are null", PROVED, _window_nulls(GroupKind.CHUNKED_LOCAL), FIXED,
+        premises=ALLOC + ("chunk-skipped-null",)),
     Obligation(
         "window-bound.mamba",
         "A Mamba group in align mode (one fresh state block after nulls) has pending <= bpc + 1.",
         "[f, k−1) null ∧ [k−1, k) fresh  ⟹  pending ≤ 1·bpc + 1",
-        "Mamba align mode allocates one state block", PROVED, _window_nulls(GroupKind.MAMBA), FIXED),
+        "Mamba align mode allocates one state block", PROVED, _window_nulls(GroupKind.MAMBA), FIXED,
+        premises=ALLOC + ("mamba-one-state-block",)),
     Obligation(
         "fixed-sync",
         "A sync load matches by position: the load starts at the first non-null block at or after f.",
@@ -429,11 +470,10 @@ OBLIGATIONS: list[Obligation] = [
         "Without the positional match, a sync load (fresh blocks hashed at allocation) loads nothing.",
         "∃ sync allocator table: scan_fixed ≠ j",
         "0.33 hashes sync-loaded blocks at allocation", REFUTED, _fixed_sync_needed, FIXED,
-        reproduce=_replay_sync_needed, mutable=False),
+        reproduce=_replay_sync_needed, mutable=False, premises=ALLOC),
     Obligation(
         "load-start-is-fresh",
         "The fixed scan (not a sync load) starts at a non-null unhashed block, or loads nothing.",
         "¬sync  ⟹  start = k ∨ state(start) = U",
         "the scan requires block_hash is None", PROVED, _start_is_fresh, FIXED),
 ]
-

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import z3
 
 from .encoding import Knobs
-from .obligations import OBLIGATIONS, PROVED, REFUTED, Obligation
+from .obligations import OBLIGATIONS, PROVED, REFUTED, Obligation, problem
 from .symbolic import SEED
 from .terms import NOT, as_bool
 from .world import expanded
@@ -59,7 +59,7 @@ def decide(ob: Obligation, knobs: Knobs | None = None, timeout_ms: int = 5000, s
     if seek if seek is not None else ob.expected == REFUTED:
         for length in WITNESS_LENGTHS:
             with expanded(length):
-                prob = ob.build(knobs)
+                prob = problem(ob, knobs)
             s = _assert_negation(prob, timeout_ms)
             for extra in (prob.shaping, []):
                 s.push()
@@ -69,7 +69,7 @@ def decide(ob: Obligation, knobs: Knobs | None = None, timeout_ms: int = 5000, s
                 s.pop()
             if not _has_table(prob):
                 break
-    prob = ob.build(knobs)
+    prob = problem(ob, knobs)
     s = _assert_negation(prob, timeout_ms)
     if prob.shaping:  # a small, readable witness first: sat there is sat everywhere
         s.push()
@@ -109,7 +109,7 @@ def premises_instance(ob: Obligation, knobs: Knobs, timeout_ms: int):
     r = z3.unknown
     for length in VACUITY_LENGTHS:
         with expanded(length):
-            prob = ob.build(knobs)
+            prob = problem(ob, knobs)
         s = _solver(timeout_ms)
         s.add(*[as_bool(p) for p in prob.premises + prob.world.constraints])
         r = s.check()
@@ -232,7 +232,7 @@ def kills(ob: Obligation, knobs: Knobs, timeout_ms: int) -> bool:
     """Does the claim fail for this code? The unbounded check answers most cases at
     once (a proof stays fast); when it hesitates, the bounded search finds the
     counterexample quantifier-free."""
-    prob = ob.build(knobs)
+    prob = problem(ob, knobs)
     s = _assert_negation(prob, min(timeout_ms, MUTANT_FIRST_TRY_MS))
     verdicts = []
     for split in prob.splits:
@@ -260,8 +260,9 @@ def run_all(ids=None, timeout_ms: int = 10000, mutants: bool = True, jobs: int =
     obs = by_id(ids)
     tasks = [("mutant", m, timeout_ms) for m in MUTANTS] if mutants else []
     # longest first: the alignment proof, then the mutants, then the rest
-    tasks = [("obligation", o.id, timeout_ms) for o in obs if o.bound] + tasks + \
-            [("obligation", o.id, timeout_ms) for o in obs if not o.bound]
+    slow = [o for o in obs if o.bound.groups != 1]
+    tasks = [("obligation", o.id, timeout_ms) for o in slow] + tasks + \
+            [("obligation", o.id, timeout_ms) for o in obs if o not in slow]
     if jobs > 1 and len(tasks) > 1:
         import multiprocessing as mp
 

@@ -45,6 +45,10 @@ class World:
         self.k = CDIV(self.T, self.b)
         self.f = CDIV(self.N, self.b)
         self.tpc = self.b * self.bpc
+        self.j = z3.Int("j")  # the first fresh block (premise fresh-after-nulls)
+        windowed = kind in (GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL)
+        self.span = z3.Int("window_tokens") if windowed else None  # sliding_window / attention_chunk_size
+        self.extra = z3.Int("extra_retained_tokens") if windowed else 0
         self.constraints = []  # what the plans encoded so far pin (their scans)
 
     def inputs(self) -> GroupInputs:
@@ -55,11 +59,17 @@ class World:
         self.constraints += out.constraints
         return out
 
+    def premise_terms(self, ids) -> list:
+        """The Z3 faces of the premises ``ids`` that apply to this group's kind."""
+        from .premises import terms
+
+        return terms(self, self.kind, ids)
+
     def base(self):
         """What every call meets: sizes positive, M > 0 (else vLLM returns early),
-        the table long enough (else table_length fires before any scan)."""
+        the table long enough (premise table-covers-load; else table_length fires first)."""
         out = [self.b >= 1, self.bpc >= 1, self.N >= 0, self.M >= 1, self.num_keys >= 0,
-               self.table.wellformed(), self.table.length >= self.k]
+               self.table.wellformed(), *self.premise_terms(("table-covers-load",))]
         if self.table.expand is not None:
             out.append(self.table.length == self.table.expand)
         if self.kind is GroupKind.MAMBA:
@@ -70,16 +80,6 @@ class World:
 
     def aligned(self):
         return self.N % self.b == 0
-
-    def allocator(self, fresh_from, fresh_state=None):
-        """vLLM's allocator: [f, j) null (skipped by a window), [j, k) fresh blocks."""
-        t = self.table
-        fresh_state = UNH if fresh_state is None else fresh_state
-        return [
-            self.f <= fresh_from, fresh_from <= self.k,
-            t.forall(self.f, fresh_from, lambda i: t.state(i) == NUL),
-            t.forall(fresh_from, self.k, lambda i: t.state(i) == fresh_state),
-        ]
 
     def small(self, max_len: int = 6, max_tokens: int = 64):
         """Witness shaping: small, readable numbers; keys enough for the load."""

@@ -1,6 +1,10 @@
 """kvbound.spec: the vocabulary and the executable reference of vLLM's load plan.
 
-Imports nothing from the other layers (proofs, impl and the tool import it).
+Directory ``spec/`` at the repository top, installed as ``kvbound.spec``: layer 0, the
+reference the three relations check against (docs/architecture.md).
+
+Imports nothing from the other layers (proofs, impl and the tool import it); its errors
+are ``kvbound.errors``, the leaf every layer shares.
 """
 
 from .cases import (
@@ -13,8 +17,19 @@ from .cases import (
     parse_block,
     parse_table,
 )
-from .plan import load_start_gpu_block_idx, plan_load, scan_from
-from .versions import UnsupportedVersion, parse_version, plan_for_version, release_asserts, variant_for_version
+from .plan import boundary_key, load_start_gpu_block_idx, partial_tail_key_tokens, plan_load, scan_from
+from .versions import (
+    RELEASES,
+    REPRESENTATIVE,
+    UnsupportedVersion,
+    parse_version,
+    plan_for_version,
+    release_asserts,
+    release_features,
+    unsupported_reason,
+    variant_features,
+    variant_for_version,
+)
 from .vocab import (
     NULL,
     AssertName,
@@ -30,9 +45,11 @@ from .vocab import (
     LATEST_ASSERTS,
     LoadPlan,
     ReleaseAsserts,
+    ReleaseFeatures,
     U,
     Variant,
     cdiv,
+    eagle_proof_margin,
     lcm_all,
 )
 

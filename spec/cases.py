@@ -11,23 +11,24 @@ import json
 import re
 from pathlib import Path
 
-from .vocab import NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind
+from kvbound.errors import CaseError
+
+from .vocab import MAMBA_CACHE_MODES, NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind
 
 CASE_FIELDS = (
     "name", "blocks_per_chunk", "tokens_per_hash", "num_prompt_tokens",
     "num_locally_computed_tokens", "num_external_tokens", "sync_load", "groups",
 )
+# case format v2: optional, and a v1 case (none of them) means what it meant
+CASE_FIELDS_V2 = ("num_tokens", "partial_tail_boundary", "cache_hit_alignment_tokens", "decode_context_parallel_size")
 GROUP_FIELDS = ("kind", "tokens_per_block", "sliding_window", "attention_chunk_size", "blocks")
+GROUP_FIELDS_V2 = ("extra_retained_tokens", "is_eagle_group", "mamba_cache_mode", "offloaded")
 _WINDOW_FIELD = {GroupKind.SLIDING_WINDOW: "sliding_window", GroupKind.CHUNKED_LOCAL: "attention_chunk_size"}
+# a v2 group field that only one kind may carry
+_KIND_ONLY = {"extra_retained_tokens": GroupKind.SLIDING_WINDOW, "mamba_cache_mode": GroupKind.MAMBA}
 _TOKEN = re.compile(r"^([HU])([1-9][0-9]*)$")
 
 
-class CaseError(ValueError):
-    """A malformed or impossible case: which case, which field, which rule."""
-
-    def __init__(self, case: str, field: str, rule: str):
-        self.case, self.field, self.rule = case, field, rule
-        super().__init__(f"case {case!r}: {field}: {rule}")
 
 
 def parse_block(token: object, case: str = "?", field: str = "block") -> Block:
@@ -75,6 +76,16 @@ def validate_case(case: Case) -> None:
     _need_int(name, "num_external_tokens", case.num_external_tokens, 0)
     if not isinstance(case.sync_load, bool):
         raise CaseError(name, "sync_load", f"must be true or false, got {json.dumps(case.sync_load)}")
+    _need_int(name, "num_tokens", case.num_tokens, 0)
+    if case.num_tokens < case.num_prompt_tokens:
+        raise CaseError(
+            name, "num_tokens",
+            f"must be >= num_prompt_tokens {case.num_prompt_tokens} (prompt plus the output tokens"
+            f" generated so far), got {case.num_tokens}",
+        )
+    if case.cache_hit_alignment_tokens is not None:
+        _need_int(name, "cache_hit_alignment_tokens", case.cache_hit_alignment_tokens, 1)
+    _need_int(name, "decode_context_parallel_size", case.decode_context_parallel_size, 1)
     if not case.groups:
         raise CaseError(name, "groups", "must hold at least one KV-cache group")
     seen: dict[int, str] = {}
@@ -94,6 +105,28 @@ def validate_case(case: Case) -> None:
                 raise CaseError(
                     name, f"{where}.{fld}",
                     f"only a {kind.value!r} group has {fld}; this group is {cfg.kind.value!r}",
+                )
+        if not _is_int(cfg.extra_retained_tokens) or cfg.extra_retained_tokens < 0:
+            _need_int(name, f"{where}.extra_retained_tokens", cfg.extra_retained_tokens, 0)
+        if cfg.extra_retained_tokens and cfg.kind is not GroupKind.SLIDING_WINDOW:
+            raise CaseError(
+                name, f"{where}.extra_retained_tokens",
+                f"only a 'sliding_window' group has extra_retained_tokens; this group is {cfg.kind.value!r}",
+            )
+        for fld in ("is_eagle_group", "offloaded"):
+            if not isinstance(getattr(cfg, fld), bool):
+                raise CaseError(name, f"{where}.{fld}", f"must be true or false, got {json.dumps(getattr(cfg, fld))}")
+        if cfg.mamba_cache_mode is not None:
+            if cfg.kind is not GroupKind.MAMBA:
+                raise CaseError(
+                    name, f"{where}.mamba_cache_mode",
+                    f"only a 'mamba' group has mamba_cache_mode; this group is {cfg.kind.value!r}",
+                )
+            if cfg.mamba_cache_mode not in MAMBA_CACHE_MODES:
+                raise CaseError(
+                    name, f"{where}.mamba_cache_mode",
+                    f"must be one of {', '.join(MAMBA_CACHE_MODES)} (vLLM's MambaSpec.mamba_cache_mode),"
+                    f" got {json.dumps(cfg.mamba_cache_mode)}",
                 )
         tpc = b * case.blocks_per_chunk
         if tpc % case.tokens_per_hash:
@@ -120,6 +153,40 @@ def validate_case(case: Case) -> None:
                     " a non-null GPU block belongs to one place in one request",
                 )
             seen[blk.block_id] = here
+    if not case.offloaded_group_indices:
+        raise CaseError(name, "groups", "at least one group must be offloaded (vLLM: \"KV offloading found no eligible cache groups\")")
+    if case.partial_tail_boundary is not None:
+        _validate_partial_tail(case)
+
+
+def _validate_partial_tail(case: Case) -> None:
+    """What vLLM's lookup guarantees of a boundary it records (0.28-0.33 ``_lookup``):
+    a config where ``supports_partial_tail`` holds, a multiple of tokens_per_hash in
+    [tokens_per_hash, num_prompt_tokens - 1], and (0.33, EAGLE groups) a hash of the
+    request at boundary + proof margin."""
+    name, boundary, tph = case.name, case.partial_tail_boundary, case.tokens_per_hash
+    fld = "partial_tail_boundary"
+    _need_int(name, fld, boundary, 1)
+    why = case.partial_tail_refusal()
+    if why is not None:
+        raise CaseError(name, fld, f"vLLM records a partial tail only where supports_partial_tail holds; here {why}")
+    if boundary % tph:
+        raise CaseError(name, fld, f"{boundary} is not a multiple of tokens_per_hash {tph} (vLLM's lookup rounds the boundary down to it)")
+    if boundary > case.num_prompt_tokens - 1:
+        raise CaseError(
+            name, fld,
+            f"{boundary} > num_prompt_tokens - 1 = {case.num_prompt_tokens - 1} (vLLM's lookup never records a"
+            " boundary at or past the prompt's end)",
+        )
+    hashed = (case.num_tokens // tph) * tph
+    for gi in case.offloaded_group_indices:
+        margin = case.eagle_proof_margin(gi)
+        if boundary + margin > hashed:
+            raise CaseError(
+                name, fld,
+                f"{boundary} + EAGLE proof margin {margin} of group {gi} = {boundary + margin} > the {hashed} tokens"
+                f" the request has hashes for (num_tokens {case.num_tokens}); vLLM's lookup needs that hash",
+            )
 
 
 def case_from_dict(d: object, where: str = "?") -> Case:
@@ -129,9 +196,12 @@ def case_from_dict(d: object, where: str = "?") -> Case:
     name = d.get("name", where)
     if not isinstance(name, str) or not name:
         raise CaseError(where, "name", f"must be a non-empty string, got {json.dumps(name)}")
-    unknown = sorted(set(d) - set(CASE_FIELDS))
+    unknown = sorted(set(d) - set(CASE_FIELDS) - set(CASE_FIELDS_V2))
     if unknown:
-        raise CaseError(name, unknown[0], f"unknown field; a case has exactly {', '.join(CASE_FIELDS)}")
+        raise CaseError(
+            name, unknown[0],
+            f"unknown field; a case has {', '.join(CASE_FIELDS)} and optionally {', '.join(CASE_FIELDS_V2)}",
+        )
     for f in CASE_FIELDS:
         if f not in d:
             raise CaseError(name, f, "missing required field")
@@ -143,9 +213,12 @@ def case_from_dict(d: object, where: str = "?") -> Case:
         where_g = f"groups[{gi}]"
         if not isinstance(g, dict):
             raise CaseError(name, where_g, f"must be a JSON object, got {json.dumps(g)}")
-        unknown = sorted(set(g) - set(GROUP_FIELDS))
+        unknown = sorted(set(g) - set(GROUP_FIELDS) - set(GROUP_FIELDS_V2))
         if unknown:
-            raise CaseError(name, f"{where_g}.{unknown[0]}", f"unknown field; a group has {', '.join(GROUP_FIELDS)}")
+            raise CaseError(
+                name, f"{where_g}.{unknown[0]}",
+                f"unknown field; a group has {', '.join(GROUP_FIELDS)} and optionally {', '.join(GROUP_FIELDS_V2)}",
+            )
         for f in ("kind", "tokens_per_block", "blocks"):
             if f not in g:
                 raise CaseError(name, f"{where_g}.{f}", "missing required field")
@@ -158,12 +231,27 @@ def case_from_dict(d: object, where: str = "?") -> Case:
             ) from None
         if not isinstance(g["blocks"], list):
             raise CaseError(name, f"{where_g}.blocks", f"must be a list of block tokens, got {json.dumps(g['blocks'])}")
+        for fld, only in _KIND_ONLY.items():
+            if fld in g and kind is not only:
+                raise CaseError(
+                    name, f"{where_g}.{fld}",
+                    f"only a {only.value!r} group has {fld}; this group is {kind.value!r}",
+                )
         groups.append(
             Group(
-                GroupConfig(kind, g["tokens_per_block"], g.get("sliding_window"), g.get("attention_chunk_size")),
+                GroupConfig(
+                    kind, g["tokens_per_block"], g.get("sliding_window"), g.get("attention_chunk_size"),
+                    extra_retained_tokens=g.get("extra_retained_tokens", 0),
+                    is_eagle_group=g.get("is_eagle_group", False),
+                    mamba_cache_mode=g.get("mamba_cache_mode"),
+                    offloaded=g.get("offloaded", True),
+                ),
                 parse_table(g["blocks"], name, f"{where_g}.blocks"),
             )
         )
+    for fld in ("num_tokens", "decode_context_parallel_size"):
+        if fld in d and d[fld] is None:
+            raise CaseError(name, fld, "must be an integer, or left out for its default")
     return Case(
         name=name,
         blocks_per_chunk=d["blocks_per_chunk"],
@@ -173,6 +261,10 @@ def case_from_dict(d: object, where: str = "?") -> Case:
         num_external_tokens=d["num_external_tokens"],
         groups=tuple(groups),
         sync_load=d["sync_load"],
+        num_tokens=d.get("num_tokens", d["num_prompt_tokens"]),
+        partial_tail_boundary=d.get("partial_tail_boundary"),
+        cache_hit_alignment_tokens=d.get("cache_hit_alignment_tokens"),
+        decode_context_parallel_size=d.get("decode_context_parallel_size", 1),
     )
 
 
@@ -184,9 +276,18 @@ def case_to_dict(case: Case) -> dict:
             gd["sliding_window"] = g.config.sliding_window
         if g.config.attention_chunk_size is not None:
             gd["attention_chunk_size"] = g.config.attention_chunk_size
+        # v2 fields only where they differ from their default: a v1 case dumps as v1
+        if g.config.extra_retained_tokens:
+            gd["extra_retained_tokens"] = g.config.extra_retained_tokens
+        if g.config.is_eagle_group:
+            gd["is_eagle_group"] = True
+        if g.config.mamba_cache_mode is not None:
+            gd["mamba_cache_mode"] = g.config.mamba_cache_mode
+        if not g.config.offloaded:
+            gd["offloaded"] = False
         gd["blocks"] = [b.token for b in g.blocks]
         groups.append(gd)
-    return {
+    out = {
         "name": case.name,
         "blocks_per_chunk": case.blocks_per_chunk,
         "tokens_per_hash": case.tokens_per_hash,
@@ -194,8 +295,17 @@ def case_to_dict(case: Case) -> dict:
         "num_locally_computed_tokens": case.num_locally_computed_tokens,
         "num_external_tokens": case.num_external_tokens,
         "sync_load": case.sync_load,
-        "groups": groups,
     }
+    if case.num_tokens != case.num_prompt_tokens:
+        out["num_tokens"] = case.num_tokens
+    if case.partial_tail_boundary is not None:
+        out["partial_tail_boundary"] = case.partial_tail_boundary
+    if case.cache_hit_alignment_tokens is not None:
+        out["cache_hit_alignment_tokens"] = case.cache_hit_alignment_tokens
+    if case.decode_context_parallel_size != 1:
+        out["decode_context_parallel_size"] = case.decode_context_parallel_size
+    out["groups"] = groups
+    return out
 
 
 def load_cases(path: str | Path) -> list[Case]:

@@ -13,9 +13,8 @@ from .vocab import (
     BlockState,
     Case,
     GroupPlan,
-    LATEST_ASSERTS,
     LoadPlan,
-    ReleaseAsserts,
+    ReleaseFeatures,
     Variant,
     cdiv,
 )
@@ -47,21 +46,53 @@ def variant_load_start(blocks, variant: Variant, N: int, b: int, k: int, sync_lo
     )
 
 
+def partial_tail_key_tokens(case: Case, group_index: int, release: ReleaseFeatures) -> int:
+    """The token position whose hash keys group ``group_index``'s partial-tail block:
+    the boundary, plus the group's EAGLE proof margin from 0.33 on
+    (``_partial_tail_key_tokens``). The key is ``request.block_hashes[key_tokens //
+    tokens_per_hash - 1]`` with the group's id (``_make_boundary_key``)."""
+    margin = case.eagle_proof_margin(group_index) if release.eagle_partial_tails else 0
+    return case.partial_tail_boundary + margin
+
+
+def boundary_key(case: Case, group_index: int, release: ReleaseFeatures) -> tuple:
+    """A group's partial-tail key as the plan output spells it: ``(group_idx, "boundary", key_tokens)``."""
+    return (group_index, "boundary", partial_tail_key_tokens(case, group_index, release))
+
+
 def plan_load(
-    case: Case, variant: Variant | str, asserts: bool = True, release: ReleaseAsserts = LATEST_ASSERTS
+    case: Case, variant: Variant | str, asserts: bool = True, release: ReleaseFeatures | None = None
 ) -> LoadPlan:
+    """``update_state_after_alloc`` of ``release`` (default: the variant's last release,
+    ``versions.REPRESENTATIVE``) with ``variant``'s scan."""
+    from .versions import unsupported_reason, variant_features
+
     variant = Variant(variant)
+    if release is None:
+        release = variant_features(variant)
+    why = unsupported_reason(case, release)
+    if why is not None:
+        return LoadPlan(variant, (), None, asserts, unsupported=why)
     N = case.num_locally_computed_tokens
     if case.num_external_tokens == 0:
         return LoadPlan(variant, (), None, asserts)  # vLLM returns before planning
     T = case.num_cached_tokens
     bpc = case.blocks_per_chunk
+    boundary = case.partial_tail_boundary
+    tail = boundary is not None
     planned: list[GroupPlan] = []
 
-    def fail(name: AssertName, gi: int, message: str, **values: int) -> LoadPlan:
+    def fail(name: AssertName, gi: int | None, message: str, **values: int) -> LoadPlan:
         return LoadPlan(variant, tuple(planned), Assertion(name, gi, message, values), asserts)
 
-    for gi, group in enumerate(case.groups):
+    if asserts and tail and boundary != T:
+        return fail(
+            AssertName.PARTIAL_TAIL, None,
+            f"partial_tail_boundary={boundary} != num_cached_tokens={T}",
+            partial_tail_boundary=boundary, num_cached_tokens=T,
+        )
+    for gi in case.offloaded_group_indices:
+        group = case.groups[gi]
         cfg = group.config
         b = cfg.tokens_per_block
         tpc = cfg.tokens_per_chunk(bpc)
@@ -92,7 +123,7 @@ def plan_load(
                 load_start_gpu_block_idx=start,
             )
         pending = k - start
-        window = cfg.sliding_window_size_in_chunks(bpc)
+        window = cfg.sliding_window_size_in_chunks(bpc, release.window_counts_retained)
         slack = release.window_slack
         if asserts and window is not None and slack is not None and pending > window * bpc + slack:
             return fail(
@@ -103,19 +134,23 @@ def plan_load(
                 blocks_per_chunk=bpc, load_start_gpu_block_idx=start,
             )
         num_chunks = cdiv(T, tpc)
+        end_chunk_idx = num_chunks - tail  # a partial tail's last chunk is its boundary key
         start_chunk = end_chunk = start // bpc
+        key_tokens = None
         if pending or release.keys_every_group:
             have = case.num_offload_keys(gi)
-            if asserts and have < num_chunks:
+            if asserts and have < end_chunk_idx:
                 return fail(
                     AssertName.KEYS_LENGTH, gi,
-                    f"len(offload_keys)={have} < end_chunk_idx={num_chunks}",
-                    num_offload_keys=have, end_chunk_idx=num_chunks,
+                    f"len(offload_keys)={have} < end_chunk_idx={end_chunk_idx}",
+                    num_offload_keys=have, end_chunk_idx=end_chunk_idx,
                     load_start_gpu_block_idx=start,
                 )
         if pending:
             # vLLM slices offload_keys[start:end]: a short list just yields fewer keys.
-            end_chunk = max(start_chunk, min(num_chunks, have))
+            end_chunk = max(start_chunk, min(end_chunk_idx, have))
+            if tail:
+                key_tokens = partial_tail_key_tokens(case, gi, release)
         planned.append(
             GroupPlan(
                 group_index=gi,
@@ -126,6 +161,7 @@ def plan_load(
                 dst_block_ids=tuple(b_.block_id for b_ in blocks[start:k]),
                 start_chunk_idx=start_chunk,
                 end_chunk_idx=end_chunk,
+                boundary_key_tokens=key_tokens,
             )
         )
     return LoadPlan(variant, tuple(planned), None, asserts)

@@ -3,7 +3,7 @@
 One builder, two drivers: ``cases()`` is a Hypothesis strategy (shrinks), and
 ``random_cases()`` drives the very same builder from ``random.Random`` for the
 million-case batches Hypothesis is too slow for. Tables follow vLLM 0.33's
-allocator (FACTS.md): ``add_local_computed_blocks`` pads skipped blocks with the
+allocator (docs/vllm-semantics.md#block-tables): ``add_local_computed_blocks`` pads skipped blocks with the
 null block, ``allocate_external_computed_blocks`` appends fresh ones.
 """
 
@@ -96,7 +96,7 @@ def _draw_config(d: _Draw, kinds: Sequence[GroupKind], max_groups: int, need_mam
 def _draw_tokens(d: _Draw, configs, bpc: int):
     """N a multiple of every block size (the scheduler rounds it to their LCM); T on a
     chunk boundary of every group with M >= the largest chunk, since the lookup hits
-    whole chunks past N or nothing (FACTS.md, lookup facts); small enough for MAX_TABLE."""
+    whole chunks past N or nothing (docs/vllm-semantics.md#lookup); small enough for MAX_TABLE."""
     unit_n = lcm_all(c.tokens_per_block for c in configs)
     unit_t = lcm_all(c.tokens_per_chunk(bpc) for c in configs)
     b_min = min(c.tokens_per_block for c in configs)

@@ -1,16 +1,51 @@
-"""Which spec variant a vLLM release runs (FACTS.md, release by release)."""
+"""Which vLLM release does what: the one feature-by-release table (``RELEASES``).
+
+Each row is the first release of a behaviour and holds until the next row. Every
+fact was read from that release's wheel; file:line are in docs/vllm-semantics.md
+("Load contract") and beside each row below.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
-from .vocab import LATEST_ASSERTS, ReleaseAsserts, Variant
+from kvbound.errors import UnsupportedVersion
+
+from .vocab import Case, ReleaseFeatures, Variant
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 
-class UnsupportedVersion(ValueError):
-    pass
+_L, _F, _S = Variant.LEGACY, Variant.FIXED, Variant.FIXED_SYNC
+_COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eagle_partial_tails",
+            "extra_retained_tokens", "window_counts_retained", "group_subsets")
+
+# The first release of each behaviour; it holds until the next row. Sources (docs/vllm-semantics.md):
+#  0.20 scan from 0 + `N <= start*b`; no window assert; keys checked for every group
+#  0.21 window assert `pending <= window*bpc`;  0.27 `... + 1`
+#  0.28 keys checked only where pending; partial tails (never with an EAGLE group);
+#       SlidingWindowSpec.extra_retained_tokens exists, the offload window ignores it
+#  0.30 fixed scan from cdiv(N, b) + `N % b == 0`; configs carry group_idx: blocks.blocks[group_idx]
+#  0.31 the window in chunks counts extra_retained_tokens
+#  0.33 sync loads match by position; partial tails with EAGLE groups, keyed at boundary + margin
+RELEASES: tuple = tuple(
+    ((int(v.split(".")[0]), int(v.split(".")[1])), ReleaseFeatures(**dict(zip(_COLUMNS, row)), release=v))
+    for v, *row in (
+        # release  variant slack keys_every partial eagle_pt retained win_retained subsets
+        ("0.20.0", _L, None, True,  False, False, False, False, False),
+        ("0.21.0", _L, 0,    True,  False, False, False, False, False),
+        ("0.27.0", _L, 1,    True,  False, False, False, False, False),
+        ("0.28.0", _L, 1,    False, True,  False, True,  False, False),
+        ("0.30.0", _F, 1,    False, True,  False, True,  False, True),
+        ("0.31.0", _F, 1,    False, True,  False, True,  True,  True),
+        ("0.33.0", _S, 1,    False, True,  True,  True,  True,  True),
+    )
+)
+assert RELEASES[-1][1] == replace(ReleaseFeatures(), release="0.33.0")  # the dataclass defaults are 0.33
+
+# What ``plan_load(case, variant)`` models when no release is named: the variant's last release.
+REPRESENTATIVE = {Variant.LEGACY: "0.29.0", Variant.FIXED: "0.32.0", Variant.FIXED_SYNC: "0.33.0"}
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
@@ -20,8 +55,8 @@ def parse_version(version: str) -> tuple[int, int, int]:
     return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 
 
-def variant_for_version(version: str) -> Variant:
-    """0.20-0.29 legacy; 0.30-0.32 fixed; 0.33+ fixed-sync. Pre-releases map by their base."""
+def release_features(version: str) -> ReleaseFeatures:
+    """The row of ``RELEASES`` that ``version`` runs. Pre-releases map by their base."""
     major, minor, _ = parse_version(version)
     if (major, minor) < (0, 19):
         raise UnsupportedVersion(f"vLLM {version} has no offloading connector scheduler (it arrived in 0.19)")
@@ -29,27 +64,53 @@ def variant_for_version(version: str) -> Variant:
         raise UnsupportedVersion(
             f"vLLM {version} counts hashed blocks of group 0 only (no scan); kvbound models 0.20 and later"
         )
-    if (major, minor) < (0, 30):
-        return Variant.LEGACY
-    if (major, minor) < (0, 33):
-        return Variant.FIXED
-    return Variant.FIXED_SYNC
+    row = RELEASES[0][1]
+    for first, feats in RELEASES:
+        if (major, minor) >= first:
+            row = feats
+    return row
 
 
-def release_asserts(version: str) -> ReleaseAsserts:
-    """The window and keys asserts of a release, as each wheel's scheduler.py reads:
-    0.20 has no window assert; 0.21-0.26 bound pending by window*bpc; 0.27 adds + 1;
-    up to 0.27 every group's keys are checked, from 0.28 only a group with pending blocks."""
-    variant_for_version(version)  # refuses what kvbound does not model
-    minor = parse_version(version)[:2]
-    if minor >= (0, 28):
-        return LATEST_ASSERTS
-    slack = None if minor < (0, 21) else (0 if minor < (0, 27) else 1)
-    return ReleaseAsserts(window_slack=slack, keys_every_group=True)
+def variant_for_version(version: str) -> Variant:
+    """0.20-0.29 legacy; 0.30-0.32 fixed; 0.33+ fixed-sync."""
+    return release_features(version).variant
+
+
+def release_asserts(version: str) -> ReleaseFeatures:
+    """The v1 name of ``release_features`` (the window and keys asserts were its first fields)."""
+    return release_features(version)
+
+
+def variant_features(variant: Variant | str) -> ReleaseFeatures:
+    """The features ``plan_load`` gives a variant when no release is named: its last release's."""
+    return release_features(REPRESENTATIVE[Variant(variant)])
+
+
+def unsupported_reason(case: Case, feats: ReleaseFeatures) -> str | None:
+    """Why the release cannot have made this call (a v2 feature it lacks), or None."""
+    r = f"vLLM {feats.release}"
+    if not feats.group_subsets and not all(g.config.offloaded for g in case.groups):
+        off = next(i for i, g in enumerate(case.groups) if not g.config.offloaded)
+        return (f"{r} offloads every KV-cache group and pairs its configs with blocks.blocks by position"
+                f" (group {off} is not offloaded; group subsets arrived in 0.30)")
+    if not feats.extra_retained_tokens:
+        for i, g in enumerate(case.groups):
+            if g.config.extra_retained_tokens:
+                return (f"{r} has no SlidingWindowSpec.extra_retained_tokens (group {i} retains"
+                        f" {g.config.extra_retained_tokens}; the field arrived in 0.28)")
+    if case.partial_tail_boundary is not None:
+        if not feats.partial_tails:
+            return f"{r} has no partial tails (partial_tail_boundary arrived in 0.28)"
+        if not feats.eagle_partial_tails:
+            why = case.partial_tail_refusal(eagle_groups_allowed=False)
+            if why is not None:
+                return f"{r}: supports_partial_tail is False: {why}"
+    return None
 
 
 def plan_for_version(case, version: str, asserts: bool = True):
-    """The spec's plan of ``case`` as vLLM ``version`` computes it: its scan and its asserts."""
+    """The spec's plan of ``case`` as vLLM ``version`` computes it."""
     from .plan import plan_load
 
-    return plan_load(case, variant_for_version(version), asserts, release_asserts(version))
+    feats = release_features(version)
+    return plan_load(case, feats.variant, asserts, feats)

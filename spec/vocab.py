@@ -32,6 +32,25 @@ class GroupKind(str, Enum):
     def is_recurrent(self) -> bool:
         return self is GroupKind.MAMBA
 
+    @property
+    def supports_fine_grained_hash_lookup(self) -> bool:
+        """The class attribute of the kind's vLLM manager (0.33
+        ``single_type_kv_cache_manager.py``: FullAttentionManager :740 and
+        MambaManager :1429 True; SlidingWindow and ChunkedLocal inherit False :54)."""
+        return self in (GroupKind.FULL_ATTENTION, GroupKind.MAMBA)
+
+
+MAMBA_CACHE_MODES = ("align", "all", "none")  # vLLM's ``MambaSpec.mamba_cache_mode``
+
+
+def eagle_proof_margin(block_size: int, hash_block_size: int, fine_grained_lookup: bool) -> int:
+    """As vLLM 0.33's ``kv_cache_utils.eagle_proof_margin``: the tokens an EAGLE group
+    matches past a cache hit before dropping them (one hash unit for fine-grained
+    lookups, else one cache block)."""
+    if fine_grained_lookup and block_size > hash_block_size:
+        return hash_block_size
+    return block_size
+
 
 class BlockState(str, Enum):
     NULL = "N"  # the shared null sentinel, block_id 0, ``is_null``
@@ -77,25 +96,40 @@ BlockTable = tuple  # tuple[Block, ...]: one group's ``blocks.blocks[group_idx]`
 
 @dataclass(frozen=True)
 class GroupConfig:
-    """One KV-cache group as the connector sees it (``GroupOffloadConfig``)."""
+    """One KV-cache group (``kv_cache_groups[group_idx]``) as the connector sees it
+    (``GroupOffloadConfig``). Case format v2 adds the last four fields; their
+    defaults are what every v1 case meant."""
 
     kind: GroupKind
     tokens_per_block: int
     sliding_window: int | None = None  # sliding_window only
     attention_chunk_size: int | None = None  # chunked_local only
+    extra_retained_tokens: int = 0  # sliding_window only: ``SlidingWindowSpec.extra_retained_tokens`` (MTP)
+    is_eagle_group: bool = False  # ``KVCacheGroupSpec.is_eagle_group``: holds EAGLE/MTP drafter layers
+    mamba_cache_mode: str | None = None  # mamba only: "align" (None means "align"), "all", "none"
+    offloaded: bool = True  # False: a KV-cache group the connector does not offload
 
     def tokens_per_chunk(self, blocks_per_chunk: int) -> int:
         return self.tokens_per_block * blocks_per_chunk
 
-    def sliding_window_size_in_chunks(self, blocks_per_chunk: int) -> int | None:
-        """As vLLM's ``get_sliding_window_size_in_chunks``.
+    @property
+    def requires_cow_source(self) -> bool:
+        """vLLM's ``requires_cow_source``: a Mamba group in cache mode "align"."""
+        return self.kind is GroupKind.MAMBA and (self.mamba_cache_mode or "align") == "align"
 
-        0.33 takes ``max(cdiv(w, tpc), cdiv(w - 1 + extra_retained_tokens, tpc))``;
-        with ``extra_retained_tokens`` at its default 0 that equals ``cdiv(w, tpc)``.
+    def sliding_window_size_in_chunks(self, blocks_per_chunk: int, count_retained: bool = True) -> int | None:
+        """As vLLM's ``get_sliding_window_size_in_chunks`` (what the window assert uses).
+
+        From 0.31 a sliding window takes ``max(cdiv(w, tpc), cdiv(w - 1 + extra_retained_tokens, tpc))``;
+        ``count_retained=False`` is 0.20-0.30's ``cdiv(w, tpc)``. With
+        ``extra_retained_tokens`` at its default 0 both are ``cdiv(w, tpc)``.
         """
         tpc = self.tokens_per_chunk(blocks_per_chunk)
         if self.kind is GroupKind.SLIDING_WINDOW:
-            return cdiv(self.sliding_window, tpc)
+            w = self.sliding_window
+            if count_retained and self.extra_retained_tokens:
+                return max(cdiv(w, tpc), cdiv(w - 1 + self.extra_retained_tokens, tpc))
+            return cdiv(w, tpc)
         if self.kind is GroupKind.CHUNKED_LOCAL:
             return cdiv(self.attention_chunk_size, tpc)
         if self.kind is GroupKind.MAMBA:
@@ -123,24 +157,91 @@ class Case:
     num_prompt_tokens: int
     num_locally_computed_tokens: int
     num_external_tokens: int
-    groups: tuple  # tuple[Group, ...], in config (group_idx) order
+    groups: tuple  # tuple[Group, ...]: every KV-cache group, in group_idx (``blocks.blocks``) order
     sync_load: bool = False
+    # case format v2 (defaults: what a v1 case meant)
+    num_tokens: int | None = None  # ``request.num_tokens`` at the call; None means num_prompt_tokens
+    partial_tail_boundary: int | None = None  # ``RequestOffloadState.partial_tail_boundary``
+    cache_hit_alignment_tokens: int | None = None  # ``KVCacheConfig.cache_hit_alignment_tokens``
+    decode_context_parallel_size: int = 1  # ``parallel_config.decode_context_parallel_size``
 
     def __post_init__(self) -> None:
         from .cases import validate_case  # cases imports vocab; keep one rule set
 
         object.__setattr__(self, "groups", tuple(self.groups))
+        if self.num_tokens is None:
+            object.__setattr__(self, "num_tokens", self.num_prompt_tokens)
         validate_case(self)
 
     @property
     def num_cached_tokens(self) -> int:
         return self.num_locally_computed_tokens + self.num_external_tokens
 
+    @property
+    def offloaded_group_indices(self) -> tuple:
+        """The ``group_idx`` of every offloaded group, in order (vLLM's ``kv_group_configs``)."""
+        return tuple(i for i, g in enumerate(self.groups) if g.config.offloaded)
+
     def num_offload_keys(self, group_index: int) -> int:
-        """Keys a group has at admission: one per ``hashes_per_chunk`` block hashes."""
+        """Keys a group has at the call: one per ``hashes_per_chunk`` hashes of
+        ``request.block_hashes``, which cover all ``num_tokens`` (not only the prompt)."""
         tpc = self.groups[group_index].config.tokens_per_chunk(self.blocks_per_chunk)
         hashes_per_chunk = tpc // self.tokens_per_hash
-        return (self.num_prompt_tokens // self.tokens_per_hash) // hashes_per_chunk
+        return (self.num_tokens // self.tokens_per_hash) // hashes_per_chunk
+
+    def partial_tail_refusal(self, eagle_groups_allowed: bool = True) -> str | None:
+        """Why vLLM's ``SchedulerOffloadConfig.supports_partial_tail`` is False for this
+        config (None when it holds), derived as vLLM derives it over the offloaded
+        groups: 0.33 ``scheduler.py:276-293``; 0.28-0.32 add "no EAGLE group"
+        (0.29 ``scheduler.py:288``), i.e. ``eagle_groups_allowed=False``."""
+        cfgs = [self.groups[i].config for i in self.offloaded_group_indices]
+        if self.blocks_per_chunk != 1:
+            return f"blocks_per_chunk is {self.blocks_per_chunk}; partial tails need 1"
+        sizes = sorted({c.tokens_per_block for c in cfgs})
+        if len(sizes) != 1:
+            return f"offloaded groups have tokens_per_block {sizes}; partial tails need one block size"
+        if not any(c.requires_cow_source and c.tokens_per_block > self.tokens_per_hash for c in cfgs):
+            return ("no offloaded mamba group in cache mode \"align\" with tokens_per_block > "
+                    f"tokens_per_hash {self.tokens_per_hash}")
+        for i in self.offloaded_group_indices:
+            c = self.groups[i].config
+            if c.kind.is_windowed and not c.requires_cow_source:
+                what = c.kind.value if c.kind is not GroupKind.MAMBA else f"mamba ({c.mamba_cache_mode})"
+                return f"group {i} is {what}; partial tails allow no windowed group but an align-mode mamba"
+        if not eagle_groups_allowed:
+            eagle = [i for i in self.offloaded_group_indices if self.groups[i].config.is_eagle_group]
+            if eagle:
+                return f"group {eagle[0]} is an EAGLE group; partial tails before vLLM 0.33 allow none"
+        if self.decode_context_parallel_size != 1:
+            return f"decode_context_parallel_size is {self.decode_context_parallel_size}; partial tails need 1"
+        return None
+
+    @property
+    def supports_partial_tail(self) -> bool:
+        """vLLM 0.33's ``supports_partial_tail`` (the most permissive release)."""
+        return self.partial_tail_refusal() is None
+
+    @property
+    def partial_tail_block_size(self) -> int:
+        """``_partial_tail_block_size``: the first offloaded group's block size where
+        partial tails are supported, else 0 (0.33 ``scheduler.py:597-601``)."""
+        if not self.supports_partial_tail:
+            return 0
+        return self.groups[self.offloaded_group_indices[0]].config.tokens_per_block
+
+    def eagle_proof_margin(self, group_index: int) -> int:
+        """vLLM 0.33's ``_eagle_proof_margins.get(group_idx, 0)`` (``scheduler.py:604-621``):
+        an offloaded EAGLE group that is not a CoW source, on a config that supports
+        partial tails, keys its partial tail this many tokens past the boundary."""
+        cfg = self.groups[group_index].config
+        if not (cfg.offloaded and cfg.is_eagle_group and not cfg.requires_cow_source and self.supports_partial_tail):
+            return 0
+        block_size = self.partial_tail_block_size
+        alignment = self.cache_hit_alignment_tokens
+        partial_hash_hits = alignment is not None and alignment < block_size
+        return eagle_proof_margin(
+            block_size, self.tokens_per_hash, partial_hash_hits and cfg.kind.supports_fine_grained_hash_lookup
+        )
 
 
 class Variant(str, Enum):
@@ -152,18 +253,25 @@ class Variant(str, Enum):
 
 
 @dataclass(frozen=True)
-class ReleaseAsserts:
-    """Assert details that moved between releases independently of the scan.
+class ReleaseFeatures:
+    """What one vLLM release does in ``update_state_after_alloc``, as data: its scan
+    variant, the asserts that moved between releases, and which case-format-v2
+    features it has. The defaults are 0.33.0; ``versions.RELEASES`` is the one
+    table of every release (each fact with its file:line there)."""
 
-    The default is 0.28+ (what ``legacy`` 0.29, ``fixed`` and ``fixed-sync`` do);
-    ``versions.release_asserts`` gives older releases theirs (read from each wheel).
-    """
-
+    variant: Variant = Variant.FIXED_SYNC
     window_slack: int | None = 1  # pending <= window*bpc + slack; 0.21-0.26: 0; 0.20: no window assert
     keys_every_group: bool = False  # 0.20-0.27: keys checked for every group, pending or not
+    partial_tails: bool = True  # 0.28+: RequestOffloadState.partial_tail_boundary and its assert
+    eagle_partial_tails: bool = True  # 0.33+: EAGLE groups allowed, keyed at boundary + proof margin
+    extra_retained_tokens: bool = True  # 0.28+: SlidingWindowSpec has the field
+    window_counts_retained: bool = True  # 0.31+: the window in chunks counts extra_retained_tokens
+    group_subsets: bool = True  # 0.30+: configs carry group_idx, tables are blocks.blocks[group_idx]
+    release: str = "0.33.0"  # the release these facts were read from (for reasons)
 
 
-LATEST_ASSERTS = ReleaseAsserts()
+ReleaseAsserts = ReleaseFeatures  # the v1 name: the asserts were its first fields
+LATEST_ASSERTS = ReleaseFeatures()  # 0.33.0
 
 
 class AssertName(str, Enum):
@@ -172,14 +280,16 @@ class AssertName(str, Enum):
     ALIGNMENT = "alignment"  # N % tokens_per_block == 0 (fixed)
     WINDOW_BOUND = "window_bound"  # pending <= window_in_chunks * bpc + 1
     KEYS_LENGTH = "keys_length"  # len(offload_keys) >= end_chunk_idx
+    PARTIAL_TAIL = "partial_tail"  # partial_tail_boundary == num_cached_tokens (request-level)
 
 
 @dataclass(frozen=True)
 class Assertion:
-    """Which vLLM assert fires, where, and the numbers it compared."""
+    """Which vLLM assert fires, where, and the numbers it compared. ``group_index`` is
+    the group's ``group_idx``; None for the request-level ``partial_tail`` assert."""
 
     name: AssertName
-    group_index: int
+    group_index: int | None
     message: str
     values: Mapping[str, int] = field(default_factory=dict)
 
@@ -194,6 +304,16 @@ class GroupPlan:
     dst_block_ids: tuple
     start_chunk_idx: int  # keys are chunks [start_chunk_idx, end_chunk_idx)
     end_chunk_idx: int  # of this group; empty when nothing is pending
+    boundary_key_tokens: int | None = None  # a partial tail: then the key of this token position
+
+    @property
+    def keys(self) -> tuple:
+        """This group's keys in ``prepare_load`` order: chunk keys ``(group_idx, chunk_idx)``,
+        then a partial tail's boundary key ``(group_idx, "boundary", key_tokens)``."""
+        out = tuple((self.group_index, c) for c in range(self.start_chunk_idx, self.end_chunk_idx))
+        if self.boundary_key_tokens is not None:
+            out += ((self.group_index, "boundary", self.boundary_key_tokens),)
+        return out
 
 
 @dataclass(frozen=True)
@@ -209,10 +329,18 @@ class LoadPlan:
     groups: tuple  # tuple[GroupPlan, ...]
     assertion: Assertion | None = None
     asserts_checked: bool = True
+    unsupported: str | None = None  # the release lacks a feature the case needs: why
 
     @property
     def ok(self) -> bool:
-        return self.assertion is None
+        return self.assertion is None and self.unsupported is None
+
+    @property
+    def outcome(self) -> str:
+        """``ok``, ``assertion_error`` or ``unsupported``."""
+        if self.unsupported is not None:
+            return "unsupported"
+        return "ok" if self.assertion is None else "assertion_error"
 
     @property
     def dst_block_ids(self) -> tuple:
@@ -228,24 +356,27 @@ class LoadPlan:
 
     @property
     def keys(self) -> tuple:
-        """(group_index, chunk_index) in the order vLLM passes them to ``prepare_load``."""
+        """In the order vLLM passes them to ``prepare_load``: ``(group_idx, chunk_idx)``
+        per chunk key, ``(group_idx, "boundary", key_tokens)`` per partial-tail key."""
         if not self.ok:
             return ()
-        return tuple(
-            (g.group_index, c) for g in self.groups for c in range(g.start_chunk_idx, g.end_chunk_idx)
-        )
+        return tuple(k for g in self.groups for k in g.keys)
 
     def to_json(self, name: str) -> dict:
-        """The ``kvbound plan`` line: the fields ``GPULoadStoreSpec`` and ``prepare_load`` see."""
-        return {
+        """The ``kvbound plan`` line: the fields ``GPULoadStoreSpec`` and ``prepare_load`` see
+        (plus ``reason`` when the outcome is ``unsupported``)."""
+        out = {
             "name": name,
-            "outcome": "ok" if self.ok else "assertion_error",
-            "assertion": None if self.ok else self.assertion.name.value,
+            "outcome": self.outcome,
+            "assertion": None if self.assertion is None else self.assertion.name.value,
             "dst_block_ids": list(self.dst_block_ids),
             "group_sizes": list(self.group_sizes),
             "block_indices": list(self.block_indices),
             "keys": [list(k) for k in self.keys],
         }
+        if self.unsupported is not None:
+            out["reason"] = self.unsupported
+        return out
 
 
 def lcm_all(values) -> int:

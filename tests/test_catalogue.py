@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,7 @@ from kvbound.catalogue import render
 from kvbound.proofs.obligations import OBLIGATIONS
 from kvbound.proofs.runner import run_obligation
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT, kvbound
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +24,7 @@ def results():
 def test_committed_catalogue_is_current():
     """In a fresh process, as `kvbound catalogue` runs: Z3's models depend on what the
     process built before, so a witness found after other solver work may differ."""
-    r = subprocess.run([sys.executable, "-m", "kvbound.cli", "catalogue", "--check"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = kvbound("catalogue", "--check")
     assert r.returncode == 0, "docs/invariants.md is stale: run `kvbound catalogue` and commit it\n" + r.stdout
 
 

@@ -5,14 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
-
-
-def kvbound(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "kvbound.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+from conftest import EXAMPLES, kvbound
 
 
 def test_plan_prints_one_json_line_per_case():
@@ -55,3 +49,29 @@ def test_bad_case_file_is_one_line_exit_2(tmp_path):
 def test_unknown_version_is_exit_2():
     r = kvbound("plan", "--vllm-version", "0.18.0", EXAMPLES / "pr_case.json")
     assert r.returncode == 2 and "no offloading connector" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_python_m_kvbound_cli_reports_a_usage_error_as_one_line(tmp_path):
+    """``python -m kvbound.cli`` runs cli.py as __main__; the commands' errors must still be caught
+    (they come from kvbound.errors, not from a second copy of kvbound.cli)."""
+    r = subprocess.run([sys.executable, "-P", "-m", "kvbound.cli", "conform", "--no-witnesses"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("kvbound conform: error: nothing to replay: give case files/directories, "
+                                "--cases N, or keep the witnesses")
+
+
+def test_every_deliberate_error_is_a_kvbound_error_with_an_exit_code():
+    import kvbound.conform.prepare
+    import kvbound.conform.runner
+    import kvbound.impl
+    import kvbound.report
+    import kvbound.spec
+    from kvbound import errors
+
+    for cls in (kvbound.spec.CaseError, kvbound.spec.UnsupportedVersion, kvbound.impl.BatchError,
+                kvbound.report.ReportInputError, kvbound.conform.prepare.PrepareError,
+                kvbound.conform.runner.WorkerError, errors.UsageError):
+        assert issubclass(cls, errors.KvboundError) and cls.__module__ == "kvbound.errors", cls
+        assert cls.exit_code == errors.EXIT_INPUT

@@ -14,8 +14,9 @@ from kvbound.conform import compare as C
 from kvbound.conform import prepare, runner
 from kvbound.spec import load_cases
 
-ROOT = Path(__file__).resolve().parents[1]
-FACTS_CASE = ROOT / "examples" / "facts_fa_mamba_run.json"
+from conftest import EXAMPLES
+
+FACTS_CASE = EXAMPLES / "facts_fa_mamba_run.json"
 SCHED = "/x/vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
 
 
@@ -84,7 +85,7 @@ def test_faults_and_undriven_sync_are_not_verdicts():
     assert crash["verdict"] == C.FAULT and "fresh worker" in crash["fault"] and "boom" in crash["fault"]
     setup = C.judge(facts_case(), "0.33.0", {"outcome": "exception", "phase": "setup", "error": "TypeError: x"})
     assert setup["verdict"] == C.FAULT and "adapter" in setup["fault"]
-    (sync,) = load_cases(ROOT / "examples" / "sync_load.json")
+    (sync,) = load_cases(EXAMPLES / "sync_load.json")
     rec = C.judge(sync, "0.33.0", {"outcome": "ok", "phase": "done", "sync_load_marked": False,
                                    "dst_block_ids": [3, 4], "group_sizes": [2], "block_indices": [2],
                                    "keys": [[0, 2], [0, 3]]})
@@ -113,7 +114,7 @@ def test_rows():
     case = facts_case()
     assert C.row_of(case, "generated", "realistic") == "realistic/mamba"
     assert C.row_of(case, "witness", "witness") == "witness"
-    (pr,) = load_cases(ROOT / "examples" / "pr_case.json")
+    (pr,) = load_cases(EXAMPLES / "pr_case.json")
     assert C.row_of(pr, "file", "example") == "pr_case"
 
 

@@ -5,7 +5,6 @@ machinery itself catches a broken impl."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,9 +28,7 @@ from kvbound.impl.batch import STATE_H
 from kvbound.spec import AssertName, Variant, load_case_paths, load_cases, plan_load
 from kvbound.spec.strategies import cases, random_cases
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
-CORPUS = ROOT / "corpus"
+from conftest import CORPUS, EXAMPLES
 
 
 def _agree_all(case_list, asserts=True):

@@ -99,7 +99,7 @@ FACTS_CASE = {
 def test_check_plan_forces_vllms_hand_built_case():
     case = case_from_dict(FACTS_CASE)
     plan = plan_load(case, Variant.FIXED).to_json(case.name)
-    assert plan["dst_block_ids"] == [32, 42]  # FACTS.md
+    assert plan["dst_block_ids"] == [32, 42]  # docs/vllm-semantics.md#hand-built-cases
     assert check_plan(case, Variant.FIXED, plan).verdict == "forced"
     legacy = plan_load(case, Variant.LEGACY).to_json(case.name)
     assert legacy["assertion"] == "boundary"
@@ -170,3 +170,80 @@ def test_prove_unknown_exits_2_naming_the_obligation(monkeypatch, capsys):
 def test_prove_rejects_unknown_ids(capsys):
     assert main(["prove", "--only", "no-such-obligation"]) == 2
     assert "no-such-obligation" in capsys.readouterr().err
+
+
+# --- premises: two faces, one statement ---------------------------------------------
+
+from kvbound.proofs.premises import PREMISES, evaluate, z3_face_holds  # noqa: E402
+
+
+def test_premises_hold_on_allocator_shaped_cases_and_each_fails_somewhere():
+    """The realistic and recurrent_state families build tables as vLLM's allocator does:
+    every premise holds there. Adversarial cases break each premise at least once, so no
+    predicate is a check that cannot fail."""
+    for family in ("realistic", "recurrent_state"):
+        for case in random_cases(150, seed=21, family=family):
+            bad = [(c.premise.id, c.group_index, c.detail) for c in evaluate(case) if not c.holds]
+            assert not bad, (case.name, bad)
+    failed = {c.premise.id for case in random_cases(400, seed=21, family="adversarial")
+              for c in evaluate(case) if not c.holds}
+    assert failed == {p.id for p in PREMISES}
+
+
+def test_each_premises_z3_term_and_predicate_agree_on_concrete_groups():
+    """Fix a World's inputs to a case group's values: the Z3 face is satisfiable exactly
+    when the executable face holds (both verdicts occur)."""
+    seen = set()
+    for family in ("adversarial", "realistic"):
+        for case in random_cases(25, seed=5, family=family, max_groups=3):
+            if case.num_external_tokens == 0:
+                continue
+            for gi, g in enumerate(case.groups):
+                for p in PREMISES:
+                    if p.applies(g.config.kind):
+                        holds = p.check(case, gi) is None
+                        assert z3_face_holds(p, case, gi) == holds, (case.name, gi, p.id)
+                        seen.add(holds)
+    assert seen == {True, False}
+
+
+def test_every_premise_names_the_vllm_lines_it_was_read_from():
+    import re
+
+    for p in PREMISES:
+        assert p.sources, p.id
+        for src in p.sources:
+            assert re.match(r"^vllm 0\.\d+\.\d+ [\w/]+\.py:\d+ \(", src), src
+
+
+def test_a_planted_violation_is_named_with_its_block():
+    from dataclasses import replace
+
+    from kvbound.spec import Group, parse_table
+
+    case = case_from_dict(FACTS_CASE)  # FA [H31, U32], Mamba [U41, U42], N=16, M=16
+    assert all(c.holds for c in evaluate(case) if c.premise.id != "mamba-one-state-block")
+    # a hashed block where the allocator puts the fresh one
+    bad = replace(case, groups=(Group(case.groups[0].config, parse_table("H31 H32")), case.groups[1]))
+    fails = [c for c in evaluate(bad) if not c.holds]
+    assert [(c.premise.id, c.group_index) for c in fails] == [("fresh-after-nulls", 0)]
+    assert "blocks[1] is H32" in fails[0].detail
+    assert evaluate(replace(case, num_external_tokens=0)) == []  # no load, nothing assumed
+
+
+def test_premises_command(tmp_path, capsys):
+    from kvbound.spec import dump_cases
+
+    good = tmp_path / "good.jsonl"
+    dump_cases(list(random_cases(20, seed=4, family="realistic")), good)
+    assert main(["premises", str(good), "--quiet", "--json", str(tmp_path / "p.json")]) == 0
+    assert "FAIL" not in capsys.readouterr().out
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["failed"] == 0 and data["total"] > 20
+    assert main(["premises", "examples/"]) == 1  # vLLM's hand-built tables are not allocator-shaped
+    out = capsys.readouterr().out
+    assert "facts-fa-mamba-n32-m32  group 1 mamba" in out and "mamba-one-state-block   FAILS" in out
+    assert main(["premises", "--list"]) == 0
+    assert "single_type_kv_cache_manager.py:1971" in capsys.readouterr().out
+    assert main(["premises", str(good), "--only", "no-such"]) == 2
+    assert "no-such" in capsys.readouterr().err

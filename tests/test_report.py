@@ -9,7 +9,6 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -19,15 +18,9 @@ from kvbound.report import ReportInputError, build_report, conform_section
 from kvbound.spec import Variant, load_cases, plan_load
 from kvbound.svg import STYLE, case_svgs
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
-DATA = Path(__file__).resolve().parent / "data"
+from conftest import DATA, EXAMPLES, ROOT, kvbound
+
 SVG_NS = "{http://www.w3.org/2000/svg}"
-
-
-def kvbound(*args):
-    return subprocess.run([sys.executable, "-m", "kvbound.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=ROOT)
 
 
 def pr_case():

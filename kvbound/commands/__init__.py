@@ -1,4 +1,8 @@
-"""Subcommands of the ``kvbound`` console script (see ``kvbound.cli.COMMANDS``)."""
+"""Subcommands of the ``kvbound`` console script (see ``kvbound.cli.COMMANDS``).
+
+Each module has ``register(subparsers)``; its ``run(args)`` returns an exit code or raises a
+``kvbound.errors.KvboundError``. Commands never import ``kvbound.cli``.
+"""
 
 from __future__ import annotations
 

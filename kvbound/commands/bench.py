@@ -12,7 +12,7 @@ import platform
 import time
 from pathlib import Path
 
-from kvbound.cli import UsageError
+from kvbound.errors import UsageError
 from kvbound.spec import Variant, plan_load
 from kvbound.spec.strategies import random_cases
 

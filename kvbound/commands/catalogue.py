@@ -37,5 +37,6 @@ def run(args) -> int:
         return 1
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    print(f"wrote {out}: {text.count(chr(10) + '## ')} obligations")
+    n = text.count("\n## `")
+    print(f"wrote {out}: {n} obligations")
     return 0

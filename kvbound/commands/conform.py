@@ -8,12 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from kvbound.cli import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
+from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, PrepareError, UsageError, WorkerError
 from kvbound.conform import compare as C
 from kvbound.conform import mutants as MUT
 from kvbound.conform.mutants import SPEC_MUTANTS
-from kvbound.conform.prepare import PrepareError, cache_dir, prepare_release
-from kvbound.conform.runner import WorkerError, current_env, run_release
+from kvbound.conform.prepare import cache_dir, prepare_release
+from kvbound.conform.runner import current_env, run_release
 from kvbound.draw import draw_case
 from kvbound.spec import Case, case_to_dict, load_case_paths, plan_for_version, variant_for_version
 

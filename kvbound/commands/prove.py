@@ -13,6 +13,7 @@ import time
 import xml.etree.ElementTree as ET
 
 from kvbound.draw import draw_case
+from kvbound.errors import UsageError
 from kvbound.spec import case_to_dict
 
 
@@ -21,8 +22,9 @@ def register(sub):
     p = sub.add_parser(
         "prove",
         help="prove the load-boundary obligations in Z3; draw every witness; score mutants",
-        description="Run every proof obligation (unbounded over tables, sizes and token counts), check each "
-        "proof is not vacuous, replay each witness through the executable spec, and kill the seeded mutants.",
+        description="Run every proof obligation (each within its declared bound: groups, table length, sizes; "
+        "printed per obligation), check each proof is not vacuous, replay each witness through the executable "
+        "spec, and kill the seeded mutants.",
     )
     p.add_argument("--only", nargs="+", metavar="ID", help="run only these obligations (mutants are skipped)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per solver call, seconds (default 10)")
@@ -35,7 +37,6 @@ def register(sub):
 
 
 def run(args) -> int:
-    from kvbound.cli import UsageError
     from kvbound.proofs import OBLIGATIONS, run_all, solve_plan
 
     if args.list:
@@ -54,10 +55,10 @@ def run(args) -> int:
     total = time.perf_counter() - t0
 
     width = max(len(r.obligation.id) for r in report.results)
-    print(f"{'obligation':{width}s}  {'expected':8s}  {'verdict':8s}  {'met':4s}  seconds")
+    print(f"{'obligation':{width}s}  {'expected':8s}  {'verdict':8s}  {'met':4s}  {'seconds':>7s}  bound")
     for r in report.results:
         print(f"{r.obligation.id:{width}s}  {r.obligation.expected:8s}  {r.verdict:8s}  "
-              f"{'yes' if r.met else 'NO':4s}  {r.seconds:7.2f}")
+              f"{'yes' if r.met else 'NO':4s}  {r.seconds:7.2f}  {r.obligation.bound.text()}")
     for r in report.results:
         problem = _problem(r)
         if r.witness is not None:
@@ -123,7 +124,7 @@ def _entry(r) -> dict:
     return {
         "id": o.id, "statement": o.statement, "math": o.math, "premise": o.premise,
         "expected": o.expected, "verdict": r.verdict, "met": r.met, "seconds": round(r.seconds, 4),
-        "bound": o.bound, "vacuity": r.vacuity or None, "replay_failure": r.replay,
+        "bound": o.bound.to_json(), "premises": list(o.premises), "vacuity": r.vacuity or None, "replay_failure": r.replay,
         "witness": None if r.witness is None else case_to_dict(r.witness),
     }
 
@@ -150,6 +151,9 @@ def _write_junit(path, report, total) -> None:
     for r in report.results:
         case = ET.SubElement(suite, "testcase", classname="kvbound.prove", name=r.obligation.id,
                              time=f"{r.seconds:.3f}")
+        props = ET.SubElement(case, "properties")
+        ET.SubElement(props, "property", name="bound", value=r.obligation.bound.text())
+        ET.SubElement(props, "property", name="verdict", value=r.verdict)
         if not r.met:
             ET.SubElement(case, "failure", message=_problem(r)).text = r.obligation.statement
     ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)

@@ -1,5 +1,8 @@
 """kvbound.conform: the spec against vLLM's own OffloadingConnectorScheduler.
 
+Directory ``kvbound/conform/``, part of the tool (layer 2): the real vLLM ↔ spec relation
+(docs/architecture.md).
+
 ``prepare`` builds (once, cached) what a release needs to import on a CPU-only
 machine; ``worker`` is the adapter that runs inside that environment (vLLM and
 the standard library only); ``runner`` feeds it cases; ``compare`` judges each

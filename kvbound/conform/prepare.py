@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from kvbound.errors import PrepareError
+
 LOCK_NAME = "vllm-import-deps.lock"
 DONE = ".kvbound-complete"  # written last: a directory without it is a failed half-prepare
 
 
-class PrepareError(RuntimeError):
-    """Preparing a release failed; the message says why and what to do."""
 
 
 @dataclass(frozen=True)

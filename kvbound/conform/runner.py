@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvbound.errors import WorkerError
 from kvbound.spec import case_to_dict
 
 from .prepare import PrepareError, ReleaseEnv
@@ -26,8 +27,6 @@ CASE_TIMEOUT_S = 120
 MAX_CRASHES_IN_A_ROW = 3
 
 
-class WorkerError(RuntimeError):
-    """The release's worker could not start; the message says what to do."""
 
 
 class Worker:

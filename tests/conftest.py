@@ -1,0 +1,28 @@
+"""What every test file shares: where the repository's data lies, and the CLI as a user runs it.
+
+The tests run against whichever kvbound is installed (editable in a checkout; the built
+wheel in CI's clean venv), so nothing here reaches into the source tree for code: only
+for data (examples/, corpus/, tests/data/).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+CORPUS = ROOT / "corpus"
+DATA = ROOT / "tests" / "data"
+
+# The console script installed beside this interpreter; `python -m kvbound` where there is
+# none. Never `python -m` from ROOT: the source tree's kvbound/ would shadow the installed one.
+_SCRIPT = Path(sys.executable).with_name("kvbound.exe" if os.name == "nt" else "kvbound")
+KVBOUND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-P", "-m", "kvbound"]
+
+
+def kvbound(*args, cwd=ROOT, timeout=300) -> subprocess.CompletedProcess:
+    """Run ``kvbound ARGS...`` in a subprocess: real exit code, stdout and stderr as text."""
+    return subprocess.run([*KVBOUND, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout)

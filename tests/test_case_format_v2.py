@@ -1,0 +1,245 @@
+"""Case format v2: v1 files mean what they meant (byte-identical plans), the new
+fields parse and validate (every bad-input class with its message), and the three
+inputs of issue 9 give vLLM's outputs release by release."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvbound.spec import (
+    RELEASES,
+    AssertName,
+    CaseError,
+    Variant,
+    boundary_key,
+    case_from_dict,
+    case_to_dict,
+    load_cases,
+    plan_for_version,
+    plan_load,
+    release_features,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden"
+EXAMPLES = ROOT / "examples"
+V2 = ROOT / "tests" / "cases_v2"  # the v2 examples; they move to examples/ once impl and proofs model v2
+# the example files of case format v1, in the order `kvbound plan examples/` read them
+V1_EXAMPLES = (
+    "chunked_local.json", "facts_fa_mamba_run.json", "full_attention.json", "mamba_align.json", "pr_case.json",
+    "sliding_window.json", "sync_load.json", "vllm_partial_lookup_null_skip.json",
+    "vllm_partial_lookup_short_prompt.json", "vllm_recurrent_unhashed.json",
+)
+VERSIONS = ("0.20.0", "0.21.0", "0.26.0", "0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.32.0", "0.33.0")
+
+
+def kvbound(*args):
+    return subprocess.run([sys.executable, "-m", "kvbound.cli", *map(str, args)], capture_output=True, text=True, cwd=ROOT)
+
+
+# --- v1 means what it meant --------------------------------------------------------------
+
+def test_v1_cases_plan_byte_identical_to_case_format_v1():
+    """tests/golden/v1-plan.jsonl was written by the v1 spec (commit 0fb3592) for 190 v1 cases
+    (the examples and 60 generated cases of each v1 family), every variant and nine releases."""
+    lines = (GOLDEN / "v1-cases.jsonl").read_text().splitlines()
+    got = []
+    for line in lines:
+        case = case_from_dict(json.loads(line))
+        assert json.dumps(case_to_dict(case)) == line  # a v1 case dumps as v1, byte for byte
+        for v in Variant:
+            out = plan_load(case, v).to_json(case.name)
+            out["variant"] = v.value
+            got.append(json.dumps(out))
+        for ver in VERSIONS:
+            out = plan_for_version(case, ver).to_json(case.name)
+            out["vllm"] = ver
+            got.append(json.dumps(out))
+    want = (GOLDEN / "v1-plan.jsonl").read_text().splitlines()
+    assert len(got) == len(want) == 190 * 12
+    assert got == want
+
+
+def test_v1_example_files_kvbound_plan_byte_identical():
+    """`kvbound plan` on the v1 example files prints what the v1 tool printed (tests/golden/v1-plan-cli.txt)."""
+    files = [EXAMPLES / f for f in V1_EXAMPLES]
+    out = ""
+    for extra in ([], ["--variant", "legacy"], ["--vllm-version", "0.26.0"], ["--vllm-version", "0.29.0"]):
+        r = kvbound("plan", *files, *extra)
+        assert r.returncode == 0, r.stderr
+        out += r.stdout
+    assert out == (GOLDEN / "v1-plan-cli.txt").read_text()
+
+
+# --- issue 9's three inputs ---------------------------------------------------------------
+
+def plan_json(name, version):
+    (case,) = load_cases(V2 / name)
+    return plan_for_version(case, version).to_json(case.name)
+
+
+@pytest.mark.parametrize("version", ["0.29.0", "0.33.0"])
+def test_partial_tail_at_44_of_a_45_token_prompt(version):
+    p = plan_json("partial_tail_fa_mamba.json", version)
+    assert p["outcome"] == "ok"
+    assert p["dst_block_ids"] == [2, 3, 13]
+    assert p["group_sizes"] == [2, 1] and p["block_indices"] == [1, 2]
+    # chunk 1 of group 0, then one boundary key per group (no chunk 2: the tail replaces it)
+    assert p["keys"] == [[0, 1], [0, "boundary", 44], [1, "boundary", 44]]
+
+
+@pytest.mark.parametrize("version", ["0.29.0", "0.33.0"])
+def test_partial_tail_of_a_10_token_prompt_loads_through_boundary_keys(version):
+    p = plan_json("partial_tail_short_prompt.json", version)
+    assert p["outcome"] == "ok"
+    assert p["dst_block_ids"] == [1, 11] and p["group_sizes"] == [1, 1] and p["block_indices"] == [0, 0]
+    assert p["keys"] == [[0, "boundary", 8], [1, "boundary", 8]]
+
+
+def test_retained_window_mtp_is_ok_from_0_31_and_window_bound_before():
+    assert plan_json("retained_window_mtp.json", "0.33.0")["outcome"] == "ok"
+    assert plan_json("retained_window_mtp.json", "0.31.0")["outcome"] == "ok"
+    (case,) = load_cases(V2 / "retained_window_mtp.json")
+    p = plan_for_version(case, "0.29.0")
+    assert p.assertion.name is AssertName.WINDOW_BOUND and p.assertion.group_index == 1
+    assert p.assertion.values["sliding_window_size_in_chunks"] == 1  # 0.28-0.30 ignore the retained tokens
+    assert plan_for_version(case, "0.27.0").outcome == "unsupported"
+
+
+def test_v1_partial_tail_cases_gave_keys_length():
+    """Without the boundary the 45-token case dies on keys_length: the v1 answer the issue reports."""
+    (case,) = load_cases(V2 / "partial_tail_fa_mamba.json")
+    v1 = case_from_dict({k: v for k, v in case_to_dict(case).items() if k != "partial_tail_boundary"})
+    assert plan_for_version(v1, "0.33.0").assertion.name is AssertName.KEYS_LENGTH
+
+
+# --- release semantics --------------------------------------------------------------------
+
+TAIL = json.loads((V2 / "partial_tail_fa_mamba.json").read_text())
+
+
+def v2(**edits):
+    d = copy.deepcopy(TAIL)
+    for path, value in edits.items():
+        target, *rest = path.split("__")
+        if rest:
+            d["groups"][int(rest[0])][rest[1]] = value
+        else:
+            d[target] = value
+    return d
+
+
+def test_partial_tail_assert_fires_when_the_boundary_is_not_T():
+    case = case_from_dict(v2(num_external_tokens=12))  # T = 28 != 44
+    for version in ("0.28.0", "0.29.0", "0.30.0", "0.33.0"):
+        p = plan_for_version(case, version)
+        assert p.assertion.name is AssertName.PARTIAL_TAIL and p.assertion.group_index is None
+        assert p.assertion.values == {"partial_tail_boundary": 44, "num_cached_tokens": 28}
+    assert plan_for_version(case, "0.33.0", asserts=False).ok  # python -O: loads anyway
+
+
+def test_eagle_group_keys_its_tail_past_the_boundary_from_0_33():
+    # an EAGLE full-attention group: margin one block (16), or one hash unit (4) with fine-grained hits
+    d = v2(num_tokens=64, partial_tail_boundary=28, num_external_tokens=12, num_prompt_tokens=45)
+    d["groups"].append({"kind": "full_attention", "tokens_per_block": 16, "is_eagle_group": True,
+                        "blocks": ["H21", "U22"]})
+    d["groups"][0]["blocks"] = ["H1", "U2"]
+    d["groups"][1]["blocks"] = ["N", "U13"]
+    case = case_from_dict(d)
+    p = plan_for_version(case, "0.33.0")
+    assert p.keys[-1] == (2, "boundary", 44) and p.keys[1] == (1, "boundary", 28)
+    assert boundary_key(case, 2, release_features("0.33.0")) == (2, "boundary", 44)
+    fine = case_from_dict({**d, "cache_hit_alignment_tokens": 4})
+    assert plan_for_version(fine, "0.33.0").keys[-1] == (2, "boundary", 32)
+    for old in ("0.29.0", "0.32.0"):  # supports_partial_tail excludes EAGLE groups before 0.33
+        q = plan_for_version(case, old)
+        assert q.outcome == "unsupported" and "EAGLE" in q.unsupported
+
+
+def test_group_subsets_index_blocks_by_group_idx_from_0_30():
+    d = copy.deepcopy(TAIL)
+    d["groups"].insert(0, {"kind": "full_attention", "tokens_per_block": 16, "offloaded": False, "blocks": []})
+    case = case_from_dict(d)
+    p = plan_for_version(case, "0.33.0").to_json(case.name)
+    assert p["keys"] == [[1, 1], [1, "boundary", 44], [2, "boundary", 44]]
+    assert p["group_sizes"] == [2, 1] and p["dst_block_ids"] == [2, 3, 13]
+    q = plan_for_version(case, "0.29.0")
+    assert q.outcome == "unsupported" and "every KV-cache group" in q.unsupported
+
+
+def test_resumed_request_has_keys_for_every_token():
+    d = json.loads((EXAMPLES / "vllm_partial_lookup_short_prompt.json").read_text())
+    case = case_from_dict(d)
+    assert plan_load(case, Variant.FIXED_SYNC).assertion.name is AssertName.KEYS_LENGTH
+    resumed = case_from_dict({**d, "num_tokens": 64})
+    assert plan_load(resumed, Variant.FIXED_SYNC).ok
+
+
+def test_release_table_rows_are_ordered_and_end_at_the_defaults():
+    firsts = [r[0] for r in RELEASES]
+    assert firsts == sorted(firsts) and firsts[0] == (0, 20)
+    assert release_features("0.33.0").eagle_partial_tails and not release_features("0.32.0").eagle_partial_tails
+    assert release_features("0.28.0").partial_tails and not release_features("0.27.0").partial_tails
+    assert release_features("0.30.0").group_subsets and not release_features("0.29.0").group_subsets
+    assert release_features("0.31.0").window_counts_retained and not release_features("0.30.0").window_counts_retained
+
+
+# --- every new bad-input class, message checked -------------------------------------------
+
+BAD = [
+    (dict(num_tokens=40), "num_tokens", "must be >= num_prompt_tokens 45"),
+    (dict(num_tokens="x"), "num_tokens", "must be an integer"),
+    (dict(num_tokens=None), "num_tokens", "must be an integer, or left out"),
+    (dict(partial_tail_boundary=0), "partial_tail_boundary", "must be positive"),
+    (dict(partial_tail_boundary=43), "partial_tail_boundary", "not a multiple of tokens_per_hash 4"),
+    (dict(partial_tail_boundary=48), "partial_tail_boundary", "> num_prompt_tokens - 1 = 44"),
+    (dict(blocks_per_chunk=2), "partial_tail_boundary", "supports_partial_tail holds; here blocks_per_chunk is 2"),
+    (dict(groups__0__tokens_per_block=32), "partial_tail_boundary", "one block size"),
+    (dict(groups__1__mamba_cache_mode="all"), "partial_tail_boundary", "no offloaded mamba group in cache mode \"align\""),
+    (dict(tokens_per_hash=16), "partial_tail_boundary", "tokens_per_block > tokens_per_hash 16"),
+    (dict(decode_context_parallel_size=2), "partial_tail_boundary", "decode_context_parallel_size is 2"),
+    (dict(decode_context_parallel_size=0), "decode_context_parallel_size", "must be positive"),
+    (dict(cache_hit_alignment_tokens=0), "cache_hit_alignment_tokens", "must be positive"),
+    (dict(groups__1__mamba_cache_mode="fast"), "groups[1].mamba_cache_mode", "must be one of align, all, none"),
+    (dict(groups__0__mamba_cache_mode="align"), "groups[0].mamba_cache_mode", "only a 'mamba' group has"),
+    (dict(groups__0__extra_retained_tokens=16), "groups[0].extra_retained_tokens", "only a 'sliding_window' group"),
+    (dict(groups__0__is_eagle_group="yes"), "groups[0].is_eagle_group", "must be true or false"),
+    (dict(groups__0__offloaded=0), "groups[0].offloaded", "must be true or false"),
+    (dict(groups__0__offloaded=False, groups__1__offloaded=False), "groups", "at least one group must be offloaded"),
+    (dict(groups__0__colour=1), "groups[0].colour", "optionally extra_retained_tokens, is_eagle_group"),
+]
+
+
+@pytest.mark.parametrize("edits,field,rule", BAD, ids=[f"{b[1]}:{b[2][:30]}" for b in BAD])
+def test_bad_v2_input_names_case_field_rule(edits, field, rule):
+    with pytest.raises(CaseError) as e:
+        case_from_dict(v2(**edits))
+    assert e.value.case == TAIL["name"] and e.value.field == field, str(e.value)
+    assert rule in e.value.rule, str(e.value)
+
+
+def test_bad_sliding_window_retained_and_eagle_hash():
+    sw = json.loads((V2 / "retained_window_mtp.json").read_text())
+    sw["groups"][1]["extra_retained_tokens"] = -1
+    with pytest.raises(CaseError, match=r"groups\[1\].extra_retained_tokens: must be non-negative"):
+        case_from_dict(sw)
+    d = v2()
+    d["groups"].append({"kind": "full_attention", "tokens_per_block": 16, "is_eagle_group": True,
+                        "blocks": ["H21", "U22", "U23"]})
+    with pytest.raises(CaseError, match="EAGLE proof margin 16 of group 2 = 60 > the 44 tokens"):
+        case_from_dict(d)
+
+
+def test_bad_v2_case_file_is_one_line_exit_2(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(v2(partial_tail_boundary=43)))
+    r = kvbound("plan", p)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+    assert "partial_tail_boundary" in r.stderr and "multiple of tokens_per_hash" in r.stderr
