@@ -117,7 +117,8 @@ def run(args) -> int:
                     rec = C.judge(case, version, res)
             else:
                 rec = C.judge(case, version, res)
-            rec.update(origin=origin, family=fam, row=C.row_of(case, origin, fam), case=case_to_dict(case))
+            rec.update(origin=origin, family=fam, row=C.row_of(case, origin, fam), case=case_to_dict(case),
+                       worker={k: v for k, v in res.items() if k not in ("traceback", "id")})
             records.append(rec)
             jobs.append((case, version, res, rec["verdict"]))
     done = list(hellos)
@@ -137,7 +138,8 @@ def run(args) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(
-            {"releases": hellos, "not_prepared": failed, "matrix": m, "blocking": len(blocking),
+            {"command": "kvbound conform " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["conform"] else sys.argv[1:]),
+             "releases": hellos, "not_prepared": failed, "matrix": m, "blocking": len(blocking),
              "undriven_blocking": sum(r["verdict"] == C.UNDRIVEN for r in blocking),
              "spec_mutant": args.spec_mutant, "spec_mutation": mutation,
              "witness_note": witness_note, "cases": records}, indent=1) + "\n")

@@ -23,9 +23,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FunctionType
 
+from kvbound.errors import KvboundError
 
-class MutantError(RuntimeError):
-    """A mutant that cannot be applied to the current spec (its text is gone)."""
+
+class MutantError(KvboundError, RuntimeError):
+    """A mutant that cannot be applied to the current spec (its text is gone): exit 2."""
 
 
 @dataclass(frozen=True)
@@ -158,13 +160,13 @@ def _resolve(target: str):
 def mutated_code(mutant: SpecMutant):
     """(the function, its mutated code object)."""
     mod, fn = _resolve(mutant.target)
-    src = textwrap.dedent(inspect.getsource(fn))
+    src = inspect.getsource(fn)  # as in the file: ``old`` keeps the file's indentation
     n = src.count(mutant.old)
     if n != 1:
         raise MutantError(
             f"spec mutant {mutant.name!r}: the text to replace occurs {n} times in {mutant.target}"
             f" (expected once); update kvbound/conform/mutants.py to the spec:\n  {mutant.old.strip()}")
-    src = src.replace(mutant.old, mutant.new)
+    src = textwrap.dedent(src.replace(mutant.old, mutant.new))
     lines = src.splitlines(keepends=True)
     while lines and lines[0].lstrip().startswith("@"):  # a property's decorator
         lines.pop(0)

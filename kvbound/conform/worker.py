@@ -197,7 +197,8 @@ class Release:
         group_configs = list(getattr(cfg, "kv_group_configs", ()))
         out["real_config"] = {
             "supports_partial_tail": getattr(cfg, "supports_partial_tail", None),
-            "window_in_chunks": [getattr(gc, "sliding_window_size_in_chunks", None) for gc in group_configs],
+            "window_in_chunks": [getattr(gc, "sliding_window_size_in_chunks", None) for gc in group_configs]
+            if all(hasattr(gc, "sliding_window_size_in_chunks") for gc in group_configs) else None,
             "eagle_groups": [gc.group_idx for gc in group_configs if getattr(gc, "is_eagle_group", False)],
             "eagle_proof_margins": {str(k): v for k, v in getattr(sched, "_eagle_proof_margins", {}).items()},
         }
