@@ -13,6 +13,9 @@ from pathlib import Path
 
 from kvbound.draw import LEGEND, describe_plan, draw_case
 from kvbound.spec import Variant, plan_load
+from kvbound.spec.verdicts import Verdict
+
+PROVED = Verdict.PROVED
 
 # Relative to the working directory (the checkout whose docs/ it regenerates): an installed
 # kvbound has no docs/ beside its package.
@@ -58,10 +61,10 @@ def _anchor(oid: str) -> str:
 
 def entry(result) -> str:
     o = result.obligation
-    proved = o.expected == "proved"
+    proved = o.expected == PROVED
     got = result.verdict
     verdict = f"**{got}**" + ("" if got == o.expected else f" — EXPECTED {o.expected.upper()}")
-    if got == "proved" and result.vacuity:
+    if got == PROVED and result.vacuity:
         verdict += f" (non-vacuous: {result.vacuity})"
     lines = [
         f"## `{o.id}`",

@@ -17,6 +17,7 @@ from kvbound import __version__
 from kvbound.draw import case_header, describe_plan, draw_case
 from kvbound.errors import CaseError, ReportInputError
 from kvbound.spec import Variant, case_from_dict, plan_load
+from kvbound.spec.verdicts import CONFORM_VERDICTS, Verdict
 from kvbound.svg import case_svgs, legend_svg
 
 
@@ -361,7 +362,9 @@ def _spec_label(rec: dict) -> str:
     return f"ok: dst_block_ids={spec.get('dst_block_ids')}"
 
 
-VERDICT_GOOD = {"agree": True, "disagree": False, "fault": False, "undriven": None}
+# How the summary names each conform verdict, in the order `kvbound conform` prints them.
+CONFORM_WORDS = {Verdict.AGREE: "agree", Verdict.DISAGREE: "disagree", Verdict.FAULT: "fault",
+                 Verdict.UNDRIVEN: "not driven", Verdict.UNSUPPORTED: "refused by the release's config"}
 
 
 def conform_section(data) -> Section:
@@ -375,12 +378,15 @@ def conform_section(data) -> Section:
     for i, r in enumerate(records):
         for key in ("name", "release", "variant", "verdict", "row"):
             need(r, key, f"{where}.cases[{i}]")
+        if r["verdict"] not in CONFORM_VERDICTS:
+            raise ReportInputError(f"{where}.cases[{i}].verdict: {r['verdict']!r} is not one of "
+                                   f"{', '.join(CONFORM_VERDICTS)}")
     sec = Section("conform", "")
-    counts = {v: sum(r["verdict"] == v for r in records) for v in VERDICT_GOOD}
+    counts = {v: sum(r["verdict"] == v for r in records) for v in CONFORM_VERDICTS}
     sec.failed = bool(blocking or not_prepared)
     sec.summary = (
-        f"{counts['agree']} agree, {counts['disagree']} disagree, {counts['fault']} fault, "
-        f"{counts['undriven']} not driven over {len(rels)} release(s); {blocking} blocking"
+        ", ".join(f"{counts[v]} {word}" for v, word in CONFORM_WORDS.items())
+        + f" over {len(rels)} release(s); {blocking} blocking"
         + (f"; NOT PREPARED: {', '.join(not_prepared)}" if not_prepared else "")
     )
     out = [f"<p>{_badge(sec.summary, not sec.failed)}</p>"]
@@ -408,7 +414,7 @@ def conform_section(data) -> Section:
                 cells.append("–")
                 continue
             bad = c.get("disagree", 0) + c.get("fault", 0)
-            extra = "".join(f", {c[k]} {k}" for k in ("disagree", "fault", "undriven") if c.get(k))
+            extra = "".join(f", {c[k]} {k}" for k in CONFORM_VERDICTS if k != Verdict.AGREE and c.get(k))
             outs = " ".join(f"{k}:{v}" for k, v in sorted((c.get("outcomes") or {}).items()))
             cells.append(_badge(f"{c.get('agree', 0)}/{c.get('total', 0)} agree{extra}",
                                 not bad if row != "adversarial" else (None if bad else True))
@@ -431,7 +437,7 @@ def conform_section(data) -> Section:
                 if r is None:
                     cells.append("–")
                     continue
-                mark = _badge(r["verdict"], VERDICT_GOOD.get(r["verdict"]))
+                mark = _badge(r["verdict"], Verdict(r["verdict"]).holds)
                 cells.append(f"{mark}<div>real: {escape(_real_label(r))}</div>"
                              f'<div class="small">spec {escape(r["variant"])}: {escape(_spec_label(r))}</div>')
             trows.append(cells)

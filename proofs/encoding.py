@@ -160,6 +160,7 @@ class GroupInputs:
     num_keys: object  # offload keys at admission
     sync_load: object
     table: object  # ConcreteTable | SymTable
+    windowed: object = True  # the window assert applies (a term when the group's kind is symbolic)
 
 
 @dataclass
@@ -236,7 +237,7 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
         assert_ok, assert_code = MOD(g.N, g.b) == 0, FAIL_CODE[AssertName.ALIGNMENT]
     dst_len = k - start
     pending = k - start + knobs.pending_offset
-    window_ok = True if g.window is None else pending <= g.window * g.bpc + 1
+    window_ok = True if g.window is None else OR(NOT(g.windowed), pending <= g.window * g.bpc + 1)
     tpc = g.b * g.bpc
     wanted = FLOORDIV(T, tpc) if knobs.end_chunk_floor else CDIV(T, tpc)
     start_chunk = FLOORDIV(start, g.bpc) + knobs.key_start_offset

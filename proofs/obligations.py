@@ -14,13 +14,15 @@ from typing import Callable
 import z3
 
 from kvbound.spec import AssertName, GroupKind, Variant, plan_load
+from kvbound.spec.verdicts import Verdict
 
 from .encoding import HSH, NUL, UNH, Knobs, knobs_for
 from .terms import AND, FLOORDIV, IF, NOT, OR
 from .alignment import MAX_GROUPS, AlignWorld
+from .hybrid import GROUPS, HybridWorld, safe_parts
 from .world import World
 
-PROVED, REFUTED = "proved", "refuted"
+PROVED, REFUTED = Verdict.PROVED, Verdict.REFUTED
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class Obligation:
     statement: str  # English, for the report and the docs
     math: str  # the claim as a formula, for the invariant catalogue
     premise: str  # the premise that makes it hold (or whose absence the witness shows)
-    expected: str  # PROVED or REFUTED
+    expected: Verdict  # PROVED or REFUTED
     build: Callable  # (knobs) -> Problem
     knobs: Knobs = Knobs()  # the code it is about; mutants perturb these
     reproduce: Callable | None = None  # (Case) -> str | None: None when the spec shows the failure
@@ -326,6 +328,40 @@ def _start_is_fresh(knobs):
     return Problem(w.base() + [NOT(w.sync_load)], OR(p.start == w.k, t.state(p.start) == UNH), w)
 
 
+def _safe_load(variant):
+    """The release's plan on a whole hybrid model (proofs/hybrid.py): no assert, exactly the
+    fresh blocks, keys inside the lookup's range — for every group at once."""
+
+    def build(knobs):
+        w = HybridWorld()
+        out = w.plan(knobs)
+        prem = w.base() + ([] if variant is Variant.FIXED_SYNC else [NOT(w.sync_load)])  # sync loads: 0.33+
+        parts = safe_parts(w, out)
+        # one split per conjunct (their negations cover ¬claim): Z3 settles each at once
+        return Problem(prem, AND(*parts), w, shaping=w.pr_shape() if variant is Variant.LEGACY else [],
+                       witness=lambda m: w.to_case(m, f"witness-safe-load.{variant.value}"),
+                       splits=tuple(NOT(p) for p in parts))
+
+    return build
+
+
+def _replay_pr_shape(case):
+    """The legacy witness fires the boundary assert in a Mamba group that keeps a non-null
+    unhashed block below f (the PR's shape), and the fix plans it safely."""
+    legacy = plan_load(case, Variant.LEGACY)
+    if legacy.ok or legacy.assertion.name is not AssertName.BOUNDARY:
+        return f"spec legacy gives {legacy.assertion.name.value if legacy.assertion else 'ok'}, expected boundary"
+    g = case.groups[legacy.assertion.group_index]
+    b = g.config.tokens_per_block
+    f = -(-case.num_locally_computed_tokens // b)
+    if g.config.kind is not GroupKind.MAMBA or not any(blk.state.value == "U" for blk in g.blocks[:f]):
+        return "the failing group is not a recurrent group with an unhashed block below f"
+    for v in (Variant.FIXED, Variant.FIXED_SYNC):
+        if not plan_load(case, v).ok:
+            return f"the fix ({v.value}) fails on the witness too"
+    return None
+
+
 FIXED = knobs_for(Variant.FIXED)
 FIXED_SYNC = knobs_for(Variant.FIXED_SYNC)
 LEGACY = knobs_for(Variant.LEGACY)
@@ -337,7 +373,40 @@ ALIGN_BOUND = Bound(MAX_GROUPS, 0, "unbounded (block sizes, DCP size, N)",
                     f"at most {MAX_GROUPS} KV-cache groups: slots are unrolled, LCM has no closed form over a "
                     "symbolic count")
 
+HYBRID = ("table-covers-load", "n-aligned", "fresh-after-nulls", "computed-hashed", "computed-cached",
+          "window-skipped-null",
+          "chunk-skipped-null", "mamba-one-state-block", "keys-cover-hit", "hit-a-chunk")
+HYBRID_BOUND = Bound(GROUPS, None, "unbounded (tokens_per_block per group, blocks_per_chunk, N, M, windows)",
+                     f"a model of up to {GROUPS} groups of symbolic kinds (slots unrolled: the LCM rule has no closed "
+                     "form over a symbolic count); the claim is stated for its group 0, which is any group w.l.o.g. "
+                     "(the plan carries no state from one group to the next); the others enter through the LCM rule "
+                     "(N) and the lookup (M ≥ every group's tpc, T ≤ every group's keys·tpc)")
+SAFE_MATH = ("∀ n ≤ G groups, kinds, b_g, bpc, N = q·unit (b_g | unit), M, tables meeting their kind's premises:  "
+             "∀ g < n: no assert ∧ start_g = j_g ∧ pending_g = |blocks_g[start_g:k_g]| ∧ "
+             "∀ i ∈ [start_g, k_g): state ≠ null ∧ ⌊N/tpc_g⌋ ≤ keys_g < ⌈T/tpc_g⌉")
+
 OBLIGATIONS: list[Obligation] = [
+    Obligation(
+        "safe-load.fixed",
+        "0.30's plan is safe on every hybrid model: for every group (mixed kinds and block sizes, N rounded by "
+        "the scheduler's LCM rule, M as the lookup returns it, tables as the allocator builds them) no assert "
+        "fires, exactly the fresh blocks are loaded (no null block, no computed block written), and only keys "
+        "inside the lookup's range are requested.",
+        SAFE_MATH, "every premise of every group's kind; the LCM rule", PROVED, _safe_load(Variant.FIXED), FIXED,
+        bound=HYBRID_BOUND, premises=HYBRID),
+    Obligation(
+        "safe-load.fixed-sync",
+        "0.33's plan (sync loads match by position) is safe on every hybrid model, sync or async load: the same "
+        "claim as safe-load.fixed.",
+        SAFE_MATH, "every premise of every group's kind; the LCM rule", PROVED, _safe_load(Variant.FIXED_SYNC),
+        FIXED_SYNC, bound=HYBRID_BOUND, premises=HYBRID),
+    Obligation(
+        "safe-load.legacy",
+        "0.29's plan is not safe on hybrid models: a recurrent group that keeps its state block below f (the "
+        "PR's shape, which the allocator premises admit) fires the boundary assert.",
+        SAFE_MATH.replace("∀ n", "¬ ∀ n"), "the scan starts at f (0.29 scans from 0)", REFUTED,
+        _safe_load(Variant.LEGACY), LEGACY, reproduce=_replay_pr_shape, mutable=False, bound=HYBRID_BOUND,
+        premises=HYBRID),
     Obligation(
         "boundary",
         "The fixed scan never starts below the computed tokens: N <= start*b, for any table.",

@@ -104,6 +104,14 @@ def _check_computed_hashed(case, gi):
     return None
 
 
+def _check_computed_cached(case, gi):
+    g, b, N, T, f, k = _numbers(case, gi)
+    for i in range(min(f, len(g.blocks))):
+        if g.blocks[i].state is BlockState.UNHASHED:
+            return f"blocks[{i}] is {g.blocks[i].token} below f={f}; a windowed group's computed blocks are prefix-cache hits (hashed) or skipped (null)"
+    return None
+
+
 def _skipped_blocks(case, gi) -> int:
     """Blocks before the window vLLM's manager pads with nulls at T."""
     g, b, N, T, f, k = _numbers(case, gi)
@@ -170,6 +178,11 @@ def _term_fresh_after_nulls(g):
 def _term_computed_hashed(g):
     t = g.table
     return t.forall(0, g.f, lambda i: t.state(i) == HSH)
+
+
+def _term_computed_cached(g):
+    t = g.table
+    return t.forall(0, g.f, lambda i: t.state(i) != UNH)
 
 
 def _term_sliding_skipped_null(g):
@@ -241,6 +254,14 @@ PREMISES: tuple = (
         (_src(V33, STM, 739, "FullAttentionManager.find_longest_cache_hit: cached blocks only"),
          _src(V33, STM, 268, "add_local_computed_blocks")),
         _term_computed_hashed, _check_computed_hashed),
+    Premise(
+        "computed-cached",
+        "A sliding-window or chunked-local group's blocks below f are prefix-cache hits (hashed) or skipped "
+        "(null): none is unhashed. (A Mamba group has no such premise: its running state block may be.)",
+        "∀ i < f: state(i) ≠ U", frozenset({GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL}),
+        (_src(V33, STM, 268, "add_local_computed_blocks: nulls for skipped blocks, then the cache hits"),
+         _src(V29, STM, 236, "add_local_computed_blocks")),
+        _term_computed_cached, _check_computed_cached),
     Premise(
         "window-skipped-null",
         "A sliding-window group's blocks before its window at T are null: SlidingWindowManager skips "

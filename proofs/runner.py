@@ -11,19 +11,21 @@ from dataclasses import dataclass, replace
 
 import z3
 
+from kvbound.spec.verdicts import Verdict
+
 from .encoding import Knobs
 from .obligations import OBLIGATIONS, PROVED, REFUTED, Obligation, problem
 from .symbolic import SEED
 from .terms import NOT, as_bool
 from .world import expanded
 
-UNKNOWN = "unknown"
+UNKNOWN = Verdict.UNKNOWN
 
 
 @dataclass
 class Result:
     obligation: Obligation
-    verdict: str  # proved | refuted | unknown
+    verdict: Verdict  # PROOF_VERDICTS
     seconds: float
     witness: object = None  # a spec Case, for a refutation
     vacuity: str = ""  # proved: "premises satisfiable" or why not
@@ -57,18 +59,18 @@ def decide(ob: Obligation, knobs: Knobs | None = None, timeout_ms: int = 5000, s
     unbounded check."""
     knobs = knobs or ob.knobs
     if seek if seek is not None else ob.expected == REFUTED:
-        for length in WITNESS_LENGTHS:
-            with expanded(length):
-                prob = problem(ob, knobs)
-            s = _assert_negation(prob, timeout_ms)
-            for extra in (prob.shaping, []):
-                s.push()
-                s.add(*[as_bool(c) for c in extra])
+        for shaped in (True, False):  # a shaped (readable) witness at any length before an unshaped one
+            for length in WITNESS_LENGTHS:
+                with expanded(length):
+                    prob = problem(ob, knobs)
+                if shaped and not prob.shaping:
+                    break
+                s = _assert_negation(prob, timeout_ms)
+                s.add(*[as_bool(c) for c in (prob.shaping if shaped else [])])
                 if s.check() == z3.sat:
                     return REFUTED, s.model(), prob
-                s.pop()
-            if not _has_table(prob):
-                break
+                if not _has_table(prob):
+                    break
     prob = problem(ob, knobs)
     s = _assert_negation(prob, timeout_ms)
     if prob.shaping:  # a small, readable witness first: sat there is sat everywhere
@@ -222,7 +224,7 @@ def _task(args):
 def run_mutants_one(name: str, timeout_ms: int) -> str | None:
     """The first proved obligation the mutant refutes, or None (it survived)."""
     change = MUTANTS[name]
-    for ob in OBLIGATIONS:
+    for ob in sorted(OBLIGATIONS, key=lambda o: o.bound.groups != 1):  # one-group obligations first: cheaper
         if ob.expected == PROVED and ob.mutable and kills(ob, replace(ob.knobs, **change), timeout_ms):
             return ob.id
     return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import z3
 
 from kvbound.spec import AssertName, Variant
+from kvbound.spec.verdicts import Verdict
 
 from .encoding import CODE_FAIL, FAIL_CODE, OK, Knobs, case_inputs, encode_group, knobs_for
 from .terms import AND, NOT, OR, Sx, _lit
@@ -24,12 +25,12 @@ SEED = 0  # Z3's random seed, pinned so verdicts and models repeat run to run
 
 @dataclass(frozen=True)
 class SymbolicCheck:
-    verdict: str  # "forced" | "not_forced" | "unknown"
+    verdict: Verdict  # PLAN_CHECK_VERDICTS
     detail: str = ""
 
     @property
     def forced(self) -> bool:
-        return self.verdict == "forced"
+        return self.verdict is Verdict.FORCED
 
 
 _local = threading.local()
@@ -206,15 +207,15 @@ def check_plan(case, variant, plan_json: dict, timeout_ms: int = 2000, knobs: Kn
         s.from_string(_assert_text(_new_decls(outs), cs))
         r = s.check()
         if r != z3.sat:
-            return SymbolicCheck("unknown", f"the encoding of the case has no model ({r}): an encoding bug")
+            return SymbolicCheck(Verdict.UNKNOWN, f"the encoding of the case has no model ({r}): an encoding bug")
         if claim is False:
-            return SymbolicCheck("not_forced", f"the encoding gives {model_plan(case, outs, s.model())}")
+            return SymbolicCheck(Verdict.NOT_FORCED, f"the encoding gives {model_plan(case, outs, s.model())}")
         s.from_string(_assert_text("", [NOT(claim)]))  # the solver keeps the declarations
         r = s.check()
         if r == z3.unsat:
-            return SymbolicCheck("forced", "")
+            return SymbolicCheck(Verdict.FORCED, "")
         if r == z3.sat:
-            return SymbolicCheck("not_forced", f"the encoding also allows {model_plan(case, outs, s.model())}")
-        return SymbolicCheck("unknown", f"solver: {s.reason_unknown()}")
+            return SymbolicCheck(Verdict.NOT_FORCED, f"the encoding also allows {model_plan(case, outs, s.model())}")
+        return SymbolicCheck(Verdict.UNKNOWN, f"solver: {s.reason_unknown()}")
     finally:
         s.pop()

@@ -18,6 +18,7 @@ from .vocab import (
     Variant,
     cdiv,
 )
+from .versions import unsupported_reason, variant_features
 
 
 def load_start_gpu_block_idx(blocks, scan_from: int, num_gpu_blocks: int, match_hashed: bool) -> int:
@@ -65,14 +66,13 @@ def plan_load(
 ) -> LoadPlan:
     """``update_state_after_alloc`` of ``release`` (default: the variant's last release,
     ``versions.REPRESENTATIVE``) with ``variant``'s scan."""
-    from .versions import unsupported_reason, variant_features
-
     variant = Variant(variant)
     if release is None:
         release = variant_features(variant)
-    why = unsupported_reason(case, release)
-    if why is not None:
-        return LoadPlan(variant, (), None, asserts, unsupported=why)
+    if case.uses_v2_features:  # only a v2 feature can be one a release lacks
+        why = unsupported_reason(case, release)
+        if why is not None:
+            return LoadPlan(variant, (), None, asserts, unsupported=why)
     N = case.num_locally_computed_tokens
     if case.num_external_tokens == 0:
         return LoadPlan(variant, (), None, asserts)  # vLLM returns before planning

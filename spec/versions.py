@@ -83,7 +83,10 @@ def release_asserts(version: str) -> ReleaseFeatures:
 
 def variant_features(variant: Variant | str) -> ReleaseFeatures:
     """The features ``plan_load`` gives a variant when no release is named: its last release's."""
-    return release_features(REPRESENTATIVE[Variant(variant)])
+    return _VARIANT_FEATURES[Variant(variant)]
+
+
+_VARIANT_FEATURES = {v: release_features(r) for v, r in REPRESENTATIVE.items()}
 
 
 def unsupported_reason(case: Case, feats: ReleaseFeatures) -> str | None:

@@ -171,7 +171,17 @@ class Case:
         object.__setattr__(self, "groups", tuple(self.groups))
         if self.num_tokens is None:
             object.__setattr__(self, "num_tokens", self.num_prompt_tokens)
+        groups = self.groups
+        # derived once (not fields: equality and hashing ignore them)
+        object.__setattr__(self, "_offloaded", tuple(
+            i for i, g in enumerate(groups) if getattr(getattr(g, "config", None), "offloaded", True) is not False
+        ))
         validate_case(self)
+        object.__setattr__(self, "uses_v2_features", bool(
+            self.partial_tail_boundary is not None
+            or len(self._offloaded) != len(groups)
+            or any(g.config.extra_retained_tokens for g in groups)
+        ))
 
     @property
     def num_cached_tokens(self) -> int:
@@ -180,7 +190,7 @@ class Case:
     @property
     def offloaded_group_indices(self) -> tuple:
         """The ``group_idx`` of every offloaded group, in order (vLLM's ``kv_group_configs``)."""
-        return tuple(i for i, g in enumerate(self.groups) if g.config.offloaded)
+        return self._offloaded
 
     def num_offload_keys(self, group_index: int) -> int:
         """Keys a group has at the call: one per ``hashes_per_chunk`` hashes of

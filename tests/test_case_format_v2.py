@@ -243,3 +243,69 @@ def test_bad_v2_case_file_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0
     assert "partial_tail_boundary" in r.stderr and "multiple of tokens_per_hash" in r.stderr
+
+
+# --- generators of the v2 families ---------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from kvbound.spec.strategies import (  # noqa: E402
+    ADVERSARIAL_FAMILIES,
+    ALL_FAMILIES,
+    V2_FAMILIES,
+    cases,
+    family_of,
+    random_cases,
+)
+
+
+@pytest.mark.parametrize("family", [f for f in V2_FAMILIES if f not in ADVERSARIAL_FAMILIES])
+def test_v2_families_hold_only_what_vllm_builds_and_plan_ok_on_0_33(family):
+    for case in random_cases(150, seed=31, family=family):
+        assert family_of(case) == family
+        p = plan_for_version(case, "0.33.0")
+        assert p.ok, (case.name, p.outcome, p.assertion, p.unsupported)
+        if family in ("partial_tail", "short_prompt"):
+            assert case.partial_tail_boundary == case.num_cached_tokens and case.supports_partial_tail
+            assert all(len(g.keys) and g.keys[-1][1] == "boundary" for g in p.groups if g.num_pending_gpu_blocks)
+        if family == "short_prompt":
+            assert case.num_prompt_tokens <= case.groups[0].config.tokens_per_block
+        if family == "eagle":
+            assert any(g.config.is_eagle_group for g in case.groups)
+        if family == "retained_window":
+            assert any(g.config.extra_retained_tokens for g in case.groups)
+        if family == "resumed":
+            assert case.num_tokens > case.num_prompt_tokens
+        if family == "group_subset":
+            assert len(case.offloaded_group_indices) < len(case.groups)
+
+
+def test_partial_tail_family_has_the_prs_recurrent_shape_and_legacy_crashes_on_it():
+    shapes = legacy_boundary = 0
+    for case in random_cases(200, seed=8, family="partial_tail"):
+        f = case.num_locally_computed_tokens // case.groups[0].config.tokens_per_block
+        for g in case.groups:
+            if g.config.kind.value == "mamba" and any(b.state.value == "U" for b in g.blocks[:f]):
+                shapes += 1
+        legacy_boundary += plan_for_version(case, "0.29.0").assertion is not None
+    assert shapes > 50 and legacy_boundary > 50
+
+
+def test_adversarial_tail_finds_the_partial_tail_assert():
+    names = {plan_for_version(c, "0.33.0").assertion.name for c in random_cases(200, seed=2, family="adversarial_tail")
+             if plan_for_version(c, "0.33.0").assertion is not None}
+    assert AssertName.PARTIAL_TAIL in names and AssertName.TABLE_LENGTH in names
+
+
+def test_random_cases_default_mix_is_the_v1_families():
+    assert {family_of(c) for c in random_cases(30, seed=0)} == {"realistic", "recurrent_state", "adversarial"}
+    assert {family_of(c) for c in random_cases(len(ALL_FAMILIES), seed=0, family="all")} == set(ALL_FAMILIES)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(family="all"))
+def test_hypothesis_strategy_draws_every_family_through_st_randoms(case):
+    assert family_of(case) in ALL_FAMILIES
+    p = plan_for_version(case, "0.33.0")
+    if family_of(case) not in ADVERSARIAL_FAMILIES:
+        assert p.ok, (case.name, p.assertion, p.unsupported)

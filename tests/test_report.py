@@ -175,3 +175,13 @@ def test_missed_verdict_and_malformed_obligation():
     del data["obligations"][0]["verdict"]
     with pytest.raises(ReportInputError, match=r"prove JSON.obligations\[0\]: missing field 'verdict'"):
         prove_section(data)
+
+
+def test_conform_summary_counts_every_verdict_including_refused_configs():
+    data = json.loads((DATA / "conform_pr.json").read_text())
+    data["cases"][0]["verdict"] = "unsupported"
+    sec = conform_section(data)
+    assert "1 agree" in sec.summary and "1 refused by the release's config" in sec.summary
+    data["cases"][0]["verdict"] = "agreed"
+    with pytest.raises(ReportInputError, match=r"conform JSON.cases\[0\].verdict: 'agreed' is not one of"):
+        conform_section(data)

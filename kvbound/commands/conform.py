@@ -16,6 +16,7 @@ from kvbound.conform.prepare import cache_dir, prepare_release
 from kvbound.conform.runner import current_env, run_release
 from kvbound.draw import draw_case
 from kvbound.spec import Case, case_to_dict, load_case_paths, plan_for_version, variant_for_version
+from kvbound.spec.verdicts import CONFORM_VERDICTS
 
 
 def register(sub):
@@ -143,8 +144,7 @@ def run(args) -> int:
              "undriven_blocking": sum(r["verdict"] == C.UNDRIVEN for r in blocking),
              "spec_mutant": args.spec_mutant, "spec_mutation": mutation,
              "witness_note": witness_note, "cases": records}, indent=1) + "\n")
-    count = {v: sum(r["verdict"] == v for r in records)
-             for v in (C.AGREE, C.DISAGREE, C.FAULT, C.UNDRIVEN, C.UNSUPPORTED)}
+    count = {v: sum(r["verdict"] == v for r in records) for v in CONFORM_VERDICTS}
     print(f"\nsummary: {count[C.AGREE]} agree, {count[C.DISAGREE]} disagree, {count[C.FAULT]} fault,"
           f" {count[C.UNDRIVEN]} not driven, {count[C.UNSUPPORTED]} refused by the release's config;"
           f" {len(blocking)} blocking (non-adversarial disagreement, fault or undriven case, or failed witness)")

@@ -21,6 +21,7 @@ from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
 from kvbound.draw import draw_case
 from kvbound.spec import GroupKind, case_to_dict, dump_cases, load_case_paths
 from kvbound.spec.strategies import FAMILIES, family_of, random_cases
+from kvbound.spec.verdicts import Verdict
 
 from . import add_variant_args, selected_variants
 
@@ -186,9 +187,9 @@ def _symbolic(cases, variants, device, timeout_ms, stats, sym, unknowns) -> None
             r = check_plan(case, v, ip.to_json(case.name), timeout_ms=timeout_ms)
             sym["checked"] += 1
             sym[r.verdict] = sym.get(r.verdict, 0) + 1
-            if r.verdict == "not_forced":
+            if r.verdict is Verdict.NOT_FORCED:
                 stats.disagreements.append(Disagreement(case, v, "symbolic", None, ip, r.detail))
-            elif r.verdict != "forced":
+            elif r.verdict is not Verdict.FORCED:
                 unknowns.append((case, v, r.detail))
 
 
@@ -203,7 +204,7 @@ def _fails_again(d):
     def fails(c):
         b = batch_from_cases([c], device="cpu")
         ip = to_load_plans(b, plan_variants(b, (d.variant,))[d.variant])[0]
-        return check_plan(c, d.variant, ip.to_json(c.name)).verdict == "not_forced"
+        return check_plan(c, d.variant, ip.to_json(c.name)).verdict is Verdict.NOT_FORCED
 
     return fails
 

@@ -12,6 +12,7 @@ import re
 from kvbound.spec import (
     AssertName, Case, GroupKind, Variant, plan_for_version, release_features, variant_for_version,
 )
+from kvbound.spec.verdicts import Verdict
 
 # The fields ``kvbound plan`` prints, compared one by one.
 PLAN_FIELDS = ("outcome", "assertion", "dst_block_ids", "group_sizes", "block_indices", "keys")
@@ -82,8 +83,9 @@ def _norm(v):
     return v
 
 
-# Verdicts of one (release, case) pair.
-AGREE, DISAGREE, FAULT, UNDRIVEN, UNSUPPORTED = "agree", "disagree", "fault", "undriven", "unsupported"
+# Verdicts of one (release, case) pair (kvbound.spec.verdicts.CONFORM_VERDICTS).
+AGREE, DISAGREE, FAULT, UNDRIVEN, UNSUPPORTED = (
+    Verdict.AGREE, Verdict.DISAGREE, Verdict.FAULT, Verdict.UNDRIVEN, Verdict.UNSUPPORTED)
 
 
 def judge(case: Case, release: str, result: dict) -> dict:

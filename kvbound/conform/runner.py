@@ -30,8 +30,9 @@ MAX_CRASHES_IN_A_ROW = 3
 
 
 class Worker:
-    def __init__(self, env: ReleaseEnv):
+    def __init__(self, env: ReleaseEnv, script: Path = WORKER):
         self.env = env
+        self.script = script  # kvbound trace runs its own worker script through this class
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
         self._err = tempfile.TemporaryFile(mode="w+")
@@ -43,7 +44,7 @@ class Worker:
             pyenv["PYTHONPATH"] = self.env.tree
         # -P keeps the worker's own directory (kvbound's sources) off sys.path.
         self.proc = subprocess.Popen(
-            [self.env.python, "-P", str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [self.env.python, "-P", str(self.script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._err, text=True, bufsize=1, env=pyenv,
         )
         line = self._readline(HELLO_TIMEOUT_S)

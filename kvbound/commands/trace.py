@@ -1,0 +1,226 @@
+"""``kvbound trace``: vLLM's real scheduler, allocator and offloading connector on
+organic traffic, with the spec, the proofs' premises and lifecycle invariants
+checked at every connector call."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from kvbound.conform.prepare import ReleaseEnv, deps_venv, prepare_release
+from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, PrepareError, UsageError
+from kvbound.spec import case_from_dict, plan_for_version, variant_for_version
+
+
+def register(sub):
+    from kvbound.trace.layouts import DEFAULT_LAYOUTS, LAYOUTS
+
+    p = sub.add_parser(
+        "trace",
+        help="run vLLM's real scheduler on organic traffic and check every connector call",
+        description="Step the real engine-core Scheduler (sync and AsyncScheduler) of a vLLM release with "
+        "its real KVCacheManager, OffloadingConnector (both sides) and CPU offload tier on a seeded "
+        "workload of requests sharing prefixes of varied lengths; only the model, its output and the "
+        "transfer engine are faked. Every update_state_after_alloc call that loads is captured as a "
+        "case and checked against the release's spec and the proofs' premises; lifecycle invariants "
+        "and exceptions inside vLLM are findings. Findings are shrunk to a minimal set of requests, "
+        "saved as trace files and drawn. Exit 1 on a finding.",
+    )
+    p.add_argument("--vllm", metavar="X", help="the vLLM release, e.g. 0.33.0 (prepared once, like conform)")
+    p.add_argument("--vllm-src", metavar="DIR", help="run a checkout's vllm/ (a fork) instead; --vllm X names"
+                   " the release whose spec it is checked against")
+    p.add_argument("--layout", action="append", choices=sorted(LAYOUTS), default=[],
+                   help=f"repeatable; default: {' '.join(DEFAULT_LAYOUTS)}")
+    p.add_argument("--requests", type=int, default=2000, metavar="N", help="requests per layout")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--segment", type=int, default=400, metavar="K",
+                   help="requests per engine (a fresh scheduler and CPU tier each)")
+    p.add_argument("--scheduler", choices=("sync", "async", "both"), default="both",
+                   help="Scheduler, AsyncScheduler, or alternate segments (default)")
+    p.add_argument("--stop-on-first", action="store_true", help="stop a layout at its first finding")
+    p.add_argument("--no-shrink", action="store_true", help="save findings unshrunk")
+    p.add_argument("--shrink-budget", type=int, default=150, metavar="R", help="reruns per shrink")
+    p.add_argument("--out", default="trace-findings", metavar="DIR", help="where trace files go")
+    p.add_argument("--json", metavar="FILE", help="summary and findings as JSON (for CI)")
+    p.add_argument("--replay", metavar="F", help="rerun a trace file's requests and say if its finding reproduces")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+    return p
+
+
+def _env(args) -> ReleaseEnv:
+    if args.vllm_src:
+        if not args.vllm:
+            raise UsageError("--vllm-src DIR needs --vllm X: the release whose spec the fork is checked against")
+        src = Path(args.vllm_src)
+        if not (src / "vllm" / "__init__.py").exists():
+            raise UsageError(f"--vllm-src {src}: no vllm/__init__.py there (give the checkout's root)")
+        variant_for_version(args.vllm)
+        return ReleaseEnv(args.vllm, str(deps_venv(_say) / "bin" / "python"), str(src))
+    if not args.vllm:
+        raise UsageError("name a release with --vllm X (e.g. --vllm 0.33.0) or a checkout with --vllm-src DIR")
+    variant_for_version(args.vllm)  # UnsupportedVersion -> one line, exit 2
+    return prepare_release(args.vllm, _say)
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _bar(quiet):
+    t0 = time.monotonic()
+
+    def progress(layout, done, total, s):
+        if quiet:
+            return
+        w = 30
+        fill = int(w * done / max(total, 1))
+        rate = done / max(time.monotonic() - t0, 1e-9)
+        print(f"\r  {layout:<9} [{'#' * fill}{'.' * (w - fill)}] {done}/{total} requests"
+              f"  {rate:,.0f} req/s  loads {s.stats['loads']}  findings {s.findings}   ",
+              end="" if done < total else "\n", file=sys.stderr, flush=True)
+    return progress
+
+
+def run(args) -> int:
+    from kvbound.trace import runner as R
+
+    if args.replay:
+        return replay(args)
+    if args.requests < 1 or args.segment < 1:
+        raise UsageError("--requests and --segment must be >= 1")
+    from kvbound.trace.layouts import DEFAULT_LAYOUTS
+
+    layouts = list(dict.fromkeys(args.layout)) or list(DEFAULT_LAYOUTS)
+    try:
+        env = _env(args)
+    except PrepareError as e:
+        print(f"kvbound trace: vllm {args.vllm} could not be prepared:\n  {e}", file=sys.stderr)
+        return EXIT_INPUT
+    print(f"kvbound trace: vllm {env.version}, layouts {' '.join(layouts)}, {args.requests} requests each,"
+          f" seed {args.seed}, scheduler {args.scheduler}", file=sys.stderr)
+    t0 = time.monotonic()
+    try:
+        summaries, findings = R.run_trace(env, layouts, args.requests, args.seed, args.segment,
+                                          args.scheduler, _bar(args.quiet), args.stop_on_first)
+    except R.TraceError as e:
+        print(f"kvbound trace: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    wall = time.monotonic() - t0
+    print(render_table(summaries))
+    saved = report_findings(env, findings, args)
+    total_req = sum(s.stats["requests"] for s in summaries)
+    print(f"\n{total_req} requests in {wall:.1f} s ({total_req / max(wall, 1e-9):,.0f} requests/s on one"
+          f" worker process), {len(findings)} finding(s)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({
+            "vllm": env.version, "seed": args.seed, "requests_per_layout": args.requests,
+            "seconds": round(wall, 2), "layouts": [_summary_json(s) for s in summaries],
+            "findings": [{"kind": f.kind, "layout": f.layout, "detail": _short(f.detail), "file": p}
+                         for f, p in saved]}, indent=1) + "\n")
+    return EXIT_FAIL if findings else EXIT_OK
+
+
+def _summary_json(s) -> dict:
+    return {"layout": s.layout, **s.stats, "captured_calls": s.cases, "spec_agree": s.agree,
+            "not_judged": s.undriven, "findings": s.findings, "seconds": round(s.seconds, 2),
+            "first_finding_requests": s.first_finding_requests,
+            "first_finding_seconds": None if s.first_finding_seconds is None else round(s.first_finding_seconds, 2)}
+
+
+def _short(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k != "traceback"}
+
+
+COLUMNS = ("requests", "steps", "loads", "partial_hits", "partial_tails", "stores", "preemptions", "aborts")
+
+
+def render_table(summaries) -> str:
+    head = ["layout", *COLUMNS, "calls", "spec=", "findings", "s"]
+    rows = [[s.layout, *(str(s.stats[c]) for c in COLUMNS), str(s.cases), str(s.agree), str(s.findings),
+             f"{s.seconds:.1f}"] for s in summaries]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def report_findings(env, findings, args) -> list:
+    """Shrink (one per distinct kind and layout), save, draw; [(finding, path)]."""
+    from kvbound.trace import runner as R
+    from kvbound.trace import shrink as S
+    from kvbound.trace import tracefile as TF
+
+    firsts = {}
+    for f in findings:
+        firsts.setdefault((f.layout, f.key()), f)
+    if findings:
+        print(f"\n== {len(findings)} finding(s), {len(firsts)} distinct ==")
+    out = []
+    w = None
+    try:
+        for f in firsts.values():
+            n0 = len(f.segment["requests"])
+            reruns = None
+            if not args.no_shrink:
+                if w is None:
+                    w = R.start_worker(env)
+                reqs, reruns = S.shrink(w, f, args.shrink_budget)
+                again = [g for g in R.rerun(w, env.version, f, reqs) if g.key() == f.key()]
+                if again:
+                    f = again[0]
+            path = TF.save(f, Path(args.out), n0, reruns)
+            out.append((f, str(path)))
+            print(describe(f, str(path), n0))
+    finally:
+        if w is not None:
+            w.stop()
+    return out
+
+
+def describe(f, path: str, shrunk_from: int | None = None) -> str:
+    from kvbound.draw import draw_case
+
+    n = len(f.segment["requests"])
+    lines = [f"\n-- {f.kind} on vllm {f.release}, layout {f.layout}: {n} request(s)"
+             + (f" (shrunk from {shrunk_from})" if shrunk_from else "") + f"\n   {path}"]
+    d = _short(f.detail)
+    lines.append("   " + json.dumps(d)[:1500])
+    if f.case is not None:
+        case = case_from_dict(f.case, f.case.get("name", "?"))
+        plan = plan_for_version(case, f.release)
+        lines.append(draw_case(case, plans={plan.variant: plan}, legend=True))
+    return "\n".join(lines)
+
+
+def replay(args) -> int:
+    from kvbound.trace import runner as R
+    from kvbound.trace import tracefile as TF
+
+    try:
+        f = TF.load(args.replay)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    args.vllm = args.vllm or f.release
+    try:
+        env = _env(args)
+    except PrepareError as e:
+        print(f"kvbound trace: vllm {args.vllm} could not be prepared:\n  {e}", file=sys.stderr)
+        return EXIT_INPUT
+    try:
+        w = R.start_worker(env)
+        got = R.rerun(w, env.version, f, f.segment["requests"])
+    except R.TraceError as e:
+        print(f"kvbound trace: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    w.stop()
+    same = [g for g in got if g.key() == f.key()]
+    if same:
+        print(f"reproduced on vllm {env.version}: {f.kind}")
+        print(describe(same[0], args.replay))
+        return EXIT_FAIL
+    print(f"not reproduced on vllm {env.version}: {f.kind} (found instead: "
+          f"{', '.join(sorted({g.key() for g in got})) or 'nothing'})")
+    return EXIT_OK

@@ -1,0 +1,59 @@
+"""The KV-cache layouts ``kvbound trace`` runs, as real models configure them.
+
+A layout is plain JSON handed to the worker: its groups (kind, tokens_per_block,
+window), ``blocks_per_chunk`` and, for hybrids, ``prefix_match_unit`` (vLLM's
+tokens_per_hash when it is below the block size). ``ENGINE`` sizes the engine:
+GPU blocks (small, so traffic evicts and preempts), the CPU tier's capacity in
+chunks (vLLM's own LRU tier), batch limits and the fake transfer engine's delays.
+"""
+
+from __future__ import annotations
+
+FA, SWA, CL, MAMBA = "full_attention", "sliding_window", "chunked_local", "mamba"
+
+
+def _g(kind, b, **kw):
+    return dict(kind=kind, tokens_per_block=b, **kw)
+
+
+LAYOUTS = {
+    # One full-attention group (a dense Llama).
+    "full": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
+    # Full attention + sliding window (Gemma/Mistral style), window 128 tokens.
+    "swa": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=128)], "blocks_per_chunk": 1},
+    # Full attention + chunked local attention (Llama 4 style), chunk 128 tokens.
+    "chunked": {"groups": [_g(FA, 16), _g(CL, 16, attention_chunk_size=128)], "blocks_per_chunk": 1},
+    # Hybrid Mamba align: attention and Mamba share a 64-token page, hashed every
+    # 16 tokens (tokens_per_hash < block size: partial tails on 0.33).
+    "mamba": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1, "prefix_match_unit": 16},
+    # Hybrid Mamba with a realistic page: 528 tokens per block (a Mamba2 state page
+    # matched by the attention block size), hashed every 16 tokens.
+    "mamba528": {"groups": [_g(FA, 528), _g(MAMBA, 528)], "blocks_per_chunk": 1, "prefix_match_unit": 16},
+    # Two GPU blocks per offloaded chunk.
+    "bpc2": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 2},
+}
+
+# How big each engine is, per layout: GPU blocks (incl. the null block), CPU chunks,
+# batch limits, the longest prompt and the fake transfer engine.
+_BASE = dict(num_gpu_blocks=72, cpu_chunks=256, max_num_seqs=8, max_num_batched_tokens=256,
+             max_delay=2, fail_p=0.0, max_model_len=8192)
+ENGINE = {
+    "full": dict(_BASE),
+    "swa": dict(_BASE),
+    "chunked": dict(_BASE),
+    "mamba": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
+    "mamba528": dict(_BASE, num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
+    "bpc2": dict(_BASE),
+}
+DEFAULT_LAYOUTS = ("full", "swa", "mamba")
+
+
+def block_sizes(layout: dict) -> list[int]:
+    return [g["tokens_per_block"] for g in layout["groups"]]
+
+
+def max_prompt_tokens(layout: dict, engine: dict) -> int:
+    """A prompt that fits the GPU pool with room to spare (else it never schedules)."""
+    b = max(block_sizes(layout))
+    n_groups = len(layout["groups"])
+    return max(b, (engine["num_gpu_blocks"] - 1) // n_groups * b // 2)

@@ -1,0 +1,219 @@
+"""Host side of ``kvbound trace``: segments of traffic through the release's worker,
+and the checks at every connector call.
+
+A trace is cut into segments (a fresh engine each: real scheduler, real CPU tier,
+its own seed), so a finding reproduces from one segment's requests alone and
+shrinking reruns only those. Every ``update_state_after_alloc`` call that loads is
+captured as a kvbound case and checked (a) against the spec of that release
+(``conform.compare.judge``), (b) against the premises of the proofs; the worker
+reports (c) lifecycle violations and any exception inside vLLM.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvbound.conform.compare import AGREE, DISAGREE, judge
+from kvbound.conform.prepare import ReleaseEnv
+from kvbound.conform.runner import Worker
+from kvbound.errors import KvboundError, WorkerError
+from kvbound.proofs.premises import evaluate as evaluate_premises
+from kvbound.spec import case_from_dict
+
+from .layouts import ENGINE, LAYOUTS
+from .workload import workload
+
+SCRIPT = Path(__file__).with_name("worker.py")
+JOB_TIMEOUT_S = 600
+STAT_KEYS = ("requests", "steps", "lookups", "loads", "partial_hits", "partial_tails", "stores",
+             "preemptions", "aborts")
+
+
+# Premises about whole-chunk hits, which a 0.33 partial-tail hit does not claim.
+WHOLE_CHUNK_PREMISES = ("keys-cover-hit", "hit-a-chunk")
+
+
+class TraceError(KvboundError, RuntimeError):
+    """The harness (not vLLM) failed: the message says where (exit 2)."""
+
+
+class TraceWorker(Worker):
+    """conform's worker process, running kvbound/trace/worker.py: one job per line."""
+
+    def __init__(self, env: ReleaseEnv):
+        super().__init__(env, SCRIPT)
+
+    def job(self, job: dict) -> dict:
+        import json
+
+        assert self.proc and self.proc.stdin
+        try:
+            self.proc.stdin.write(json.dumps({"id": 0, "job": job}) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+        line = self._readline(JOB_TIMEOUT_S)
+        if not line:
+            tail = self.stderr_tail()
+            self.stop()
+            raise TraceError(f"the trace worker for vllm {self.env.version} died or hung on a job;"
+                             f" its stderr ends:\n{tail}")
+        return json.loads(line)
+
+
+@dataclass
+class Finding:
+    kind: str  # vllm-exception | spec-disagreement | premise:<id> | lifecycle:<check>
+    release: str
+    layout: str
+    detail: dict
+    segment: dict  # the job: layout, params, requests (what replays it)
+    case: dict | None = None  # the captured call, when the finding is about one
+
+    def key(self) -> str:
+        """What a shrink must keep: the same kind (and, for a vLLM exception, the same site)."""
+        if self.kind == "vllm-exception":
+            site = self.detail.get("assert_site") or {}
+            return f"{self.kind}@{site.get('function')}:{site.get('statement') or self.detail.get('error')}"
+        return self.kind
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "release": self.release, "layout": self.layout,
+                "detail": self.detail, "case": self.case, "segment": self.segment}
+
+
+@dataclass
+class LayoutSummary:
+    layout: str
+    stats: dict = field(default_factory=lambda: {k: 0 for k in STAT_KEYS})
+    cases: int = 0
+    agree: int = 0
+    undriven: int = 0
+    findings: int = 0
+    seconds: float = 0.0
+    first_finding_requests: int | None = None
+    first_finding_seconds: float | None = None
+
+    def add(self, stats: dict) -> None:
+        for k in STAT_KEYS:
+            self.stats[k] += int(stats.get(k, 0))
+
+
+def make_job(layout_name: str, seed, n: int, first_id: int, sched: str, overrides=None) -> dict:
+    layout = dict(LAYOUTS[layout_name], name=layout_name)
+    params = dict(ENGINE[layout_name], **(overrides or {}))
+    params["seed"] = repr(seed)
+    params["async"] = sched == "async"
+    return {"layout": layout, "params": params,
+            "requests": workload(n, seed, layout, params, first_id)}
+
+
+def check_result(release: str, layout_name: str, job: dict, res: dict) -> tuple[list[Finding], dict]:
+    """Findings of one segment, and the per-case tallies (agree/undriven)."""
+    if res.get("setup_error"):
+        raise TraceError(f"vllm {release} layout {layout_name}: the engine could not be built"
+                         f" ({res['setup_error']}):\n{res.get('traceback', '')[-2000:]}")
+    out: list[Finding] = []
+    tally = {"cases": 0, "agree": 0, "undriven": 0}
+
+    def add(kind, detail, case=None):
+        out.append(Finding(kind, release, layout_name, detail, job, case))
+
+    if not res.get("ok", True):
+        add("vllm-exception", {k: res.get(k) for k in ("error", "assert_site", "step", "traceback")})
+    for v in res.get("violations", ()):
+        add("lifecycle:" + v["check"], v)
+    for c in res.get("cases", ()):
+        tally["cases"] += 1
+        case = case_from_dict(c["case"], c["case"].get("name", "?"))
+        rec = judge(case, release, c)
+        if rec["verdict"] == AGREE:
+            tally["agree"] += 1
+        elif rec["verdict"] == DISAGREE:
+            add("spec-disagreement", {"diff": rec["diff"], "real": rec["real"], "spec": rec["spec"],
+                                      "step": c.get("step"), "lookup": c.get("lookup")}, c["case"])
+        else:
+            tally["undriven"] += 1
+        for v in evaluate_premises(case):
+            if v.holds:
+                continue
+            if v.premise.id in WHOLE_CHUNK_PREMISES and c.get("partial_tail_boundary") is not None:
+                continue  # a partial tail: the last, partial chunk is keyed by its boundary hash
+            add("premise:" + v.premise.id, {"group_index": v.group_index, "detail": v.detail,
+                                            "step": c.get("step")}, c["case"])
+    return out, tally
+
+
+def schedulers(which: str):
+    return {"sync": ("sync",), "async": ("async",), "both": ("sync", "async")}[which]
+
+
+def start_worker(env: ReleaseEnv) -> TraceWorker:
+    w = TraceWorker(env)
+    try:
+        w.start()
+    except WorkerError as e:
+        raise TraceError(str(e)) from None
+    return w
+
+
+def run_trace(env: ReleaseEnv, layouts, n_requests: int, seed: int = 0, segment: int = 400,
+              sched: str = "both", progress=None, stop_on_first: bool = False, overrides=None,
+              worker: TraceWorker | None = None):
+    """Run ``n_requests`` per layout; returns (summaries, findings). ``progress(layout,
+    done, total, summary)`` is called after every segment. A given ``worker`` is reused
+    (and left running)."""
+    w = worker or start_worker(env)
+    summaries, findings = [], []
+    try:
+        for name in layouts:
+            s = LayoutSummary(name)
+            summaries.append(s)
+            t0 = time.monotonic()
+            done, seg_i = 0, 0
+            kinds = schedulers(sched)
+            while done < n_requests:
+                n = min(segment, n_requests - done)
+                job = make_job(name, (seed, name, seg_i), n, done, kinds[seg_i % len(kinds)], overrides)
+                res = w.job(job)
+                got, tally = check_result(env.version, name, job, res)
+                s.add(res.get("stats", {}))
+                s.cases += tally["cases"]
+                s.agree += tally["agree"]
+                s.undriven += tally["undriven"]
+                s.seconds = time.monotonic() - t0
+                if got and s.first_finding_requests is None:
+                    s.first_finding_requests = done + _requests_until(res, job)
+                    s.first_finding_seconds = s.seconds
+                s.findings += len(got)
+                findings += got
+                done += n
+                seg_i += 1
+                if progress:
+                    progress(name, done, n_requests, s)
+                if got and stop_on_first:
+                    break
+    finally:
+        if worker is None:
+            w.stop()
+    return summaries, findings
+
+
+def _requests_until(res: dict, job: dict) -> int:
+    """Requests that had arrived by the step of the segment's first finding."""
+    steps = [res.get("step")] if not res.get("ok", True) else []
+    steps += [v.get("step") for v in res.get("violations", ())]
+    steps = [s for s in steps if s is not None]
+    if not steps:
+        return len(job["requests"])
+    first = min(steps)
+    return sum(1 for r in job["requests"] if r["arrive"] <= first)
+
+
+def rerun(w: TraceWorker, release: str, finding: Finding, requests: list) -> list[Finding]:
+    job = dict(finding.segment, requests=requests)
+    res = w.job(job)
+    got, _ = check_result(release, finding.layout, job, res)
+    return got

@@ -1,0 +1,84 @@
+"""The seeded workload: organic traffic as the seed's production saw it.
+
+Requests share prefixes of organically varied lengths (documents re-read at a
+random-walking depth, multi-turn follow-ups that extend an earlier request with
+its own output, truncated re-sends, unique fillers that evict), arrive in bursts,
+and some are aborted. Lengths are not block-aligned, so the locally computed
+boundary walks across block offsets. Everything comes from ``random.Random(seed)``:
+the same seed gives the same requests.
+
+A request is JSON for the worker: ``id``, ``arrive`` (step), ``prompt`` (segments:
+``["doc", d, start, n]``, ``["out", rid, n]`` = rid's first n sampled tokens,
+``["uniq", rid, n]``), ``max_tokens``, ``abort_after`` (steps, or None).
+"""
+
+from __future__ import annotations
+
+import random
+
+from .layouts import block_sizes, max_prompt_tokens
+
+NUM_DOCS = 6
+
+
+def seg_len(seg) -> int:
+    return seg[3] if seg[0] == "doc" else seg[2]
+
+
+def prompt_len(prompt) -> int:
+    return sum(seg_len(s) for s in prompt)
+
+
+def truncate(prompt, n: int) -> list:
+    """The first n tokens of a segmented prompt."""
+    out = []
+    for s in prompt:
+        if n <= 0:
+            break
+        L = seg_len(s)
+        if L <= n:
+            out.append(list(s))
+        elif s[0] == "doc":
+            out.append(["doc", s[1], s[2], n])
+        else:
+            out.append([s[0], s[1], n])
+        n -= min(L, n)
+    return out
+
+
+def workload(n: int, seed, layout: dict, engine: dict, first_id: int = 0) -> list[dict]:
+    rng = random.Random(repr(seed))
+    b = max(block_sizes(layout))
+    cap = max_prompt_tokens(layout, engine)
+    depth = [rng.randint(1, cap) for _ in range(NUM_DOCS)]  # each document's random-walking depth
+    reqs: list[dict] = []
+    step = 0
+    for i in range(n):
+        rid = first_id + i
+        if rng.random() < 0.3:
+            step += 0  # a burst: same step as the previous request
+        else:
+            step += rng.choice((0, 1, 1, 2, 3, 5, 8))
+        r = rng.random()
+        if r < 0.45 or not reqs:  # a document read to an organically varied depth
+            d = rng.randrange(NUM_DOCS)
+            depth[d] = max(1, min(cap - 1, depth[d] + int(rng.gauss(0, 1.5 * b))))
+            prompt = [["doc", d, 0, depth[d]]]
+        elif r < 0.70:  # a multi-turn follow-up: an earlier prompt, its output, a new turn
+            prev = rng.choice(reqs[-30:])
+            prompt = prev["prompt"] + [["out", prev["id"], rng.randint(0, prev["max_tokens"])]]
+        elif r < 0.85:  # a truncated re-send of an earlier prompt
+            prev = rng.choice(reqs[-30:])
+            L = prompt_len(prev["prompt"])
+            prompt = truncate(prev["prompt"], rng.randint(1, max(1, L)))
+        else:  # a unique filler: evicts from the GPU
+            prompt = []
+        prompt = prompt + [["uniq", rid, rng.choice((0, 0, 1, rng.randint(1, b), rng.randint(1, 3 * b)))]]
+        prompt = [s for s in truncate(prompt, cap) if seg_len(s) > 0]
+        if not prompt:
+            prompt = [["uniq", rid, 1]]
+        max_tokens = rng.choice((1, 2, 4, rng.randint(1, 16), rng.randint(1, 48)))
+        abort = rng.randint(0, 8) if rng.random() < 0.04 else None
+        reqs.append({"id": rid, "arrive": step, "prompt": prompt, "max_tokens": max_tokens,
+                     "abort_after": abort})
+    return reqs

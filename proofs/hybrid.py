@@ -1,0 +1,185 @@
+"""A hybrid model in one formula: up to ``GROUPS`` KV-cache groups of symbolic kind.
+
+``HybridWorld`` is one call of ``update_state_after_alloc`` on a model whose groups
+each have their own kind (full attention, sliding window, chunked local, Mamba) and
+``tokens_per_block``; N is the scheduler's rounding of the local hit to a common
+multiple of every group's block size (the LCM rule of ``alignment``), M what the
+lookup can return, and every group's table meets its kind's allocator premises
+(``proofs.premises``, through each slot's ``premise_terms``). Tables have
+``TABLE_LENGTH`` positions (quantifiers expanded), sizes are unbounded integers.
+
+The plan of every group is ``encoding.encode_group``, so the scan, the asserts in
+vLLM's order and the key slice are the ones every other obligation uses.
+"""
+
+from __future__ import annotations
+
+from math import gcd
+
+import z3
+
+from kvbound.spec import Block, BlockState, Case, Group, GroupKind
+
+from .encoding import HSH, NUL, UNH, GroupInputs, SymTable, encode_group
+from .premises import PREMISES, when_kind
+from .terms import AND, CDIV, IF, OR
+from .world import _EXPAND, config_for
+
+GROUPS = 4
+SHARED = ("keys-cover-hit", "hit-a-chunk")  # premises of every group that bound the shared M and T
+TABLE_LENGTH = 0  # 0: symbolic tables (every length), quantifiers left to Z3
+KINDS = (GroupKind.FULL_ATTENTION, GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL, GroupKind.MAMBA)
+
+
+class Slot:
+    """One group of the hybrid world, with the attributes a premise's Z3 face reads."""
+
+    def __init__(self, world: "HybridWorld", s: int, length: int):
+        self.index = s
+        self.kind = z3.Int(f"kind[{s}]")
+        self.N, self.M, self.T = world.N, world.M, world.T
+        self.bpc, self.sync_load = world.bpc, world.sync_load
+        self.b = z3.Int(f"tokens_per_block[{s}]")
+        self.tpc = self.b * self.bpc
+        self.f, self.k = CDIV(self.N, self.b), CDIV(self.T, self.b)
+        self.j = z3.Int(f"j[{s}]")
+        self.window = z3.Int(f"window_in_chunks[{s}]")
+        self.span = z3.Int(f"window_tokens[{s}]")
+        self.extra = z3.Int(f"extra_retained_tokens[{s}]")
+        self.num_keys = z3.Int(f"num_offload_keys[{s}]")
+        self.c = z3.Int(f"unit / tokens_per_block[{s}]")  # the LCM rule's multiplier
+        self.table = SymTable(f"g{s}", expand=length if length and length > 0 else None)
+
+    def is_kind(self, kind: GroupKind):
+        return self.kind == KINDS.index(kind)
+
+    def inputs(self) -> GroupInputs:
+        return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load,
+                           self.table, windowed=z3.Not(self.is_kind(GroupKind.FULL_ATTENTION)))
+
+
+class HybridWorld:
+    def __init__(self, groups: int = GROUPS, length: int | None = None):
+        length = length or _EXPAND.get() or TABLE_LENGTH  # the runner expands tables to find witnesses
+        self.length = length if length > 0 else None
+        self.n = z3.Int("num_groups")
+        self.N, self.M = z3.Int("N"), z3.Int("M")
+        self.T = self.N + self.M
+        self.bpc = z3.Int("blocks_per_chunk")
+        self.sync_load = z3.Bool("sync_load")
+        self.unit, self.q = z3.Int("scheduler_block_size"), z3.Int("N / scheduler_block_size")
+        self.slots = [Slot(self, s, length) for s in range(groups)]
+        self.constraints = []
+        self.table = self.slots[0].table  # the runner's "has a table" test
+
+    def active(self, s: int):
+        return s < self.n
+
+    def plan(self, knobs, tag: str = ""):
+        """The plan of group 0, the group the claim is about (w.l.o.g.: the plan carries no state
+        from one group to the next, so any group of the model can be numbered 0)."""
+        out = encode_group(0, self.slots[0].inputs(), knobs, tag)
+        self.constraints += out.constraints
+        return out
+
+    def base(self):
+        """Sizes positive; the LCM rule: N = q·unit, unit a common multiple of every
+        active group's tokens_per_block (resolve_kv_cache_block_sizes, proved by
+        ``alignment``); a load (M ≥ 1)."""
+        out = [self.n >= 1, self.n <= len(self.slots), self.bpc >= 1, self.N >= 0, self.M >= 1,
+               self.unit >= 1, self.q >= 0, self.N == self.q * self.unit]
+        for s in self.slots:
+            out += [s.kind >= 0, s.kind < len(KINDS), s.b >= 1, s.num_keys >= 0,
+                    z3.Implies(self.active(s.index), AND(s.c >= 1, self.unit == s.c * s.b,
+                                                         )),
+                    s.table.wellformed(), *([] if self.length is None else [s.table.length == self.length])]
+        return out
+
+    def premise_terms(self, ids) -> list:
+        """Each premise on group 0, bound to the kinds it is stated for; the other groups'
+        premises that reach group 0 (through M and T, shared by every group) on them."""
+        out = []
+        chosen = [p for p in PREMISES if p.id in ids]
+        for s in self.slots:
+            for p in chosen if s.index == 0 else [p for p in chosen if p.id in SHARED]:
+                codes = sorted(KINDS.index(k) for k in p.kinds)  # sorted: frozenset order varies per process
+                out.append(z3.Implies(self.active(s.index), when_kind(s.kind, codes, p.term(s))))
+            # kinds without a window: the config premise the window assert reads
+            out.append(z3.Implies(s.is_kind(GroupKind.FULL_ATTENTION), AND(s.window == 0, s.extra == 0)))
+        return out
+
+    def pr_shape(self):
+        """Witness shaping: the PR's drawing, a full-attention group beside a Mamba group 0 of
+        [H][H][·][U][·]…[F] with small numbers."""
+        s0, t = self.slots[0], self.slots[0].table
+        out = [self.n == 2, self.slots[1].is_kind(GroupKind.FULL_ATTENTION), s0.is_kind(GroupKind.MAMBA),
+               self.bpc == 1, s0.b == 16, self.slots[1].b == 16, s0.f >= 5, self.M == 16,
+               t.state(0) == HSH, t.state(1) == HSH, t.state(2) == NUL, t.state(3) == UNH, t.state(4) == NUL]
+        return out + [s0.num_keys * s0.tpc <= 128, self.slots[1].num_keys * self.slots[1].tpc <= 128]
+
+    def to_case(self, model, name: str) -> Case:
+        """Group 0 as the model has it; the other groups (which the claim does not read) as
+        vLLM's allocator builds a full-attention or Mamba table of their block size."""
+        v = lambda t: model.eval(t, model_completion=True).as_long()  # noqa: E731
+        n, bpc, N, M = v(self.n), v(self.bpc), v(self.N), v(self.M)
+        T = N + M
+        sync = z3.is_true(model.eval(self.sync_load, model_completion=True))
+        groups, tpcs, prompt = [], [], 0
+        next_id = 1
+        for s in self.slots[:n]:
+            kind, b = KINDS[v(s.kind)], v(s.b)
+            k = -(-T // b)
+            blocks = []
+            if s.index == 0:
+                length = v(s.table.length) if s.table.expand is None else s.table.expand
+                for i in range(length):
+                    st = v(s.table.st[i])
+                    if st == NUL:
+                        blocks.append(Block(BlockState.NULL))
+                    else:
+                        blocks.append(Block(BlockState.HASHED if st == HSH else BlockState.UNHASHED, next_id))
+                        next_id += 1
+                span = v(s.span) if kind in (GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL) else None
+            else:
+                kind = GroupKind.MAMBA if kind is GroupKind.MAMBA else GroupKind.FULL_ATTENTION
+                span = None
+                if kind is GroupKind.MAMBA:
+                    blocks = [Block(BlockState.NULL)] * (k - 1) + [Block(BlockState.UNHASHED, next_id)]
+                    next_id += 1
+                else:
+                    f = -(-N // b)
+                    blocks = [Block(BlockState.HASHED if i < f else BlockState.UNHASHED, next_id + i) for i in range(k)]
+                    next_id += k
+            cfg = config_for(kind, b, bpc, 1 if kind is GroupKind.MAMBA else None) if span is None \
+                else _windowed_config(kind, b, span)
+            groups.append(Group(cfg, tuple(blocks)))
+            tpcs.append(b * bpc)
+            prompt = max(prompt, v(s.num_keys) * b * bpc)
+        tph = 0
+        for t in tpcs:
+            tph = gcd(tph, t)
+        return Case(name=name, blocks_per_chunk=bpc, tokens_per_hash=tph, num_prompt_tokens=prompt,
+                    num_locally_computed_tokens=N, num_external_tokens=M, groups=tuple(groups), sync_load=sync)
+
+
+def _windowed_config(kind, b, span):
+    from kvbound.spec import GroupConfig
+
+    if kind is GroupKind.SLIDING_WINDOW:
+        return GroupConfig(kind, b, sliding_window=span)
+    return GroupConfig(kind, b, attention_chunk_size=span)
+
+
+def safe_parts(w: HybridWorld, o) -> list:
+    """For group 0 (any group of the model): no assert fires, the load is exactly the fresh
+    blocks [j, k) (so no null block and no computed block is written), the group size counts
+    them, and the keys are chunks inside the lookup's range [N // tpc, cdiv(T, tpc))."""
+    s = w.slots[0]
+    t = s.table
+    keys_ok = OR(o.pending == 0, AND(o.start_chunk >= s.N / s.tpc, o.end_chunk <= CDIV(s.T, s.tpc),
+                                     o.start_chunk < o.end_chunk))
+    return [*[ok for _, ok in o.checks], o.start == s.j, o.pending == o.dst_len,
+            t.forall(o.start, o.k, lambda i: t.state(i) != NUL), keys_ok]
+
+
+__all__ = ["GROUPS", "TABLE_LENGTH", "HybridWorld", "safe_parts"]

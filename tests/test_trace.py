@@ -1,0 +1,173 @@
+"""kvbound trace: the workload, the premises, the checks, shrinking, trace files,
+and real runs of vLLM 0.29.0 / 0.33.0 (with planted defects the checks must report)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from kvbound.cli import main
+from kvbound.conform.prepare import is_prepared, prepare_release
+from kvbound.spec import case_from_dict
+from kvbound.trace import runner as R
+from kvbound.trace import shrink as S
+from kvbound.trace import tracefile as TF
+from kvbound.trace.layouts import ENGINE, LAYOUTS, max_prompt_tokens
+from kvbound.trace.workload import prompt_len, truncate, workload
+
+
+# --- the workload -------------------------------------------------------------------
+
+def test_workload_is_seeded_and_walks_block_offsets():
+    lay, eng = LAYOUTS["full"], ENGINE["full"]
+    a, b = workload(300, 7, lay, eng), workload(300, 7, lay, eng)
+    assert a == b
+    assert workload(300, 8, lay, eng) != a
+    cap = max_prompt_tokens(lay, eng)
+    lens = [prompt_len(r["prompt"]) for r in a]
+    assert all(1 <= n <= cap for n in lens)
+    # organically varied: the prompt end lands on every offset within a 16-token block
+    assert len({n % 16 for n in lens}) == 16
+    kinds = {s[0] for r in a for s in r["prompt"]}
+    assert kinds == {"doc", "out", "uniq"}  # shared documents, multi-turn follow-ups, fillers
+    assert any(r["abort_after"] is not None for r in a)
+    arrivals = [r["arrive"] for r in a]
+    assert arrivals == sorted(arrivals) and len(set(arrivals)) < len(arrivals)  # bursts
+
+
+def test_truncate_keeps_a_prefix():
+    p = [["doc", 1, 0, 10], ["out", 3, 5], ["uniq", 4, 7]]
+    assert truncate(p, 12) == [["doc", 1, 0, 10], ["out", 3, 2]]
+    assert prompt_len(truncate(p, 100)) == 22
+
+
+FA = lambda blocks: {"kind": "full_attention", "tokens_per_block": 16, "blocks": blocks}  # noqa: E731
+
+
+# --- the host-side checks on a worker result ------------------------------------------
+
+def _res(case, **kw):
+    out = {"case": case, "step": 3, "outcome": "ok", "lookup": {"num_external_tokens": case["num_external_tokens"]},
+           "sync_load_marked": False, "partial_tail_boundary": None}
+    out.update(kw)
+    return {"ok": True, "stats": {}, "violations": [], "cases": [out]}
+
+
+GOOD = {"name": "c", "blocks_per_chunk": 1, "tokens_per_hash": 16, "num_prompt_tokens": 65,
+        "num_locally_computed_tokens": 32, "num_external_tokens": 32, "sync_load": False,
+        "groups": [FA(["H1", "H2", "U3", "U4"])]}
+JOB = {"layout": {"name": "full"}, "params": {}, "requests": []}
+
+
+def test_check_result_agrees_when_real_matches_the_spec():
+    res = _res(GOOD, dst_block_ids=[3, 4], group_sizes=[2], block_indices=[2], keys=[[0, 2], [0, 3]])
+    findings, tally = R.check_result("0.33.0", "full", JOB, res)
+    assert findings == [] and tally == {"cases": 1, "agree": 1, "undriven": 0}
+
+
+def test_check_result_reports_disagreement_premise_lifecycle_and_exception():
+    res = _res(GOOD, dst_block_ids=[4, 5], group_sizes=[2], block_indices=[2], keys=[[0, 2], [0, 3]])
+    res["violations"] = [{"check": "load_into_null_block", "step": 2, "request": "1", "message": "m"}]
+    res["ok"] = False
+    res["error"] = "AssertionError: "
+    bad = dict(GOOD, groups=[FA(["H1", "U2", "U3", "U4"])])
+    res["cases"].append(_res(bad, dst_block_ids=[2, 3, 4], group_sizes=[3], block_indices=[1],
+                             keys=[[0, 1], [0, 2], [0, 3]])["cases"][0])
+    kinds = {f.kind for f in R.check_result("0.33.0", "full", JOB, res)[0]}
+    assert {"spec-disagreement", "lifecycle:load_into_null_block", "vllm-exception",
+            "premise:computed-hashed"} <= kinds
+
+
+def test_setup_error_is_a_harness_error_not_a_finding():
+    with pytest.raises(R.TraceError, match="could not be built"):
+        R.check_result("0.33.0", "full", JOB, {"ok": False, "setup_error": "TypeError: x"})
+
+
+# --- shrinking: ddmin finds the two requests that together make the finding -------------
+
+class _FakeWorker:
+    def __init__(self, culprits):
+        self.culprits, self.calls = set(culprits), 0
+
+    def job(self, job):
+        self.calls += 1
+        ids = {r["id"] for r in job["requests"]}
+        viol = [{"check": "blocks_not_freed", "step": 1, "request": None, "message": "x"}] \
+            if self.culprits <= ids else []
+        return {"ok": True, "stats": {}, "violations": viol, "cases": []}
+
+
+def test_shrink_finds_the_minimal_pair():
+    reqs = [{"id": i, "arrive": i} for i in range(40)]
+    f = R.Finding("lifecycle:blocks_not_freed", "0.33.0", "full", {}, dict(JOB, requests=reqs))
+    w = _FakeWorker({7, 23})
+    got, runs = S.shrink(w, f)
+    assert [r["id"] for r in got] == [7, 23]
+    assert runs == w.calls <= 60
+
+
+def test_tracefile_round_trip_and_bad_file(tmp_path):
+    f = R.Finding("premise:aligned", "0.33.0", "mamba", {"detail": "x"}, dict(JOB, requests=[{"id": 1}]), GOOD)
+    p = TF.save(f, tmp_path, shrunk_from=9, reruns=3)
+    g = TF.load(p)
+    assert (g.kind, g.release, g.layout, g.case, g.segment) == (f.kind, f.release, f.layout, f.case, f.segment)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "nope"}))
+    assert main(["trace", "--replay", str(bad)]) == 2
+
+
+def test_trace_needs_a_release(capsys):
+    assert main(["trace"]) == 2
+    assert "--vllm" in capsys.readouterr().err
+
+
+# --- real vLLM ---------------------------------------------------------------------------
+
+REAL = ("0.29.0", "0.33.0")
+
+
+def _env(version):
+    if not is_prepared(version) and not os.environ.get("CI"):
+        pytest.skip(f"vllm {version} is not prepared (kvbound conform --vllm {version} prepares it)")
+    return prepare_release(version, None)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """One worker process per release for the whole module (importing vLLM is slow)."""
+    started = {}
+
+    def get(version):
+        if version not in started:
+            env = _env(version)
+            started[version] = (env, R.start_worker(env))
+        return started[version]
+    yield get
+    for _, w in started.values():
+        w.stop()
+
+
+@pytest.mark.parametrize("version", REAL)
+def test_real_trace_is_clean_and_loads(version, workers):
+    env, w = workers(version)
+    summaries, findings = R.run_trace(env, ["full", "mamba"], 120, seed=1, segment=60, worker=w)
+    assert findings == [], [f.key() for f in findings]
+    for s in summaries:
+        assert s.stats["requests"] == 120
+        assert s.stats["loads"] > 0 and s.cases == s.stats["loads"]
+        assert s.agree + s.undriven == s.cases  # every captured call judged or set aside with a reason
+    assert sum(s.stats["partial_hits"] for s in summaries) > 0
+
+
+@pytest.mark.parametrize("mutant,kinds", [
+    ("dst_off_by_one", {"spec-disagreement", "lifecycle:load_into_foreign_block"}),
+    ("lost_store", {"lifecycle:not_drained"}),
+])
+def test_real_trace_reports_a_planted_defect(mutant, kinds, workers):
+    env, w = workers("0.33.0")
+    job = R.make_job("full", (3, "mut"), 80, 0, "sync", {"mutant": mutant})
+    job["max_steps"] = 3000
+    found, _ = R.check_result("0.33.0", "full", job, w.job(job))
+    assert kinds <= {f.kind for f in found}
