@@ -45,7 +45,6 @@ def _token(block):
     return ("H%d" if block.block_hash is not None else "U%d") % block.block_id
 
 
-<<<<<<< HEAD
 def _group_fields(spec, kind):
     out = {"kind": kind, "tokens_per_block": spec.block_size}
     if kind == "sliding_window":
@@ -59,34 +58,30 @@ def _group_fields(spec, kind):
     return out
 
 
-def case_of_call(sched, request, blocks, num_external_tokens, name=None):
+def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cache_config=None):
     """The case (a dict in kvbound's case format v2) of one ``update_state_after_alloc``
     call: every KV-cache group of ``blocks.blocks`` (a group the connector does not
     offload marked ``"offloaded": false``), the request's ``num_tokens`` and the
-    partial-tail boundary its lookup recorded, as vLLM holds them at the call."""
-=======
-def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cache_config=None):
-    """The case (a dict in kvbound's case format) of one ``update_state_after_alloc`` call.
+    partial-tail boundary its lookup recorded, as vLLM holds them at the call.
 
-    Before 0.33 a group's config carries no ``kv_cache_spec``: pass the engine's
-    ``kv_cache_config`` and the spec is read from its groups."""
->>>>>>> main
+    The group kinds come from the engine's ``kv_cache_config`` (given, or kept by
+    ``install``'s wrapped ``__init__``); before 0.33 a group's config carries no
+    ``kv_cache_spec``, so without it only a 0.33+ scheduler can be described."""
     cfg = sched.config
     status = sched._req_status[request.request_id]
-    kv_cache_config = getattr(sched, "_kvbound_kv_cache_config", None)
+    kv_cache_config = kv_cache_config or getattr(sched, "_kvbound_kv_cache_config", None)
     by_idx = {getattr(g, "group_idx", gi): g for gi, g in enumerate(cfg.kv_group_configs)}
     groups = []
-<<<<<<< HEAD
     for gi, table in enumerate(blocks.blocks):
         g = by_idx.get(gi)
         if kv_cache_config is not None:
             kv_group = kv_cache_config.kv_cache_groups[gi]
             spec, eagle = kv_group.kv_cache_spec, getattr(kv_group, "is_eagle_group", False)
-        elif g is not None:
+        elif getattr(g, "kv_cache_spec", None) is not None:
             spec, eagle = g.kv_cache_spec, getattr(g, "is_eagle_group", False)
         else:
-            raise ValueError("KV-cache group %d is not offloaded and the scheduler was built before"
-                             " capture was installed, so its spec is unknown" % gi)
+            raise ValueError("KV-cache group %d: its spec is unknown (the scheduler was built before"
+                             " capture was installed and no kv_cache_config was given)" % gi)
         out = _group_fields(spec, _kind(spec))
         if g is not None:  # as the connector sees it (DCP-scaled where DCP is on)
             out["tokens_per_block"] = _first(g, "tokens_per_block", "gpu_block_size")
@@ -95,19 +90,6 @@ def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cach
         if g is None:
             out["offloaded"] = False
         out["blocks"] = [_token(b) for b in table]
-=======
-    for gi, g in enumerate(cfg.kv_group_configs):
-        spec = getattr(g, "kv_cache_spec", None)
-        if spec is None and kv_cache_config is not None:
-            spec = kv_cache_config.kv_cache_groups[getattr(g, "group_idx", gi)].kv_cache_spec
-        kind = _kind(spec)
-        out = {"kind": kind, "tokens_per_block": _first(g, "tokens_per_block", "gpu_block_size")}
-        if kind == "sliding_window":
-            out["sliding_window"] = spec.sliding_window
-        if kind == "chunked_local":
-            out["attention_chunk_size"] = spec.attention_chunk_size
-        out["blocks"] = [_token(b) for b in blocks.blocks[getattr(g, "group_idx", gi)]]
->>>>>>> main
         groups.append(out)
     case = {
         "name": name or "captured-%s" % request.request_id,

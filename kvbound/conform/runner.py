@@ -27,12 +27,12 @@ CASE_TIMEOUT_S = 120
 MAX_CRASHES_IN_A_ROW = 3
 
 
-
-
 class Worker:
-    def __init__(self, env: ReleaseEnv, script: Path = WORKER):
+    def __init__(self, env: ReleaseEnv, script: Path | None = None):
         self.env = env
-        self.script = script  # kvbound trace runs its own worker script through this class
+        # kvbound trace runs its own worker script through this class; WORKER is looked
+        # up per instance so a test can plant a fake worker
+        self.script = script or WORKER
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
         self._err = tempfile.TemporaryFile(mode="w+")
