@@ -125,9 +125,10 @@ def render(results) -> str:
                        + [premises_section()]) + "\n"
 
 
-def generate(timeout_ms: int = 20000) -> str:
+def generate() -> str:
     """Run every obligation (≈3 s) and render the catalogue."""
     from kvbound.proofs.obligations import OBLIGATIONS
+    from kvbound.proofs.options import CATALOGUE
     from kvbound.proofs.runner import run_obligation
 
-    return render([run_obligation(o, timeout_ms=timeout_ms) for o in OBLIGATIONS])
+    return render([run_obligation(o, CATALOGUE) for o in OBLIGATIONS])

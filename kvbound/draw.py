@@ -7,6 +7,7 @@ per variant the load start ``^`` and the load region ``~``.
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 
 from kvbound.spec import Case, LoadPlan, Variant, cdiv, plan_load
@@ -95,6 +96,47 @@ def group_layout(case: Case, gi: int, plans: dict) -> GroupLayout:
     return GroupLayout(g, g.config, b, N, T, f, k, starts, fold_columns(g.blocks, f, k, starts.values()))
 
 
+def group_head(case: Case, gi: int, sep: str = "  ") -> str:
+    """The group's title line (text and SVG alike): kind, block size, window, and the v2
+    facts that change its plan (retained tokens, EAGLE, not offloaded)."""
+    cfg = case.groups[gi].config
+    parts = [f"group {gi}", cfg.kind.value, f"tokens_per_block={cfg.tokens_per_block}"]
+    window = cfg.sliding_window_size_in_chunks(case.blocks_per_chunk)
+    if window is not None:
+        parts.append(f"window={window} chunk(s)")
+    if cfg.extra_retained_tokens:
+        parts.append(f"extra_retained_tokens={cfg.extra_retained_tokens} (0.31+ window; 0.28-0.30: "
+                     f"{cfg.sliding_window_size_in_chunks(case.blocks_per_chunk, False)})")
+    if cfg.is_eagle_group:
+        parts.append("EAGLE drafter group")
+    if not cfg.offloaded:
+        parts.append("not offloaded")
+    return sep.join(parts)
+
+
+def tail_mark(case: Case, gi: int, plans: dict):
+    """Where a partial tail ends in group gi: ``(block index, note)``, or None without one.
+    The block holding the boundary's last token loads through the group's boundary key."""
+    boundary = case.partial_tail_boundary
+    cfg = case.groups[gi].config
+    if boundary is None or not cfg.offloaded:
+        return None
+    b, T = cfg.tokens_per_block, case.num_cached_tokens
+    idx = (boundary - 1) // b
+    held = boundary - idx * b
+    keys = sorted({k for p in plans.values() if p.ok for gp in p.groups if gp.group_index == gi
+                   for k in gp.keys if k[1] == "boundary"}, key=str)
+    if keys:
+        margin = keys[0][2] - boundary
+        key = f"key {json.dumps(list(keys[0]))}" + (f" (boundary + EAGLE proof margin {margin})" if margin else "")
+    else:
+        key = "its boundary key"
+    note = f"partial tail: boundary {boundary} holds {held} of block {idx}'s {b} tokens; loaded through {key}"
+    if boundary != T:
+        note += f"  ✗ partial_tail: boundary {boundary} != T={T}"
+    return idx, note
+
+
 def draw_group(case: Case, gi: int, plans: dict) -> str:
     g, cfg, b, N, T, f, k, starts, cols = group_layout(case, gi, plans)
     pos = {c: x for x, c in enumerate(cols) if c is not None}
@@ -112,11 +154,7 @@ def draw_group(case: Case, gi: int, plans: dict) -> str:
             glyphs.append(block_glyph(blk, c, f)), ids.append("·" if blk.is_null else str(blk.block_id))
         else:
             glyphs.append("|" if c == len(g.blocks) else ""), ids.append("")
-    window = cfg.sliding_window_size_in_chunks(case.blocks_per_chunk)
-    head = f"group {gi}  {cfg.kind.value}  tokens_per_block={b}"
-    if window is not None:
-        head += f"  window={window} chunk(s)"
-    lines = [head, row("idx", idx_cells), row("blocks", glyphs), row("block_id", ids)]
+    lines = [group_head(case, gi), row("idx", idx_cells), row("blocks", glyphs), row("block_id", ids)]
 
     def marker_row(label: str, at: dict, note: str) -> str:
         cells = [""] * len(cols)
@@ -127,6 +165,12 @@ def draw_group(case: Case, gi: int, plans: dict) -> str:
 
     lines.append(marker_row("f", {f: "^"}, f"f = cdiv(N={N}, b={b}) = {f}  first fresh block"))
     lines.append(marker_row("k", {k: "^"}, f"k = cdiv(T={T}, b={b}) = {k}"))
+    if not cfg.offloaded:
+        lines.append("  (the connector does not offload this group: it is neither scanned nor loaded)")
+        return "\n".join(lines)
+    tail = tail_mark(case, gi, plans)
+    if tail is not None:
+        lines.append(marker_row("tail", {tail[0]: "^"}, tail[1]))
     for v, plan in plans.items():
         s = starts[v]
         if s is None:
@@ -151,18 +195,26 @@ def _verdict(plan: LoadPlan, gi: int, start: int, k: int) -> str:
     gp = next(p for p in plan.groups if p.group_index == gi)
     if not gp.num_pending_gpu_blocks:
         return f"start={start}  loads nothing"
+    tail = "" if gp.boundary_key_tokens is None else f" + boundary key @{gp.boundary_key_tokens}"
     return (
         f"start={start}  ✓ loads {list(gp.dst_block_ids)} "
-        f"keys chunks [{gp.start_chunk_idx}, {gp.end_chunk_idx})"
+        f"keys chunks [{gp.start_chunk_idx}, {gp.end_chunk_idx}){tail}"
     )
 
 
 def case_header(case: Case) -> str:
     N, M = case.num_locally_computed_tokens, case.num_external_tokens
+    extra = ""
+    if case.num_tokens != case.num_prompt_tokens:
+        extra += f"  num_tokens={case.num_tokens} (resumed)"
+    if case.partial_tail_boundary is not None:
+        extra += f"  partial_tail_boundary={case.partial_tail_boundary}"
+    if case.cache_hit_alignment_tokens is not None:
+        extra += f"  cache_hit_alignment_tokens={case.cache_hit_alignment_tokens}"
     return (
         f"case {case.name}: N=num_locally_computed_tokens={N}  M=num_external_tokens={M}"
         f"  T={N + M}  blocks_per_chunk={case.blocks_per_chunk}  tokens_per_hash={case.tokens_per_hash}"
-        f"  num_prompt_tokens={case.num_prompt_tokens}" + ("  sync_load" if case.sync_load else "")
+        f"  num_prompt_tokens={case.num_prompt_tokens}" + ("  sync_load" if case.sync_load else "") + extra
     )
 
 
@@ -188,7 +240,7 @@ def describe_plan(plan: LoadPlan) -> str:
         return "num_external_tokens == 0: vLLM returns before planning; nothing is loaded"
     return (
         f"ok: dst_block_ids={list(plan.dst_block_ids)} group_sizes={list(plan.group_sizes)} "
-        f"block_indices={list(plan.block_indices)} keys={[list(k) for k in plan.keys]}"
+        f"block_indices={list(plan.block_indices)} keys={json.dumps([list(k) for k in plan.keys])}"
     )
 
 
@@ -212,7 +264,14 @@ def why(case: Case, plan: LoadPlan) -> str:
                 parts.append(f"group {gp.group_index} starts at {gp.load_start_gpu_block_idx}")
             else:
                 parts.append(f"group {gp.group_index} has nothing to load (no matching block in its scan range)")
-        return f"the scan {scan} finds the first fresh block: " + "; ".join(parts)
+        out = f"the scan {scan} finds the first fresh block: " + "; ".join(parts)
+        if case.partial_tail_boundary is not None:
+            out += (
+                f"; the lookup's partial tail ends the load at {case.partial_tail_boundary} tokens, so each group's"
+                " chunk keys stop one chunk early (end_chunk_idx = cdiv(T, tpc) - 1) and its last block loads"
+                " through one boundary key"
+            )
+        return out
     g = case.groups[a.group_index]
     v = a.values
     if a.name.value == "boundary":

@@ -63,3 +63,7 @@ class PrepareError(KvboundError, RuntimeError):
 
 class WorkerError(KvboundError, RuntimeError):
     """A release's conformance worker could not start; the message says what to do."""
+
+
+class SolverUnknown(KvboundError):
+    """Z3 answered unknown (a timeout included) where a yes or no was needed; never read as proved."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from html import escape
 
-from kvbound.draw import _verdict, block_glyph, group_layout
+from kvbound.draw import _verdict, block_glyph, group_head, group_layout, tail_mark
 from kvbound.spec import Case, Variant, plan_load
 
 CELL, GAP = 34, 4  # cell width and spacing, px
@@ -76,10 +76,7 @@ def group_svg(case: Case, gi: int, plans: dict) -> str:
     pos = {c: p for p, c in enumerate(cols) if c is not None}
     grid_w = len(cols) * step
 
-    window = cfg.sliding_window_size_in_chunks(case.blocks_per_chunk)
-    head = f"group {gi} · {cfg.kind.value} · tokens_per_block={b}"
-    if window is not None:
-        head += f" · window={window} chunk(s)"
+    head = group_head(case, gi, " · ")
 
     notes = {
         "f": f"f = cdiv(N={N}, b={b}) = {f}   first fresh block",
@@ -88,7 +85,10 @@ def group_svg(case: Case, gi: int, plans: dict) -> str:
     rows = []  # (label, marker cells {col: kind}, note, note colour)
     rows.append(("f", {f: "caret"}, notes["f"], MUTED))
     rows.append(("k", {k: "caret"}, notes["k"], MUTED))
-    for v, plan in plans.items():
+    tail = tail_mark(case, gi, plans)
+    if tail is not None:
+        rows.append(("tail", {tail[0]: "caret"}, tail[1], BAD if "✗" in tail[1] else MUTED))
+    for v, plan in (plans.items() if cfg.offloaded else ()):
         s = starts[v]
         if s is None:
             rows.append((v.value, {}, "table shorter than k", BAD))

@@ -54,6 +54,13 @@ class Knobs:
     legacy_assert: bool = False  # assert N <= start*b (legacy) instead of N % b == 0
     match_hashed_on_sync: bool = False  # 0.33: a sync load matches by position
     asserts: bool = True  # False models python -O
+    alignment_assert: bool = True  # mutant: the fixed variants' alignment assert is gone
+    boundary_assert: bool = True  # mutant: the legacy boundary assert is gone
+    window_before_scan_assert: bool = False  # mutant: the window bound is checked first
+    window_slack: int = 1  # pending <= window*bpc + slack (0.27+: 1)
+    key_start_ceil: bool = False  # mutant: keys from cdiv(start, bpc)
+    window_counts_retained: bool = True  # 0.31+: the window in chunks counts extra_retained_tokens
+    keys_from_prompt: bool = False  # mutant: offload keys counted from the prompt, not all num_tokens
 
 
 VARIANT_KNOBS = {
@@ -237,16 +244,20 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
         assert_ok, assert_code = MOD(g.N, g.b) == 0, FAIL_CODE[AssertName.ALIGNMENT]
     dst_len = k - start
     pending = k - start + knobs.pending_offset
-    window_ok = True if g.window is None else OR(NOT(g.windowed), pending <= g.window * g.bpc + 1)
+    window_ok = True if g.window is None else OR(NOT(g.windowed), pending <= g.window * g.bpc + knobs.window_slack)
     tpc = g.b * g.bpc
     wanted = FLOORDIV(T, tpc) if knobs.end_chunk_floor else CDIV(T, tpc)
-    start_chunk = FLOORDIV(start, g.bpc) + knobs.key_start_offset
+    start_chunk = (FLOORDIV(start + g.bpc - 1, g.bpc) if knobs.key_start_ceil else FLOORDIV(start, g.bpc)) \
+        + knobs.key_start_offset
     keys_ok = OR(pending == 0, g.num_keys >= wanted)
     end_chunk = IF(pending == 0, start_chunk, MAX(start_chunk, MIN(wanted, g.num_keys)))
     checks = [(FAIL_CODE[AssertName.TABLE_LENGTH], table_ok)]
     if knobs.asserts:
-        checks += [(assert_code, assert_ok), (FAIL_CODE[AssertName.WINDOW_BOUND], window_ok),
-                   (FAIL_CODE[AssertName.KEYS_LENGTH], keys_ok)]
+        kept = knobs.boundary_assert if knobs.legacy_assert else knobs.alignment_assert
+        scan_check = [(assert_code, assert_ok)] if kept else []
+        window_check = [(FAIL_CODE[AssertName.WINDOW_BOUND], window_ok)]
+        checks += (window_check + scan_check if knobs.window_before_scan_assert else scan_check + window_check)
+        checks += [(FAIL_CODE[AssertName.KEYS_LENGTH], keys_ok)]
     unknowns = (start, raw) if knobs.hi_offset < 0 and not knobs.no_scan else (start,)
     return GroupOut(k, f, start, pending, dst_len, start_chunk, end_chunk, wanted, tuple(checks), cs, unknowns)
 

@@ -78,6 +78,7 @@ class HybridWorld:
     def plan(self, knobs, tag: str = ""):
         """The plan of group 0, the group the claim is about (w.l.o.g.: the plan carries no state
         from one group to the next, so any group of the model can be numbered 0)."""
+        self.slots[0].window_counts_retained = knobs.window_counts_retained  # premise window-skipped-null
         out = encode_group(0, self.slots[0].inputs(), knobs, tag)
         self.constraints += out.constraints
         return out

@@ -16,8 +16,8 @@ import z3
 from kvbound.spec import AssertName, GroupKind, Variant, plan_load
 from kvbound.spec.verdicts import Verdict
 
-from .encoding import HSH, NUL, UNH, Knobs, knobs_for
-from .terms import AND, FLOORDIV, IF, NOT, OR
+from .encoding import FAIL_CODE, HSH, NUL, UNH, Knobs, knobs_for
+from .terms import AND, FLOORDIV, IF, IMPLIES, NOT, OR
 from .alignment import MAX_GROUPS, AlignWorld
 from .hybrid import GROUPS, HybridWorld, safe_parts
 from .world import World
@@ -290,7 +290,8 @@ def _window_nulls(kind):
     def build(knobs):
         w = World(kind)
         p = w.plan(knobs)
-        return Problem(w.base() + [NOT(w.sync_load)], p.pending <= w.window * w.bpc + 1, w)
+        window_ok = dict(p.checks).get(FAIL_CODE[AssertName.WINDOW_BOUND], True)  # the assert, as encoded
+        return Problem(w.base() + [NOT(w.sync_load)], window_ok, w)
 
     return build
 
@@ -319,6 +320,31 @@ def _replay_sync_needed(case):
     if fixed.group_sizes == sync.group_sizes:
         return "the fixed scan loads the sync-hashed blocks anyway"
     return None
+
+
+def _assert_order(knobs):
+    w = World(GroupKind.SLIDING_WINDOW)
+    p = w.plan(knobs)
+    return Problem(w.base() + [w.N % w.b != 0], p.fails_with(FAIL_CODE[AssertName.ALIGNMENT]), w)
+
+
+def _legacy_guarded(knobs):
+    w = World(GroupKind.MAMBA)
+    p = w.plan(knobs)
+    return Problem(w.base(), IMPLIES(p.passes(), p.start >= w.f), w)
+
+
+def _keys_from_all_tokens(knobs):
+    """Keys exist for the hashes of all num_tokens (request.block_hashes covers every token,
+    update_offload_keys); the lookup caps T at keys·tpc. (n // tph) // (tpc // tph) = n // tpc."""
+    w = World(GroupKind.FULL_ATTENTION)
+    p = w.plan(knobs)
+    prompt, tokens = z3.Int("num_prompt_tokens"), z3.Int("num_tokens")
+    counted = prompt if knobs.keys_from_prompt else tokens
+    all_keys = FLOORDIV(tokens, w.tpc)
+    prem = w.base() + [prompt >= 1, tokens >= prompt, w.num_keys == FLOORDIV(counted, w.tpc),
+                       w.T <= all_keys * w.tpc]
+    return Problem(prem, OR(p.pending == 0, w.num_keys >= p.end_chunk_wanted), w)
 
 
 def _start_is_fresh(knobs):
@@ -540,6 +566,26 @@ OBLIGATIONS: list[Obligation] = [
         "∃ sync allocator table: scan_fixed ≠ j",
         "0.33 hashes sync-loaded blocks at allocation", REFUTED, _fixed_sync_needed, FIXED,
         reproduce=_replay_sync_needed, mutable=False, premises=ALLOC),
+    Obligation(
+        "assert-order",
+        "An unaligned N is reported as the alignment assert (the first after table_length), whatever the "
+        "window bound would say: vLLM's assert order per group.",
+        "len ≥ k ∧ N mod b ≠ 0  ⟹  the first assert to fire is alignment",
+        "the asserts run in vLLM's order: table_length, alignment, window_bound, keys_length", PROVED,
+        _assert_order, FIXED),
+    Obligation(
+        "legacy-guarded",
+        "0.29's boundary assert guards every load: whenever the legacy plan passes, it starts at or after f "
+        "(so the PR's bug is a crash, never a silent wrong load, with asserts on).",
+        "N mod b = 0 ∧ the legacy plan passes  ⟹  start ≥ f",
+        "the scheduler's rounding of N", PROVED, _legacy_guarded, LEGACY, premises=("n-aligned",)),
+    Obligation(
+        "keys-from-all-tokens",
+        "Offload keys are counted from all num_tokens (a resumed request's output tokens included), so a load "
+        "the lookup returned never fires keys_length, however far T runs past the prompt.",
+        "keys = ⌊num_tokens/tpc⌋ ∧ T ≤ keys·tpc ∧ pending > 0  ⟹  keys ≥ ⌈T/tpc⌉",
+        "request.block_hashes covers every token; the lookup caps T at keys·tpc", PROVED, _keys_from_all_tokens,
+        FIXED),
     Obligation(
         "load-start-is-fresh",
         "The fixed scan (not a sync load) starts at a non-null unhashed block, or loads nothing.",

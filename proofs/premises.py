@@ -188,8 +188,11 @@ def _term_computed_cached(g):
 def _term_sliding_skipped_null(g):
     t = g.table
     skipped = MAX(g.T - g.span + 1 - g.extra, 0)
-    # window_in_chunks as 0.33 derives it (config.get_sliding_window_size_in_chunks)
-    window = MAX(FLOORDIV(g.span + g.tpc - 1, g.tpc), FLOORDIV(g.span - 1 + g.extra + g.tpc - 1, g.tpc))
+    # window_in_chunks as 0.31+ derive it (config.get_sliding_window_size_in_chunks); the world's
+    # ``window_counts_retained`` is False for the mutant (or a release) that ignores the retained tokens
+    window = FLOORDIV(g.span + g.tpc - 1, g.tpc)
+    if getattr(g, "window_counts_retained", True):
+        window = MAX(window, FLOORDIV(g.span - 1 + g.extra + g.tpc - 1, g.tpc))
     return AND(g.span >= 1, g.extra >= 0, g.window == window,
                t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == NUL))
 
@@ -339,12 +342,13 @@ def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
     import z3
 
     from .encoding import STATE_CODE
+    from .options import PREMISE, is_sat
     from .world import World, expanded
 
     g = case.groups[gi]
     with expanded(len(g.blocks)):
         w = World(g.config.kind)
-    s = z3.Solver()
+    s = PREMISE.solver()
     s.add(w.N == case.num_locally_computed_tokens, w.M == case.num_external_tokens,
           w.b == g.config.tokens_per_block, w.bpc == case.blocks_per_chunk,
           w.num_keys == case.num_offload_keys(gi), w.sync_load == case.sync_load)
@@ -354,7 +358,7 @@ def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
         s.add(w.span == (g.config.sliding_window or g.config.attention_chunk_size),
               w.extra == (getattr(g.config, "extra_retained_tokens", 0) or 0))
     s.add(z3.BoolVal(True) if p.term(w) is True else p.term(w))
-    return s.check() == z3.sat
+    return is_sat(s)
 
 
 def when_kind(kind_term, kind_codes, formula):

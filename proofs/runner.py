@@ -1,7 +1,7 @@
 """Run obligations: verdicts, vacuity, witnesses replayed through the spec, mutants.
 
 Verdicts are what Z3 said, never more: ``unknown`` (a timeout included) is its
-own verdict and never counts as proved. Seeds are pinned (``symbolic.SEED``).
+own verdict and never counts as proved. Timeouts and seeds: ``options.SolverOptions``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import z3
 from kvbound.spec.verdicts import Verdict
 
 from .encoding import Knobs
+from .mutants import ENCODING_MUTANTS
 from .obligations import OBLIGATIONS, PROVED, REFUTED, Obligation, problem
-from .symbolic import SEED
+from .options import OBLIGATION, PROVE, SolverOptions
 from .terms import NOT, as_bool
 from .world import expanded
 
@@ -42,14 +43,8 @@ class Result:
         return self.witness is not None and self.replay is None
 
 
-def _solver(timeout_ms: int) -> z3.Solver:
-    s = z3.Solver()
-    s.set("random_seed", SEED)
-    s.set("timeout", int(timeout_ms))
-    return s
-
-
-def decide(ob: Obligation, knobs: Knobs | None = None, timeout_ms: int = 5000, seek: bool | None = None):
+def decide(ob: Obligation, knobs: Knobs | None = None, options: SolverOptions = OBLIGATION,
+           seek: bool | None = None):
     """(verdict, model-or-None, problem): is premises ∧ ¬claim unsat?
 
     ``seek`` (default: the obligation expects a refutation) first looks for a
@@ -65,14 +60,14 @@ def decide(ob: Obligation, knobs: Knobs | None = None, timeout_ms: int = 5000, s
                     prob = problem(ob, knobs)
                 if shaped and not prob.shaping:
                     break
-                s = _assert_negation(prob, timeout_ms)
+                s = _assert_negation(prob, options.solver())
                 s.add(*[as_bool(c) for c in (prob.shaping if shaped else [])])
                 if s.check() == z3.sat:
                     return REFUTED, s.model(), prob
                 if not _has_table(prob):
                     break
     prob = problem(ob, knobs)
-    s = _assert_negation(prob, timeout_ms)
+    s = _assert_negation(prob, options.solver())
     if prob.shaping:  # a small, readable witness first: sat there is sat everywhere
         s.push()
         s.add(*[as_bool(c) for c in prob.shaping])
@@ -94,8 +89,7 @@ def decide(ob: Obligation, knobs: Knobs | None = None, timeout_ms: int = 5000, s
 WITNESS_LENGTHS = (2, 4, 6, 8)
 
 
-def _assert_negation(prob, timeout_ms):
-    s = _solver(timeout_ms)
+def _assert_negation(prob, s: z3.Solver) -> z3.Solver:
     s.add(*[as_bool(p) for p in prob.premises + prob.world.constraints])
     s.add(as_bool(NOT(prob.claim)))
     return s
@@ -105,14 +99,14 @@ def _has_table(prob) -> bool:
     return getattr(prob.world, "table", None) is not None
 
 
-def premises_instance(ob: Obligation, knobs: Knobs, timeout_ms: int):
+def premises_instance(ob: Obligation, knobs: Knobs, options: SolverOptions):
     """One instance of the premises (vacuity), on tables of a few fixed lengths, so
     the check is quantifier-free; the model is a concrete input the premises admit."""
     r = z3.unknown
     for length in VACUITY_LENGTHS:
         with expanded(length):
             prob = problem(ob, knobs)
-        s = _solver(timeout_ms)
+        s = options.solver()
         s.add(*[as_bool(p) for p in prob.premises + prob.world.constraints])
         r = s.check()
         if r == z3.sat or not _has_table(prob):
@@ -123,14 +117,14 @@ def premises_instance(ob: Obligation, knobs: Knobs, timeout_ms: int):
 VACUITY_LENGTHS = (4, 8, 1, 2)
 
 
-def run_obligation(ob: Obligation, timeout_ms: int = 5000) -> Result:
+def run_obligation(ob: Obligation, options: SolverOptions = OBLIGATION) -> Result:
     t0 = time.perf_counter()
-    verdict, model, prob = decide(ob, timeout_ms=timeout_ms)
+    verdict, model, prob = decide(ob, options=options)
     res = Result(ob, verdict, 0.0)
     if verdict == UNKNOWN:
         res.detail = f"solver unknown: {model}"
     elif verdict == PROVED:
-        r = premises_instance(ob, ob.knobs, timeout_ms)
+        r = premises_instance(ob, ob.knobs, options)
         res.vacuity = "premises satisfiable" if r == z3.sat else f"premises {r}: the proof is vacuous"
     elif verdict == REFUTED:
         if prob.witness is None:  # an unexpected refutation: still show the counterexample
@@ -149,26 +143,7 @@ def run_obligation(ob: Obligation, timeout_ms: int = 5000) -> Result:
 
 # --- mutants --------------------------------------------------------------------
 
-MUTANTS = {
-    "scan-from-0": dict(scan_from_zero=True),
-    "no-null-skip": dict(null_skip=False),
-    "floor-f": dict(f_floor=True),
-    "unhashed-test-dropped": dict(unhashed_test=False),
-    "start-equals-f": dict(no_scan=True),
-    "loop-from-f+1": dict(lo_offset=1),
-    "loop-from-f-1": dict(lo_offset=-1),
-    "loop-to-k-1": dict(hi_offset=-1),
-    "loop-to-k+1": dict(hi_offset=1),
-    "keys-from-start//bpc+1": dict(key_start_offset=1),
-    "pending+1": dict(pending_offset=1),
-    "pending-1": dict(pending_offset=-1),
-    "end-chunk-floor": dict(end_chunk_floor=True),
-}
-
-
-def run_mutants(timeout_ms: int = 5000) -> dict:
-    """mutant -> id of the first proved obligation it refutes (None: it survived)."""
-    return {name: run_mutants_one(name, timeout_ms) for name in MUTANTS}
+MUTANTS = ENCODING_MUTANTS  # name -> Knobs changes (proofs/mutants.py is the one table)
 
 
 # --- the whole suite ------------------------------------------------------------
@@ -209,33 +184,33 @@ def _task(args):
     """One unit of work in a worker: an obligation, or a mutant against every proved one."""
     from kvbound.spec import case_to_dict
 
-    kind, name, timeout_ms = args
+    kind, name, options = args
     if kind == "mutant":
         t0 = time.perf_counter()
-        killer = run_mutants_one(name, timeout_ms)
+        killer = run_mutants_one(name, options)
         return kind, name, {"killed_by": killer, "seconds": time.perf_counter() - t0}
-    r = run_obligation(by_id([name])[0], timeout_ms)
+    r = run_obligation(by_id([name])[0], options)
     return kind, name, {
         "verdict": r.verdict, "seconds": r.seconds, "vacuity": r.vacuity, "replay": r.replay,
         "detail": r.detail, "witness": None if r.witness is None else case_to_dict(r.witness),
     }
 
 
-def run_mutants_one(name: str, timeout_ms: int) -> str | None:
+def run_mutants_one(name: str, options: SolverOptions) -> str | None:
     """The first proved obligation the mutant refutes, or None (it survived)."""
     change = MUTANTS[name]
     for ob in sorted(OBLIGATIONS, key=lambda o: o.bound.groups != 1):  # one-group obligations first: cheaper
-        if ob.expected == PROVED and ob.mutable and kills(ob, replace(ob.knobs, **change), timeout_ms):
+        if ob.expected == PROVED and ob.mutable and kills(ob, replace(ob.knobs, **change), options):
             return ob.id
     return None
 
 
-def kills(ob: Obligation, knobs: Knobs, timeout_ms: int) -> bool:
+def kills(ob: Obligation, knobs: Knobs, options: SolverOptions) -> bool:
     """Does the claim fail for this code? The unbounded check answers most cases at
     once (a proof stays fast); when it hesitates, the bounded search finds the
     counterexample quantifier-free."""
     prob = problem(ob, knobs)
-    s = _assert_negation(prob, min(timeout_ms, MUTANT_FIRST_TRY_MS))
+    s = _assert_negation(prob, options.solver(min(options.timeout_s, options.first_try_s)))
     verdicts = []
     for split in prob.splits:
         s.push()
@@ -246,13 +221,10 @@ def kills(ob: Obligation, knobs: Knobs, timeout_ms: int) -> bool:
         return True
     if all(v == z3.unsat for v in verdicts):
         return False
-    return decide(ob, knobs, timeout_ms, seek=True)[0] == REFUTED
+    return decide(ob, knobs, options, seek=True)[0] == REFUTED
 
 
-MUTANT_FIRST_TRY_MS = 1000
-
-
-def run_all(ids=None, timeout_ms: int = 10000, mutants: bool = True, jobs: int = 2) -> Report:
+def run_all(ids=None, options: SolverOptions = PROVE, mutants: bool = True, jobs: int = 2) -> Report:
     """Every obligation (vacuity and witness replay included) and every mutant.
 
     ``jobs`` worker processes share the work (Z3 is single-threaded per solver)."""
@@ -260,11 +232,11 @@ def run_all(ids=None, timeout_ms: int = 10000, mutants: bool = True, jobs: int =
 
     t0 = time.perf_counter()
     obs = by_id(ids)
-    tasks = [("mutant", m, timeout_ms) for m in MUTANTS] if mutants else []
+    tasks = [("mutant", m, options) for m in MUTANTS] if mutants else []
     # longest first: the alignment proof, then the mutants, then the rest
     slow = [o for o in obs if o.bound.groups != 1]
-    tasks = [("obligation", o.id, timeout_ms) for o in slow] + tasks + \
-            [("obligation", o.id, timeout_ms) for o in obs if o not in slow]
+    tasks = [("obligation", o.id, options) for o in slow] + tasks + \
+            [("obligation", o.id, options) for o in obs if o not in slow]
     if jobs > 1 and len(tasks) > 1:
         import multiprocessing as mp
 
@@ -286,12 +258,12 @@ def run_all(ids=None, timeout_ms: int = 10000, mutants: bool = True, jobs: int =
     return Report([results[o.id] for o in obs], mut if mutants else None, time.perf_counter() - t0)
 
 
-def witness_cases(timeout_ms: int = 10000) -> list:
+def witness_cases(options: SolverOptions = PROVE) -> list:
     """Every witness the refuted obligations produce, as spec Cases named witness-<id>."""
     out = []
     for ob in OBLIGATIONS:
         if ob.expected == REFUTED:
-            r = run_obligation(ob, timeout_ms)
+            r = run_obligation(ob, options)
             if r.witness is not None:
                 out.append(replace(r.witness, name=f"witness-{ob.id}"))
     return out

@@ -17,10 +17,10 @@ import z3
 from kvbound.spec import AssertName, Variant
 from kvbound.spec.verdicts import Verdict
 
+from .options import PLAN_CHECK, SolverOptions
 from .encoding import CODE_FAIL, FAIL_CODE, OK, Knobs, case_inputs, encode_group, knobs_for
 from .terms import AND, NOT, OR, Sx, _lit
 
-SEED = 0  # Z3's random seed, pinned so verdicts and models repeat run to run
 
 
 @dataclass(frozen=True)
@@ -36,19 +36,12 @@ class SymbolicCheck:
 _local = threading.local()
 
 
-def new_solver(timeout_ms: int) -> z3.Solver:
-    s = z3.SolverFor("QF_LIA")
-    s.set("random_seed", SEED)
-    s.set("timeout", int(timeout_ms))
-    return s
-
-
-def _solver(timeout_ms: int) -> z3.Solver:
+def _solver(options: SolverOptions) -> z3.Solver:
     """One solver per thread, reused with push/pop: creating one costs more than a check."""
     s = getattr(_local, "solver", None)
-    if s is None or _local.timeout != timeout_ms:
-        s = _local.solver = new_solver(timeout_ms)
-        _local.timeout = timeout_ms
+    if s is None or _local.options != options:
+        s = _local.solver = options.solver()
+        _local.options = options
         _local.declared = set()
     return s
 
@@ -182,10 +175,10 @@ def model_plan(case, outs, model) -> dict:
             "block_indices": starts, "keys": keys}
 
 
-def solve_plan(case, knobs: Knobs, timeout_ms: int = 2000) -> dict | None:
+def solve_plan(case, knobs: Knobs, options: SolverOptions = PLAN_CHECK) -> dict | None:
     """The plan the encoding gives a case under ``knobs`` (a variant or a mutant); None if unknown."""
     outs, cs = encode_case(case, knobs)
-    s = _solver(timeout_ms)
+    s = _solver(options)
     s.push()
     try:
         s.from_string(_assert_text(_new_decls(outs), cs))
@@ -196,12 +189,13 @@ def solve_plan(case, knobs: Knobs, timeout_ms: int = 2000) -> dict | None:
         s.pop()
 
 
-def check_plan(case, variant, plan_json: dict, timeout_ms: int = 2000, knobs: Knobs | None = None) -> SymbolicCheck:
+def check_plan(case, variant, plan_json: dict, options: SolverOptions = PLAN_CHECK,
+               knobs: Knobs | None = None) -> SymbolicCheck:
     """Does the encoding of ``variant`` force exactly ``plan_json``'s outputs on ``case``?"""
     knobs = knobs or knobs_for(Variant(variant))
     outs, cs = encode_case(case, knobs)
     claim = plan_claim(case, outs, plan_json)
-    s = _solver(timeout_ms)
+    s = _solver(options)
     s.push()
     try:
         s.from_string(_assert_text(_new_decls(outs), cs))

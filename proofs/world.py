@@ -55,6 +55,7 @@ class World:
         return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load, self.table)
 
     def plan(self, knobs: Knobs, tag: str = ""):
+        self.window_counts_retained = knobs.window_counts_retained  # read by premise window-skipped-null
         out = encode_group(0, self.inputs(), knobs, tag)
         self.constraints += out.constraints
         return out

@@ -309,3 +309,38 @@ def test_hypothesis_strategy_draws_every_family_through_st_randoms(case):
     p = plan_for_version(case, "0.33.0")
     if family_of(case) not in ADVERSARIAL_FAMILIES:
         assert p.ok, (case.name, p.assertion, p.unsupported)
+
+
+# --- a partial tail drawn ---------------------------------------------------------------------
+
+def test_explain_draws_the_partial_tail_boundary_first_fresh_region_and_key():
+    r = kvbound("explain", V2 / "partial_tail_recurrent.json")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "partial_tail_boundary=76" in out.splitlines()[0]
+    tail_rows = [line for line in out.splitlines() if line.lstrip().startswith("tail")]
+    assert len(tail_rows) == 2
+    assert 'boundary 76 holds 12 of block 4\'s 16 tokens; loaded through key [1, "boundary", 76]' in tail_rows[1]
+    # the tail caret sits under block 4, the same column as f's caret in that group
+    group1 = out.split("group 1")[1].splitlines()
+    f_row = next(line for line in group1 if line.lstrip().startswith("f "))
+    assert f_row.index("^") == tail_rows[1].index("^")
+    assert "fixed-sync                       ^   start=4  ✓ loads [13] keys chunks [4, 4) + boundary key @76" in out
+    assert "✗ boundary" in out  # the legacy scan still stops at the recurrent state block
+
+
+def test_svg_marks_the_partial_tail_and_eagle_key():
+    from kvbound.svg import case_svgs
+
+    (case,) = load_cases(V2 / "partial_tail_recurrent.json")
+    svgs = case_svgs(case)
+    assert all("partial tail: boundary 76" in s for s in svgs)
+    d = v2(num_tokens=64, partial_tail_boundary=28, num_external_tokens=12)
+    d["groups"] = [{"kind": "full_attention", "tokens_per_block": 16, "blocks": ["H1", "U2"]},
+                   {"kind": "mamba", "tokens_per_block": 16, "blocks": ["N", "U13"]},
+                   {"kind": "full_attention", "tokens_per_block": 16, "is_eagle_group": True, "blocks": ["H21", "U22"]},
+                   {"kind": "full_attention", "tokens_per_block": 16, "offloaded": False, "blocks": ["H31", "U32"]}]
+    case = case_from_dict(d)
+    svgs = case_svgs(case)
+    assert "EAGLE drafter group" in svgs[2] and "boundary + EAGLE proof margin 16" in svgs[2]
+    assert "not offloaded" in svgs[3] and "fixed-sync" not in svgs[3]

@@ -11,6 +11,7 @@ import pytest
 
 from kvbound.catalogue import render
 from kvbound.proofs.obligations import OBLIGATIONS
+from kvbound.proofs.options import CATALOGUE
 from kvbound.proofs.runner import run_obligation
 
 from conftest import ROOT, kvbound
@@ -18,7 +19,7 @@ from conftest import ROOT, kvbound
 
 @pytest.fixture(scope="module")
 def results():
-    return [run_obligation(o, timeout_ms=20000) for o in OBLIGATIONS]
+    return [run_obligation(o, CATALOGUE) for o in OBLIGATIONS]
 
 
 def test_committed_catalogue_is_current():

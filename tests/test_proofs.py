@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import xml.etree.ElementTree as ET
 
@@ -13,16 +14,17 @@ from kvbound.proofs import (
     MUTANTS, OBLIGATIONS, PROVED, REFUTED, UNKNOWN, check_plan, run_obligation, solve_plan, witness_cases,
 )
 from kvbound.proofs.encoding import Knobs, knobs_for
+from kvbound.proofs.options import CATALOGUE
 from kvbound.proofs.runner import Report, Result, run_mutants_one
 from kvbound.spec import GroupKind, Variant, case_from_dict, plan_load
 from kvbound.spec.strategies import random_cases
 
-TIMEOUT_MS = 20000
+OPTIONS = CATALOGUE  # the generous budget: a loaded CI machine must not turn a proof unknown
 
 
 @pytest.mark.parametrize("ob", OBLIGATIONS, ids=[o.id for o in OBLIGATIONS])
 def test_obligation_meets_expected_verdict(ob):
-    r = run_obligation(ob, TIMEOUT_MS)
+    r = run_obligation(ob, OPTIONS)
     assert r.verdict == ob.expected, (r.verdict, r.detail)
     if ob.expected == PROVED:
         assert r.vacuity == "premises satisfiable"
@@ -46,24 +48,24 @@ def test_obligations_are_declarative_and_documented():
 def test_a_witness_the_spec_does_not_reproduce_fails_the_obligation():
     """Faithfulness is checked, not assumed: replay a witness against the wrong claim."""
     ob = next(o for o in OBLIGATIONS if o.id == "legacy-refuted")
-    r = run_obligation(ob, TIMEOUT_MS)
+    r = run_obligation(ob, OPTIONS)
     fixed_only = plan_load(r.witness, Variant.FIXED)
     assert fixed_only.ok  # the fixed code survives the same witness, so a replay against it must fail
     import dataclasses
 
     wrong = dataclasses.replace(ob, reproduce=lambda case: None if not plan_load(case, Variant.FIXED).ok else "ok")
-    r2 = run_obligation(wrong, TIMEOUT_MS)
+    r2 = run_obligation(wrong, OPTIONS)
     assert not r2.met
 
 
 def test_every_mutant_is_killed():
-    killed = {m: run_mutants_one(m, TIMEOUT_MS) for m in MUTANTS}
+    killed = {m: run_mutants_one(m, OPTIONS) for m in MUTANTS}
     assert all(killed.values()), [m for m, k in killed.items() if k is None]
 
 
 @pytest.fixture(scope="module")
 def witnesses():
-    return witness_cases(TIMEOUT_MS)
+    return witness_cases(OPTIONS)
 
 
 def test_witness_cases_replay_on_the_spec(witnesses):
@@ -247,3 +249,55 @@ def test_premises_command(tmp_path, capsys):
     assert "single_type_kv_cache_manager.py:1971" in capsys.readouterr().out
     assert main(["premises", str(good), "--only", "no-such"]) == 2
     assert "no-such" in capsys.readouterr().err
+
+
+# --- the one mutant table -----------------------------------------------------------
+
+def test_mutant_table_covers_every_class_and_scores_by_name():
+    from kvbound.proofs.mutants import MUTANTS as TABLE, applicable, score
+
+    classes = {m.cls for m in TABLE}
+    assert {"scan", "assert", "sync", "keys", "partial-tail", "groups"} <= classes
+    assert len({m.name for m in TABLE}) == len(TABLE)
+    enc = [m.name for m in applicable("encoding")]
+    assert enc == list(MUTANTS)  # the runner's mutants are the table's encodable ones
+    for m in TABLE:  # a mutant the encoding cannot express says why
+        assert (m.encoding is None) == ("encoding" in m.not_for), m.name
+    s = score("encoding", {n: ("x" if i else None) for i, n in enumerate(enc)})
+    assert s["killed"] == len(enc) - 1 and s["survivors"] == [enc[0]] and s["total"] == len(enc)
+    assert set(s["not_applicable"]) == {m.name for m in TABLE if "encoding" in m.not_for}
+    with pytest.raises(ValueError):
+        score("encoding", {"no-such-mutant": None})
+
+
+def test_keys_prompt_only_is_killed_by_keys_from_all_tokens_alone():
+    """issue 9: the keys-from-all-tokens obligation is the one that sees keys counted from the prompt."""
+    from kvbound.proofs.runner import kills
+
+    change = MUTANTS["keys-prompt-only"]
+    killers = [o.id for o in OBLIGATIONS if o.expected == PROVED and o.mutable and o.bound.groups == 1
+               and kills(o, dataclasses.replace(o.knobs, **change), OPTIONS)]
+    assert killers == ["keys-from-all-tokens"]
+
+
+def test_solver_options_own_the_timeout_and_unknown_is_never_an_answer():
+    import z3
+
+    from kvbound.errors import SolverUnknown
+    from kvbound.proofs.options import PROVE, is_sat
+
+    assert PROVE.with_timeout(0.25).timeout_ms == 250
+
+    class GaveUp:  # what a solver past its timeout answers
+        def check(self, *assumptions):
+            return z3.unknown
+
+        def reason_unknown(self):
+            return "timeout"
+
+    with pytest.raises(SolverUnknown, match=r"unknown \(timeout\)"):
+        is_sat(GaveUp())
+    x = z3.Int("x")
+    s = PROVE.solver()
+    s.add(x > 1)
+    assert is_sat(s) and not is_sat(s, x < 0)

@@ -49,7 +49,8 @@ def register(sub):
                    help="comma list of references: spec, symbolic (default both)")
     p.add_argument("--symbolic-cases", type=int, default=2000, metavar="K",
                    help="check only the first K cases against the symbolic model (default 2000)")
-    p.add_argument("--timeout-ms", type=int, default=2000, metavar="MS", help="Z3 timeout per check")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="Z3 timeout per symbolic check, seconds (default: kvbound.proofs.options.PLAN_CHECK's)")
     p.add_argument("--batch", type=int, default=10000, metavar="B", help="cases per impl batch")
     p.add_argument("--corpus", default=DEFAULT_CORPUS, metavar="DIR",
                    help=f"save shrunk disagreements here (default {DEFAULT_CORPUS}/)")
@@ -151,7 +152,7 @@ def run(args) -> int:
             part = chunk[:sym_left]
             sym_left -= len(part)
             t = time.perf_counter()
-            _symbolic(part, variants, device, args.timeout_ms, stats, sym, unknowns)
+            _symbolic(part, variants, device, args.timeout, stats, sym, unknowns)
             sym["seconds"] += time.perf_counter() - t
         bar.step(len(chunk))
     elapsed = time.perf_counter() - t0
@@ -176,15 +177,17 @@ def run(args) -> int:
     return EXIT_OK
 
 
-def _symbolic(cases, variants, device, timeout_ms, stats, sym, unknowns) -> None:
+def _symbolic(cases, variants, device, timeout_s, stats, sym, unknowns) -> None:
     """Each impl plan must be forced by the encoding with the case's inputs fixed."""
     from kvbound.impl import Disagreement, batch_from_cases, plan_variants, to_load_plans
+    from kvbound.proofs.options import PLAN_CHECK
     from kvbound.proofs.symbolic import check_plan
 
+    options = PLAN_CHECK if timeout_s is None else PLAN_CHECK.with_timeout(timeout_s)
     batch = batch_from_cases(cases, device=device)
     for v, out in plan_variants(batch, variants, check=False).items():
         for case, ip in zip(cases, to_load_plans(batch, out)):
-            r = check_plan(case, v, ip.to_json(case.name), timeout_ms=timeout_ms)
+            r = check_plan(case, v, ip.to_json(case.name), options)
             sym["checked"] += 1
             sym[r.verdict] = sym.get(r.verdict, 0) + 1
             if r.verdict is Verdict.NOT_FORCED:
