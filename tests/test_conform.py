@@ -398,12 +398,23 @@ def test_every_spec_mutant_applies_to_the_spec_and_reverts():
 def test_a_stale_or_unknown_mutant_is_an_error_never_a_survivor():
     from kvbound.conform import mutants as MUT
 
-    stale = MUT.SpecMutant("stale", "x", "kvbound.spec.plan:plan_load", "no such text", "x")
+    stale = MUT.SpecMutant("scan-nulls", "kvbound.spec.plan:plan_load", "no such text", "x")
     with pytest.raises(MUT.MutantError, match="occurs 0 times"):
         MUT.mutated_code(stale)
     with pytest.raises(MUT.MutantError, match="unknown spec mutant"):
         with MUT.applied("no-such-mutant"):
             pass
+
+
+def test_spec_mutants_are_the_catalogues():
+    """One table of names (kvbound.proofs.mutants): every mutant the spec can express has a
+    patch here, and every patch names a catalogue mutant."""
+    from kvbound.conform import mutants as MUT
+    from kvbound.proofs.mutants import BY_NAME, applicable
+
+    assert MUT.missing_patches() == []
+    assert set(MUT.BY_NAME) <= {m.name for m in applicable("spec")} <= set(BY_NAME)
+    assert set(MUT.SPEC_EQUIVALENT) <= set(MUT.BY_NAME)
 
 
 def test_mutation_score_against_recorded_real_results():
@@ -415,9 +426,10 @@ def test_mutation_score_against_recorded_real_results():
     _, recs = issue9()
     jobs = [(c, rel, r["worker"], r["verdict"]) for c, rel, r in recs]
     score = MUT.score(jobs, C.judge)
-    got = score["mutants"]
-    assert got["partial-tail-chunk"]["killed_by"].startswith("partial-tail-")
-    assert got["window-retained"]["killed_by"] == "retained-window-mtp-3-pending"
-    assert got["window-retained"]["release"] == "0.33.0"
-    assert got["group-iteration"]["killed_by"] is None and "group-iteration" in score["survivors"]
-    assert score["killed"] == len(MUT.SPEC_MUTANTS) - len(score["survivors"]) and 0 < score["score"] < 1
+    assert score["checker"] == "spec" and score["total"] == len(MUT.SPEC_MUTANTS)
+    assert score["killed_by"]["partial-tail-chunk"].startswith("partial-tail-")
+    assert score["killed_by"]["window-retained"] == "retained-window-mtp-3-pending on vllm 0.33.0"
+    assert "keys" in score["details"]["partial-tail-chunk"]["diff"]
+    assert score["killed_by"]["group-iteration"] is None and "group-iteration" in score["survivors"]
+    assert "group-iteration" in score["unexplained_survivors"]
+    assert score["killed"] == score["total"] - len(score["survivors"]) and 0 < score["percent"] < 100

@@ -42,7 +42,8 @@ def register(sub):
                    " runtime, no file edited): a sound checker then reports disagreements")
     p.add_argument("--spec-mutants", action="store_true",
                    help="after the run, judge the same real results once per spec mutant: the mutation"
-                   " score (killed/total) and the survivors by name; exit 1 if any survives")
+                   " score (killed/total) and the survivors by name; exit 1 if one survives that is not"
+                   " explained as equivalent")
     p.add_argument("--show", type=int, default=5, metavar="K",
                    help="draw at most K adversarial disagreements (all others are always drawn)")
     p.set_defaults(func=run)
@@ -151,23 +152,27 @@ def run(args) -> int:
     if failed:
         print(f"FAILED: could not prepare/start {', '.join(failed)} (see above)", file=sys.stderr)
         return EXIT_INPUT
-    if mutation and mutation["survivors"]:
-        print(f"FAILED: spec mutant(s) not killed by real vLLM: {', '.join(mutation['survivors'])}",
+    if mutation and mutation["unexplained_survivors"]:
+        print(f"FAILED: spec mutant(s) not killed by real vLLM: {', '.join(mutation['unexplained_survivors'])}",
               file=sys.stderr)
         return EXIT_FAIL
     return EXIT_FAIL if blocking else EXIT_OK
 
 
 def _print_mutation(mutation: dict) -> None:
-    print(f"\n== spec mutants judged against the same real results: {mutation['killed']}/{mutation['total']}"
-          f" killed (score {mutation['score']:.0%}) ==")
-    for name, v in mutation["mutants"].items():
-        if v["killed_by"] is None:
-            print(f"  {name:<22} SURVIVED  ({v['what']})")
+    print(f"\n== spec mutants (kvbound.proofs.mutants) judged against the same real results:"
+          f" {mutation['killed']}/{mutation['total']} killed ({mutation['percent']}%) ==")
+    for name, v in mutation["details"].items():
+        if mutation["killed_by"][name] is None:
+            note = mutation["equivalent"].get(name)
+            print(f"  {name:<24} SURVIVED  ({v['what']})" + (f"\n    equivalent: {note}" if note else ""))
         else:
-            print(f"  {name:<22} killed by {v['killed_by']} on vllm {v['release']}: {', '.join(v['diff'])}")
+            print(f"  {name:<24} killed by {mutation['killed_by'][name]}: {', '.join(v['diff'])}")
+    for name, why in mutation["not_applicable"].items():
+        print(f"  {name:<24} not applicable: {why}")
     if mutation["survivors"]:
-        print(f"  survivors: {', '.join(mutation['survivors'])}")
+        print(f"  survivors: {', '.join(mutation['survivors'])}"
+              f" ({len(mutation['unexplained_survivors'])} not explained as equivalent)")
 
 
 def _print_witnesses(records, releases) -> None:
