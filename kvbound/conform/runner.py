@@ -30,8 +30,8 @@ MAX_CRASHES_IN_A_ROW = 3
 class Worker:
     def __init__(self, env: ReleaseEnv, script: Path | None = None):
         self.env = env
-        # kvbound trace runs its own worker script through this class; WORKER is looked
-        # up per instance so a test can plant a fake worker
+        # kvbound trace runs its own worker script through this class; None: WORKER, read at
+        # call time (tests point WORKER at a fake)
         self.script = script or WORKER
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
