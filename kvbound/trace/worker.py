@@ -452,17 +452,20 @@ class Engine:
                 "partial_tail_boundary": getattr(st, "partial_tail_boundary", None)}
 
     def describe_keys(self, request, keys):
-        """prepare_load's keys as [group, chunk] (kvbound's key names); ["boundary", g, i]
-        for a key that is no whole chunk's (a partial-tail key)."""
+        """prepare_load's keys as kvbound's plan names them: [group_idx, chunk], and
+        [group_idx, "boundary", key_tokens] for a key that is no whole chunk's (a partial
+        tail's, keyed by the hash of its first key_tokens tokens)."""
         ob = self.rel.obase
         hashes = list(request.block_hashes)
+        tph = self.csched.config.tokens_per_hash
         where = {}
-        for gi, g in enumerate(self.csched.config.kv_group_configs):
+        for pos, g in enumerate(self.csched.config.kv_group_configs):
+            gi = getattr(g, "group_idx", pos)
             hpc = g.hashes_per_chunk
             for j in range(len(hashes) // hpc):
                 where[ob.make_offload_key(hashes[(j + 1) * hpc - 1], gi)] = [gi, j]
             for i, h in enumerate(hashes):
-                where.setdefault(ob.make_offload_key(h, gi), ["boundary", gi, i])
+                where.setdefault(ob.make_offload_key(h, gi), [gi, "boundary", (i + 1) * tph])
         return [where.get(k, ["unknown"]) for k in keys]
 
     def violate(self, check, request_id, msg):
