@@ -286,9 +286,11 @@ def pack_slots(bits: torch.Tensor) -> torch.Tensor:
     if L % 8:
         bits = torch.cat([bits, bits.new_zeros((C, -L % 8))], dim=-1)
     n_oct = bits.shape[1] // 8
-    top = (bits.contiguous().view(torch.int64) * _BYTES_TO_BITS).view(torch.uint8).view(C, n_oct, 8)[:, :, 7]
     per_word = _WORD // 8
     W = -(-n_oct // per_word)
+    if C == 0 or n_oct == 0:
+        return torch.zeros((max(W, 1), C), dtype=torch.int64, device=bits.device)
+    top = (bits.contiguous().view(torch.int64) * _BYTES_TO_BITS).view(torch.uint8).view(C, n_oct, 8)[:, :, 7]
     out = torch.zeros((C, W, 8), dtype=torch.uint8, device=bits.device)  # byte 7 stays 0: the sentinel's
     if n_oct % per_word:
         top = torch.cat([top, top.new_zeros((C, W * per_word - n_oct))], 1)
