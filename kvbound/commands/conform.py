@@ -13,6 +13,7 @@ from kvbound.conform import compare as C
 from kvbound.conform.prepare import cache_dir, prepare_release
 from kvbound.conform.runner import current_env, run_release
 from kvbound.draw import draw_case
+from kvbound.records import ConformCase, ConformRecord
 from kvbound.spec import Case, case_to_dict, load_case_paths, plan_for_version, variant_for_version
 from kvbound.spec.verdicts import CONFORM_VERDICTS
 
@@ -120,9 +121,9 @@ def run(args) -> int:
     _print_disagreements(items, records, args.show)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(
-            {"releases": hellos, "not_prepared": failed, "matrix": m, "blocking": len(blocking),
-             "witness_note": witness_note, "cases": records}, indent=1) + "\n")
+        record = ConformRecord(releases=hellos, not_prepared=failed, matrix=m, blocking=len(blocking),
+                               witness_note=witness_note, cases=[ConformCase.from_dict(r) for r in records])
+        Path(args.json).write_text(json.dumps(record.to_json(), indent=1) + "\n")
     count = {v: sum(r["verdict"] == v for r in records) for v in CONFORM_VERDICTS}
     print(f"\nsummary: {count[C.AGREE]} agree, {count[C.DISAGREE]} disagree, {count[C.FAULT]} fault,"
           f" {count[C.UNDRIVEN]} not driven, {count[C.UNSUPPORTED]} refused by the release's config;"
