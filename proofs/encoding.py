@@ -33,6 +33,7 @@ FAIL_CODE = {
     AssertName.ALIGNMENT: 3,
     AssertName.WINDOW_BOUND: 4,
     AssertName.KEYS_LENGTH: 5,
+    AssertName.PARTIAL_TAIL: 6,
 }
 CODE_FAIL = {v: k for k, v in FAIL_CODE.items()}
 
@@ -61,6 +62,9 @@ class Knobs:
     key_start_ceil: bool = False  # mutant: keys from cdiv(start, bpc)
     window_counts_retained: bool = True  # 0.31+: the window in chunks counts extra_retained_tokens
     keys_from_prompt: bool = False  # mutant: offload keys counted from the prompt, not all num_tokens
+    tail_chunk_dropped: bool = True  # a partial tail's last chunk is its boundary key (end_chunk_idx - 1)
+    tail_margin: bool = True  # a partial tail's key is at boundary + the group's EAGLE proof margin
+    tail_assert: bool = True  # the request-level assert partial_tail_boundary == num_cached_tokens
 
 
 VARIANT_KNOBS = {
@@ -168,6 +172,10 @@ class GroupInputs:
     sync_load: object
     table: object  # ConcreteTable | SymTable
     windowed: object = True  # the window assert applies (a term when the group's kind is symbolic)
+    tail: object = False  # a partial tail: partial_tail_boundary is not None
+    boundary: object = 0  # partial_tail_boundary (read only with a tail)
+    margin: object = 0  # the group's EAGLE proof margin (``_eagle_proof_margins``)
+    first: bool = True  # the first offloaded group: the request-level partial_tail assert runs before it
 
 
 @dataclass
@@ -179,10 +187,12 @@ class GroupOut:
     dst_len: object  # len(blocks[start:k])
     start_chunk: object
     end_chunk: object  # after vLLM's slice of offload_keys
-    end_chunk_wanted: object  # cdiv(T, tpc) (what the keys assert compares)
+    end_chunk_wanted: object  # end_chunk_idx: cdiv(T, tpc), minus 1 with a partial tail (what the keys assert compares)
     checks: tuple  # ((FAIL_CODE, holds), ...) in vLLM's assert order
     constraints: list
     unknowns: tuple  # the Int unknowns the constraints pin (the scan's result)
+    has_boundary_key: object = False  # a partial tail's boundary key follows the chunk keys (pending > 0)
+    key_tokens: object = 0  # its token position: boundary + the group's EAGLE proof margin
 
     def passes(self):
         """No assert of this group fires."""
@@ -246,12 +256,18 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
     pending = k - start + knobs.pending_offset
     window_ok = True if g.window is None else OR(NOT(g.windowed), pending <= g.window * g.bpc + knobs.window_slack)
     tpc = g.b * g.bpc
-    wanted = FLOORDIV(T, tpc) if knobs.end_chunk_floor else CDIV(T, tpc)
+    num_chunks = FLOORDIV(T, tpc) if knobs.end_chunk_floor else CDIV(T, tpc)
+    wanted = num_chunks - IF(g.tail, 1, 0) if knobs.tail_chunk_dropped else num_chunks  # end_chunk_idx
     start_chunk = (FLOORDIV(start + g.bpc - 1, g.bpc) if knobs.key_start_ceil else FLOORDIV(start, g.bpc)) \
         + knobs.key_start_offset
     keys_ok = OR(pending == 0, g.num_keys >= wanted)
     end_chunk = IF(pending == 0, start_chunk, MAX(start_chunk, MIN(wanted, g.num_keys)))
-    checks = [(FAIL_CODE[AssertName.TABLE_LENGTH], table_ok)]
+    has_boundary_key = AND(g.tail, pending > 0)
+    key_tokens = g.boundary + g.margin if knobs.tail_margin else g.boundary
+    checks = []
+    if knobs.asserts and knobs.tail_assert and g.first:  # request level, before any group
+        checks.append((FAIL_CODE[AssertName.PARTIAL_TAIL], OR(NOT(g.tail), g.boundary == T)))
+    checks.append((FAIL_CODE[AssertName.TABLE_LENGTH], table_ok))
     if knobs.asserts:
         kept = knobs.boundary_assert if knobs.legacy_assert else knobs.alignment_assert
         scan_check = [(assert_code, assert_ok)] if kept else []
@@ -259,21 +275,32 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
         checks += (window_check + scan_check if knobs.window_before_scan_assert else scan_check + window_check)
         checks += [(FAIL_CODE[AssertName.KEYS_LENGTH], keys_ok)]
     unknowns = (start, raw) if knobs.hi_offset < 0 and not knobs.no_scan else (start,)
-    return GroupOut(k, f, start, pending, dst_len, start_chunk, end_chunk, wanted, tuple(checks), cs, unknowns)
+    return GroupOut(k, f, start, pending, dst_len, start_chunk, end_chunk, wanted, tuple(checks), cs, unknowns,
+                    has_boundary_key, key_tokens)
 
 
-def case_inputs(case) -> list[GroupInputs]:
-    """A spec Case as concrete group inputs (numbers folded in Python)."""
+def case_inputs(case, variant=Variant.FIXED_SYNC) -> list[GroupInputs]:
+    """A spec Case as concrete group inputs (numbers folded in Python): its offloaded groups
+    in order, each reading ``blocks.blocks[group_idx]``, as ``variant``'s last release has them."""
+    from kvbound.spec import variant_features
+
+    release = variant_features(variant)
+    tail = case.partial_tail_boundary is not None
     out = []
-    for gi, grp in enumerate(case.groups):
+    for n, gi in enumerate(case.offloaded_group_indices):
+        grp = case.groups[gi]
         out.append(GroupInputs(
             N=case.num_locally_computed_tokens,
             M=case.num_external_tokens,
             b=grp.config.tokens_per_block,
             bpc=case.blocks_per_chunk,
-            window=grp.config.sliding_window_size_in_chunks(case.blocks_per_chunk),
+            window=grp.config.sliding_window_size_in_chunks(case.blocks_per_chunk, release.window_counts_retained),
             num_keys=case.num_offload_keys(gi),
             sync_load=case.sync_load,
             table=ConcreteTable(grp.blocks),
+            tail=tail,
+            boundary=case.partial_tail_boundary if tail else 0,
+            margin=case.eagle_proof_margin(gi) if tail and release.eagle_partial_tails else 0,
+            first=n == 0,
         ))
     return out

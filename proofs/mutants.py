@@ -32,8 +32,6 @@ class Mutant:
     not_for: dict = field(default_factory=dict)  # checker -> why it cannot express this mutant
 
 
-_TAIL = ("partial tails are not in the Z3 encoding yet (case format v2's partial_tail_boundary): "
-         "the spec and impl sides kill it")
 _GROUPS = ("the encoding states one group's plan; which table a group reads (blocks.blocks[group_idx]) "
            "is the case-to-inputs mapping that check_plan, conform and diff exercise")
 
@@ -74,11 +72,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("pending-1", "group size k - start - 1", "plan", dict(pending_offset=-1)),
     # partial tails
     Mutant("partial-tail-chunk", "a partial tail also loads its boundary's chunk as a chunk key", "partial-tail",
-           not_for={"encoding": _TAIL}),
+           dict(tail_chunk_dropped=False)),
     Mutant("partial-tail-margin", "a partial tail's key ignores the EAGLE proof margin", "partial-tail",
-           not_for={"encoding": _TAIL}),
+           dict(tail_margin=False)),
     Mutant("partial-tail-assert", "the request-level partial_tail assert (boundary == T) is gone", "partial-tail",
-           not_for={"encoding": _TAIL}),
+           dict(tail_assert=False)),
     # group iteration
     Mutant("group-iteration", "groups iterated by position, not by their group_idx (non-offloaded groups)",
            "groups", not_for={"encoding": _GROUPS}),

@@ -20,7 +20,7 @@ from .encoding import FAIL_CODE, HSH, NUL, UNH, Knobs, knobs_for
 from .terms import AND, FLOORDIV, IF, IMPLIES, NOT, OR
 from .alignment import MAX_GROUPS, AlignWorld
 from .hybrid import GROUPS, HybridWorld, safe_parts
-from .world import World
+from .world import TailWorld, World
 
 PROVED, REFUTED = Verdict.PROVED, Verdict.REFUTED
 
@@ -347,6 +347,60 @@ def _keys_from_all_tokens(knobs):
     return Problem(prem, OR(p.pending == 0, w.num_keys >= p.end_chunk_wanted), w)
 
 
+TAIL = ("n-aligned", "fresh-after-nulls", "keys-cover-hit", "hit-a-chunk", "partial-tail-lookup")
+
+
+def _partial_tail_loads(kind):
+    """A partial tail loads the chunks below the boundary's chunk plus one boundary key, at the
+    position the lookup confirmed (``_lookup_partial_tail`` keys boundary + margin with the same
+    ``_partial_tail_key_tokens``), no null block, within [f, k)."""
+
+    def build(knobs):
+        w = TailWorld(kind)
+        p = w.plan(knobs)
+        t = w.table
+        lookup_key_tokens = w.boundary + w.margin  # 0.33 scheduler.py:1154-1158, as the lookup used it
+        claim = AND(p.passes(), p.start == w.j, p.start >= w.f,
+                    t.forall(p.start, p.k, lambda i: t.state(i) != NUL),
+                    IMPLIES(p.pending > 0, AND(
+                        p.start_chunk >= FLOORDIV(w.N, w.tpc), p.end_chunk == p.k - 1,
+                        p.has_boundary_key, p.key_tokens == lookup_key_tokens)))
+        return Problem(w.base(), claim, w)
+
+    return build
+
+
+def _partial_tail_assert_holds(knobs):
+    w = TailWorld(GroupKind.MAMBA)
+    p = w.plan(knobs)
+    return Problem(w.base(), NOT(p.fails_with(FAIL_CODE[AssertName.PARTIAL_TAIL])), w)
+
+
+def _partial_tail_guard(knobs):
+    w = TailWorld(GroupKind.MAMBA)
+    p = w.plan(knobs)
+    prem = w.base() + [w.boundary != w.T]
+    return Problem(prem, p.fails_with(FAIL_CODE[AssertName.PARTIAL_TAIL]), w)
+
+
+def _partial_tail_chunk_needed(knobs):
+    w = TailWorld(GroupKind.FULL_ATTENTION)
+    p = w.plan(Knobs(tail_chunk_dropped=False))  # the variant that keeps the boundary's chunk as a chunk key
+    prem = w.base() + [NOT(w.eagle), NOT(w.sync_load)]
+    return Problem(prem, NOT(p.fails_with(FAIL_CODE[AssertName.KEYS_LENGTH])), w,
+                   witness=lambda m: w.to_case(m, "witness-partial-tail.boundary-chunk-dropped"),
+                   shaping=w.small() + [w.N == 0, w.b == 16, w.tph == 4, w.j == w.f])
+
+
+def _replay_tail_chunk(case):
+    plan = plan_load(case, Variant.FIXED_SYNC)
+    if not plan.ok:
+        return f"spec fixed-sync fails on the witness: {plan.assertion.name.value}"
+    if not any(len(k) == 3 for k in plan.keys):
+        return "the spec's plan has no boundary key"
+    return None
+
+
 def _start_is_fresh(knobs):
     w = World(GroupKind.MAMBA)
     p = w.plan(knobs)
@@ -586,6 +640,40 @@ OBLIGATIONS: list[Obligation] = [
         "keys = ⌊num_tokens/tpc⌋ ∧ T ≤ keys·tpc ∧ pending > 0  ⟹  keys ≥ ⌈T/tpc⌉",
         "request.block_hashes covers every token; the lookup caps T at keys·tpc", PROVED, _keys_from_all_tokens,
         FIXED),
+    Obligation(
+        "partial-tail.full-attention",
+        "A partial tail on a full-attention group (an EAGLE group included) loads exactly the fresh blocks, "
+        "no null block, within [f, k); its keys are the chunks below the boundary's chunk plus one boundary key, "
+        "at the token position the lookup confirmed (boundary + the EAGLE proof margin).",
+        "tail lookup ∧ allocator  ⟹  no assert ∧ start = j ≥ f ∧ no null in [start, k) ∧ "
+        "(pending > 0 ⟹ ⌊N/tpc⌋ ≤ start_chunk ∧ end_chunk = k − 1 ∧ boundary key at B + margin)",
+        "the lookup chose the boundary (partial-tail-lookup)", PROVED,
+        _partial_tail_loads(GroupKind.FULL_ATTENTION), FIXED_SYNC, premises=TAIL + ("computed-hashed",)),
+    Obligation(
+        "partial-tail.mamba",
+        "A partial tail on the Mamba align group loads its one state block with one boundary key.",
+        "tail lookup ∧ [f, k−1) null  ⟹  the same claim as partial-tail.full-attention",
+        "the lookup chose the boundary (partial-tail-lookup)", PROVED,
+        _partial_tail_loads(GroupKind.MAMBA), FIXED_SYNC, premises=TAIL + ("mamba-one-state-block",)),
+    Obligation(
+        "partial-tail.assert-holds",
+        "The request-level partial_tail assert (partial_tail_boundary == num_cached_tokens) cannot fire when M "
+        "is the lookup's answer (boundary - N).",
+        "M = B − N  ⟹  ¬ partial_tail fires",
+        "the scheduler passes the lookup's M unchanged", PROVED, _partial_tail_assert_holds, FIXED_SYNC,
+        premises=("partial-tail-lookup",)),
+    Obligation(
+        "partial-tail.guard",
+        "Any other M (boundary != T) is stopped by the partial_tail assert, before any group is planned.",
+        "B ≠ N + M  ⟹  partial_tail is the first assert to fire",
+        "the assert runs before the group loop", PROVED, _partial_tail_guard, FIXED_SYNC),
+    Obligation(
+        "partial-tail.boundary-chunk-dropped",
+        "Keeping the boundary's chunk as a chunk key (no -1 on end_chunk_idx) fires keys_length on a short "
+        "prompt's partial tail: the boundary key must replace it.",
+        "∃ tail lookup: end_chunk_idx = ⌈T/tpc⌉ ∧ keys < ⌈T/tpc⌉",
+        "a partial tail's last chunk is its boundary key", REFUTED, _partial_tail_chunk_needed, FIXED_SYNC,
+        reproduce=_replay_tail_chunk, mutable=False, about=Knobs(tail_chunk_dropped=False), premises=TAIL),
     Obligation(
         "load-start-is-fresh",
         "The fixed scan (not a sync load) starts at a non-null unhashed block, or loads nothing.",

@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple
 from kvbound.spec import BlockState, Case, GroupKind, cdiv
 
 from .encoding import HSH, NUL, UNH
-from .terms import AND, FLOORDIV, IF, MAX, OR
+from .terms import AND, CDIV, FLOORDIV, IF, MAX, OR
 
 ALL_KINDS = frozenset(GroupKind)
 
@@ -141,12 +141,17 @@ def _check_mamba_one_block(case, gi):
     return None
 
 
+def _tail(case) -> bool:
+    return getattr(case, "partial_tail_boundary", None) is not None
+
+
 def _check_keys_cover(case, gi):
     g, b, N, T, f, k = _numbers(case, gi)
     tpc = g.config.tokens_per_chunk(case.blocks_per_chunk)
-    have, want = case.num_offload_keys(gi), cdiv(T, tpc)
+    have, want = case.num_offload_keys(gi), cdiv(T, tpc) - _tail(case)
     if have < want:
-        return f"{have} offload keys < cdiv(T={T}, tokens_per_chunk={tpc})={want}: the lookup caps T at keys*tpc"
+        what = "the chunks below a partial tail's boundary chunk" if _tail(case) else "the lookup caps T at keys*tpc"
+        return f"{have} offload keys < {want} = cdiv(T={T}, tokens_per_chunk={tpc}){' - 1' * _tail(case)}: {what}"
     return None
 
 
@@ -154,7 +159,23 @@ def _check_hit_a_chunk(case, gi):
     g = case.groups[gi]
     tpc = g.config.tokens_per_chunk(case.blocks_per_chunk)
     M = case.num_external_tokens
+    if _tail(case):  # a partial tail ends on a hash boundary past the complete hit
+        return None if M >= case.tokens_per_hash else f"M={M} < tokens_per_hash={case.tokens_per_hash}"
     return None if M >= tpc else f"M={M} < tokens_per_chunk={tpc}: the complete-chunk lookup returns 0 below a chunk"
+
+
+def _check_partial_tail_lookup(case, gi):
+    if not _tail(case):
+        return None
+    B, N, T, tph = case.partial_tail_boundary, case.num_locally_computed_tokens, case.num_cached_tokens, \
+        case.tokens_per_hash
+    if B != T:
+        return f"partial_tail_boundary={B} != N + M = {T}: the lookup returns M = boundary - N"
+    if B <= N or B % tph or B > case.num_prompt_tokens - 1:
+        return f"partial_tail_boundary={B} is not a hash boundary in (N={N}, num_prompt_tokens - 1]"
+    if not case.supports_partial_tail:
+        return f"the config does not support partial tails: {case.partial_tail_refusal()}"
+    return None
 
 
 # --- the Z3 faces -----------------------------------------------------------------
@@ -209,11 +230,24 @@ def _term_mamba_one_block(g):
 
 
 def _term_keys_cover(g):
+    if getattr(g, "tail", False) is not False:  # chunks below the boundary's chunk (bpc = 1)
+        return g.num_keys >= CDIV(g.T, g.tpc) - 1
     return g.num_keys * g.tpc >= g.T
 
 
 def _term_hit_a_chunk(g):
+    if getattr(g, "tail", False) is not False:
+        return g.M >= g.tph
     return g.M >= g.tpc
+
+
+def _term_partial_tail_lookup(g):
+    """``_lookup`` with a partial tail (0.33 scheduler.py:1068-1152): a hash-aligned boundary past N,
+    before the prompt's last token, returned as M = boundary - N; keys from all tokens."""
+    if getattr(g, "tail", False) is False:
+        return True
+    return AND(g.boundary == g.N + g.M, g.boundary > g.N, g.boundary % g.tph == 0, g.boundary <= g.prompt - 1,
+               g.num_keys == FLOORDIV(g.prompt, g.tpc))
 
 
 def _src(release, path, line, what):
@@ -306,6 +340,20 @@ PREMISES: tuple = (
         (_src(V33, SCHED, 994, "_lookup_complete_chunks: new_num_hit_tokens < tokens_per_chunk returns 0"),
          _src(V29, SCHED, 808, "the same")),
         _term_hit_a_chunk, _check_hit_a_chunk),
+)
+
+PREMISES += (
+    Premise(
+        "partial-tail-lookup",
+        "A partial tail is what the lookup chose: a boundary on a hash boundary past N and before the prompt's "
+        "last token, on a config that supports partial tails, returned as M = boundary - N (so the scheduler "
+        "calls with T = boundary).",
+        "B = N + M ∧ N < B ≤ prompt − 1 ∧ tph | B ∧ supports_partial_tail", frozenset({
+            GroupKind.FULL_ATTENTION, GroupKind.MAMBA}),
+        (_src(V33, SCHED, 1068, "_lookup: max_boundary, the boundary loop, return boundary - local_tokens"),
+         _src(V33, SCHED, 276, "SchedulerOffloadConfig.from_spec: supports_partial_tail"),
+         _src(V29, SCHED, 876, "_lookup")),
+        _term_partial_tail_lookup, _check_partial_tail_lookup),
 )
 
 BY_ID = {p.id: p for p in PREMISES}

@@ -46,11 +46,13 @@ def _solver(options: SolverOptions) -> z3.Solver:
     return s
 
 
-def encode_case(case, knobs: Knobs, tag: str = ""):
-    """(group outputs, constraints) of a concrete case; None when M == 0 (vLLM returns early)."""
+def encode_case(case, knobs: Knobs, tag: str = "", variant=Variant.FIXED_SYNC):
+    """(group outputs, constraints) of a concrete case, one output per offloaded group in
+    order; None when M == 0 (vLLM returns early)."""
     if case.num_external_tokens == 0:
         return None, []
-    outs = [encode_group(gi, g, knobs, tag) for gi, g in enumerate(case_inputs(case))]
+    outs = [encode_group(gi, g, knobs, tag) for gi, g in zip(case.offloaded_group_indices,
+                                                             case_inputs(case, variant))]
     return outs, [c for o in outs for c in o.constraints]
 
 
@@ -87,12 +89,24 @@ def _value(term, decls: str, model):
     return z3.is_true(v) if z3.is_bool(v) else v.as_long()
 
 
-def _split_keys(keys, n_groups):
-    """Per group (first, end) chunk ranges, or None when keys are not contiguous runs in group order."""
-    ranges = [None] * n_groups
+def _split_keys(keys, group_ids):
+    """(per group (first, end) chunk ranges, per group boundary key tokens), or None when the
+    keys are not, group by group in order, a contiguous chunk run then at most one boundary key."""
+    pos = {gi: n for n, gi in enumerate(group_ids)}
+    n_groups = len(group_ids)
+    ranges, tails = [None] * n_groups, [None] * n_groups
     last_group = -1
-    for g, c in keys:
-        if not 0 <= g < n_groups or g < last_group:
+    for key in keys:
+        if len(key) == 3:
+            gi, word, kt = key
+            g = pos.get(gi)
+            if word != "boundary" or g is None or g < last_group or tails[g] is not None:
+                return None
+            tails[g], last_group = kt, g
+            continue
+        gi, c = key
+        g = pos.get(gi, -1)
+        if not 0 <= g < n_groups or g < last_group or tails[g] is not None:
             return None
         if ranges[g] is None:
             if g == last_group:
@@ -103,7 +117,7 @@ def _split_keys(keys, n_groups):
         else:
             ranges[g][1] = c + 1
         last_group = g
-    return ranges
+    return ranges, tails
 
 
 def plan_claim(case, outs, plan_json):
@@ -125,21 +139,24 @@ def plan_claim(case, outs, plan_json):
         ])
     sizes, starts = list(plan_json["group_sizes"]), list(plan_json["block_indices"])
     keys = [tuple(k) for k in plan_json["keys"]]
-    ranges = _split_keys(keys, n)
-    if len(sizes) != n or len(starts) != n or ranges is None:
+    split = _split_keys(keys, case.offloaded_group_indices)
+    if len(sizes) != n or len(starts) != n or split is None:
         return False
+    ranges, tails = split
     dst = list(plan_json["dst_block_ids"])
     terms, pos = [], 0
     for g, o in enumerate(outs):
         s, p = starts[g], sizes[g]
-        ids = case_inputs_table_ids(case, g)
+        ids = case_inputs_table_ids(case, case.offloaded_group_indices[g])
         k = o.k
         # dst of group g is blocks[start:k]; with the claimed start that is a known slice
         want = ids[s:k] if 0 <= s <= len(ids) else None
         if want is None or dst[pos:pos + len(want)] != want:
             return False
         pos += len(want)
-        terms += [o.passes(), o.start == s, o.pending == p]
+        terms += [o.passes(), o.start == s, o.pending == p, o.has_boundary_key == (tails[g] is not None)]
+        if tails[g] is not None:
+            terms.append(o.key_tokens == tails[g])
         if ranges[g] is None:
             terms.append(o.end_chunk == o.start_chunk)
         else:
@@ -160,24 +177,37 @@ def model_plan(case, outs, model) -> dict:
                 "block_indices": [], "keys": []}
     decls = _decls(outs)
     val = lambda t: _value(t, decls, model)  # noqa: E731
+    group_ids = case.offloaded_group_indices
     for g, o in enumerate(outs):
         code = val(o.fail)
         if code != OK:
-            return {"outcome": "assertion_error", "assertion": CODE_FAIL[code].value, "group": g}
+            name = CODE_FAIL[code]
+            return {"outcome": "assertion_error", "assertion": name.value,
+                    "group": None if name is AssertName.PARTIAL_TAIL else group_ids[g]}
     dst, sizes, starts, keys = [], [], [], []
     for g, o in enumerate(outs):
+        gi = group_ids[g]
         s, k = val(o.start), val(o.k)
-        dst += case_inputs_table_ids(case, g)[s:k]
+        dst += case_inputs_table_ids(case, gi)[s:k]
         sizes.append(val(o.pending))
         starts.append(s)
-        keys += [[g, c] for c in range(val(o.start_chunk), val(o.end_chunk))]
+        keys += [[gi, c] for c in range(val(o.start_chunk), val(o.end_chunk))]
+        if val(o.has_boundary_key):
+            keys.append([gi, "boundary", val(o.key_tokens)])
     return {"outcome": "ok", "assertion": None, "dst_block_ids": dst, "group_sizes": sizes,
             "block_indices": starts, "keys": keys}
 
 
-def solve_plan(case, knobs: Knobs, options: SolverOptions = PLAN_CHECK) -> dict | None:
+def _refusal(case, variant):
+    """Why ``variant``'s release refuses the case's config (None: it plans it), the spec's rule."""
+    from kvbound.spec import unsupported_reason, variant_features
+
+    return unsupported_reason(case, variant_features(variant)) if case.uses_v2_features else None
+
+
+def solve_plan(case, knobs: Knobs, options: SolverOptions = PLAN_CHECK, variant=Variant.FIXED_SYNC) -> dict | None:
     """The plan the encoding gives a case under ``knobs`` (a variant or a mutant); None if unknown."""
-    outs, cs = encode_case(case, knobs)
+    outs, cs = encode_case(case, knobs, variant=variant)
     s = _solver(options)
     s.push()
     try:
@@ -192,8 +222,16 @@ def solve_plan(case, knobs: Knobs, options: SolverOptions = PLAN_CHECK) -> dict 
 def check_plan(case, variant, plan_json: dict, options: SolverOptions = PLAN_CHECK,
                knobs: Knobs | None = None) -> SymbolicCheck:
     """Does the encoding of ``variant`` force exactly ``plan_json``'s outputs on ``case``?"""
-    knobs = knobs or knobs_for(Variant(variant))
-    outs, cs = encode_case(case, knobs)
+    variant = Variant(variant)
+    knobs = knobs or knobs_for(variant)
+    refusal = _refusal(case, variant)
+    if refusal is not None or plan_json.get("outcome") == "unsupported":
+        # a release that refuses the config never reaches the plan: nothing to encode, only the rule to match
+        if refusal is not None and plan_json.get("outcome") == "unsupported":
+            return SymbolicCheck(Verdict.FORCED, f"unsupported: {refusal}")
+        return SymbolicCheck(Verdict.NOT_FORCED, f"the release's support rule says {refusal or 'supported'}, "
+                                                 f"the plan says {plan_json.get('outcome')}")
+    outs, cs = encode_case(case, knobs, variant=variant)
     claim = plan_claim(case, outs, plan_json)
     s = _solver(options)
     s.push()

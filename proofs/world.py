@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextvars
 from contextlib import contextmanager
+from dataclasses import replace
 
 import z3
 
-from kvbound.spec import Block, BlockState, Case, Group, GroupConfig, GroupKind
+from kvbound.spec import NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind
 
 from .encoding import HSH, NUL, UNH, GroupInputs, Knobs, SymTable, encode_group
 from .terms import CDIV
@@ -50,6 +51,8 @@ class World:
         self.span = z3.Int("window_tokens") if windowed else None  # sliding_window / attention_chunk_size
         self.extra = z3.Int("extra_retained_tokens") if windowed else 0
         self.constraints = []  # what the plans encoded so far pin (their scans)
+
+    tail = False  # no partial tail (TailWorld has one)
 
     def inputs(self) -> GroupInputs:
         return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load, self.table)
@@ -97,6 +100,53 @@ class World:
         return Case(name=name, blocks_per_chunk=bpc, tokens_per_hash=b,
                     num_prompt_tokens=v(self.num_keys) * b * bpc, num_locally_computed_tokens=N,
                     num_external_tokens=M, groups=(Group(cfg, blocks),), sync_load=sync)
+
+
+class TailWorld(World):
+    """One group of a request whose lookup chose a partial tail, on a config that supports
+    partial tails (0.33 ``SchedulerOffloadConfig.supports_partial_tail``: one block per chunk,
+    one block size, a Mamba align group with tokens_per_block > tokens_per_hash). A
+    full-attention group may be an EAGLE group, keyed ``margin`` tokens past the boundary."""
+
+    tail = True
+
+    def __init__(self, kind: GroupKind = GroupKind.FULL_ATTENTION, name: str = "g"):
+        super().__init__(kind, name)
+        self.boundary = z3.Int("partial_tail_boundary")
+        self.margin = z3.Int("eagle_proof_margin")
+        self.tph = z3.Int("tokens_per_hash")
+        self.prompt = z3.Int("num_prompt_tokens")
+        self.eagle = z3.Bool("is_eagle_group") if kind is GroupKind.FULL_ATTENTION else False
+
+    def inputs(self) -> GroupInputs:
+        return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load, self.table,
+                           tail=True, boundary=self.boundary, margin=self.margin)
+
+    def base(self):
+        # eagle_proof_margin (0.33 kv_cache_utils): one hash unit (fine-grained lookup) or one block
+        margin = z3.If(self.eagle, z3.Or(self.margin == self.tph, self.margin == self.b), self.margin == 0) \
+            if self.eagle is not False else self.margin == 0
+        return super().base() + [self.bpc == 1, self.tph >= 1, self.b > self.tph, self.b % self.tph == 0, margin]
+
+    def small(self, max_len: int = 6, max_tokens: int = 64):
+        return [self.table.length <= max_len, self.table.length == self.k, self.T <= max_tokens, self.b <= 16,
+                self.prompt <= max_tokens]
+
+    def to_case(self, model: z3.ModelRef, name: str, sync_load=None) -> Case:
+        v = lambda t: model.eval(t, model_completion=True).as_long()  # noqa: E731
+        b, N, M, tph = v(self.b), v(self.N), v(self.M), v(self.tph)
+        blocks = table_from_model(self.table, model, group_index=0)
+        eagle = self.eagle is not False and z3.is_true(model.eval(self.eagle, model_completion=True))
+        cfg = replace(config_for(self.kind, b, 1, 1 if self.kind is GroupKind.MAMBA else None), is_eagle_group=eagle)
+        groups = (Group(cfg, blocks),)
+        if self.kind is not GroupKind.MAMBA:  # partial tails need a Mamba align group beside it
+            k = -(-(N + M) // b)
+            groups += (Group(config_for(GroupKind.MAMBA, b, 1, 1),
+                             tuple([NULL] * (k - 1) + [Block(BlockState.UNHASHED, 90 + k)])),)
+        return Case(name=name, blocks_per_chunk=1, tokens_per_hash=tph, num_prompt_tokens=v(self.prompt),
+                    num_locally_computed_tokens=N, num_external_tokens=M, groups=groups,
+                    sync_load=z3.is_true(model.eval(self.sync_load, model_completion=True)) if sync_load is None
+                    else sync_load, partial_tail_boundary=v(self.boundary))
 
 
 def config_for(kind: GroupKind, b: int, bpc: int, window_in_chunks) -> GroupConfig:

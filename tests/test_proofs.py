@@ -183,12 +183,13 @@ def test_premises_hold_on_allocator_shaped_cases_and_each_fails_somewhere():
     """The realistic and recurrent_state families build tables as vLLM's allocator does:
     every premise holds there. Adversarial cases break each premise at least once, so no
     predicate is a check that cannot fail."""
-    for family in ("realistic", "recurrent_state"):
-        for case in random_cases(150, seed=21, family=family):
+    for family in ("realistic", "recurrent_state", "partial_tail", "short_prompt", "retained_window", "resumed",
+                   "group_subset"):
+        for case in random_cases(80, seed=21, family=family):
             bad = [(c.premise.id, c.group_index, c.detail) for c in evaluate(case) if not c.holds]
             assert not bad, (case.name, bad)
-    failed = {c.premise.id for case in random_cases(400, seed=21, family="adversarial")
-              for c in evaluate(case) if not c.holds}
+    failed = {c.premise.id for family in ("adversarial", "adversarial_tail")
+              for case in random_cases(300, seed=21, family=family) for c in evaluate(case) if not c.holds}
     assert failed == {p.id for p in PREMISES}
 
 
@@ -301,3 +302,26 @@ def test_solver_options_own_the_timeout_and_unknown_is_never_an_answer():
     s = PROVE.solver()
     s.add(x > 1)
     assert is_sat(s) and not is_sat(s, x < 0)
+
+
+@pytest.mark.parametrize("family", ["partial_tail", "short_prompt", "eagle", "retained_window", "resumed",
+                                    "group_subset", "adversarial_tail"])
+def test_check_plan_models_case_format_v2(family):
+    """The encoding plans partial tails (boundary keys, the partial_tail assert), retained windows,
+    resumed requests and group subsets as the spec does, and rejects a plan without its boundary key."""
+    rejected = 0
+    for case in random_cases(25, seed=7, family=family):
+        for variant in Variant:
+            plan = plan_load(case, variant).to_json(case.name)
+            assert check_plan(case, variant, plan).verdict == "forced", (case.name, variant, plan)
+            tails = [k for k in plan["keys"] if len(k) == 3]
+            if tails:
+                bad = copy.deepcopy(plan)
+                bad["keys"] = [k for k in bad["keys"] if len(k) != 3]
+                assert check_plan(case, variant, bad).verdict == "not_forced"
+                bad = copy.deepcopy(plan)
+                bad["keys"] = [k if len(k) != 3 else [k[0], "boundary", k[2] + 1] for k in bad["keys"]]
+                assert check_plan(case, variant, bad).verdict == "not_forced"
+                rejected += 1
+    if family in ("partial_tail", "short_prompt"):
+        assert rejected

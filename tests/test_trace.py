@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +172,23 @@ def test_real_trace_reports_a_planted_defect(mutant, kinds, workers):
     job["max_steps"] = 3000
     found, _ = R.check_result("0.33.0", "full", job, w.job(job))
     assert kinds <= {f.kind for f in found}
+
+
+FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
+
+
+@pytest.mark.parametrize("name,site", [
+    ("0-26-0-mamba-vllm-exception-build-store-jobs-1req.json", "_build_store_jobs"),
+    ("0-26-0-mamba-vllm-exception-update-state-after-alloc-5req.json", "update_state_after_alloc"),
+])
+def test_saved_026_findings_replay(name, site, workers):
+    """The shrunk reproducers in docs/trace-findings still crash real vLLM 0.26.0."""
+    f = TF.load(FINDINGS / name)
+    env, w = workers(f.release)
+    got = [g for g in R.rerun(w, env.version, f, f.segment["requests"]) if g.key() == f.key()]
+    assert got and got[0].detail["assert_site"]["function"] == site
+
+
+def test_engine_overrides_are_checked(capsys):
+    assert main(["trace", "--vllm", "0.33.0", "--engine", "bogus=1"]) == 2
+    assert "num_gpu_blocks" in capsys.readouterr().err

@@ -39,12 +39,17 @@ def register(sub):
                    help="requests per engine (a fresh scheduler and CPU tier each)")
     p.add_argument("--scheduler", choices=("sync", "async", "both"), default="both",
                    help="Scheduler, AsyncScheduler, or alternate segments (default)")
+    p.add_argument("--engine", action="append", default=[], metavar="K=V",
+                   help="override an engine setting of every layout (num_gpu_blocks, cpu_chunks, max_num_seqs,"
+                        " max_num_batched_tokens, max_delay, abort_p), e.g. --engine abort_p=0")
     p.add_argument("--stop-on-first", action="store_true", help="stop a layout at its first finding")
     p.add_argument("--no-shrink", action="store_true", help="save findings unshrunk")
     p.add_argument("--shrink-budget", type=int, default=150, metavar="R", help="reruns per shrink")
     p.add_argument("--out", default="trace-findings", metavar="DIR", help="where trace files go")
     p.add_argument("--json", metavar="FILE", help="summary and findings as JSON (for CI)")
     p.add_argument("--replay", metavar="F", help="rerun a trace file's requests and say if its finding reproduces")
+    p.add_argument("--reshrink", action="store_true",
+                   help="with --replay: shrink the reproduced finding further and save it under --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p
@@ -65,6 +70,23 @@ def _env(args) -> ReleaseEnv:
     return prepare_release(args.vllm, _say)
 
 
+ENGINE_KEYS = {"num_gpu_blocks": int, "cpu_chunks": int, "max_num_seqs": int, "max_num_batched_tokens": int,
+               "max_delay": int, "abort_p": float}
+
+
+def _overrides(items) -> dict:
+    out = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        if not sep or k not in ENGINE_KEYS:
+            raise UsageError(f"--engine {it!r}: expected K=V with K one of {', '.join(ENGINE_KEYS)}")
+        try:
+            out[k] = ENGINE_KEYS[k](v)
+        except ValueError:
+            raise UsageError(f"--engine {it!r}: {k} must be a {ENGINE_KEYS[k].__name__}") from None
+    return out
+
+
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -73,7 +95,10 @@ def _bar(quiet):
     t0 = time.monotonic()
 
     def progress(layout, done, total, s):
-        if quiet:
+        if quiet:  # one line per layout, for logs
+            if done >= total:
+                print(f"  {layout}: {done} requests, {s.stats['loads']} loads, {s.findings} findings,"
+                      f" {s.seconds:.1f} s", file=sys.stderr, flush=True)
             return
         w = 30
         fill = int(w * done / max(total, 1))
@@ -94,6 +119,7 @@ def run(args) -> int:
     from kvbound.trace.layouts import DEFAULT_LAYOUTS
 
     layouts = list(dict.fromkeys(args.layout)) or list(DEFAULT_LAYOUTS)
+    overrides = _overrides(args.engine)
     try:
         env = _env(args)
     except PrepareError as e:
@@ -104,7 +130,7 @@ def run(args) -> int:
     t0 = time.monotonic()
     try:
         summaries, findings = R.run_trace(env, layouts, args.requests, args.seed, args.segment,
-                                          args.scheduler, _bar(args.quiet), args.stop_on_first)
+                                          args.scheduler, _bar(args.quiet), args.stop_on_first, overrides)
     except R.TraceError as e:
         print(f"kvbound trace: {e}", file=sys.stderr)
         return EXIT_INPUT
@@ -217,6 +243,22 @@ def replay(args) -> int:
         return EXIT_INPUT
     w.stop()
     same = [g for g in got if g.key() == f.key()]
+    if same and args.reshrink:
+        from kvbound.trace import shrink as S
+        from kvbound.trace import tracefile as TF
+
+        n0 = len(f.segment["requests"])
+        w = R.start_worker(env)
+        try:
+            reqs, runs = S.shrink(w, same[0], args.shrink_budget)
+            again = [g for g in R.rerun(w, env.version, same[0], reqs) if g.key() == f.key()]
+        finally:
+            w.stop()
+        if again:
+            path = TF.save(again[0], Path(args.out), n0, runs)
+            print(f"reproduced on vllm {env.version}: {f.kind}; shrunk {n0} -> {len(reqs)} requests")
+            print(describe(again[0], str(path), n0))
+            return EXIT_FAIL
     if same:
         print(f"reproduced on vllm {env.version}: {f.kind}")
         print(describe(same[0], args.replay))

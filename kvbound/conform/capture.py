@@ -45,6 +45,14 @@ def _token(block):
     return ("H%d" if block.block_hash is not None else "U%d") % block.block_id
 
 
+def _tokens_per_hash(cfg):
+    """0.28+ name it; before, a group's tokens_per_chunk / hashes_per_chunk."""
+    if hasattr(cfg, "tokens_per_hash"):
+        return cfg.tokens_per_hash
+    g = cfg.kv_group_configs[0]
+    return g.tokens_per_chunk // g.hashes_per_chunk
+
+
 def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cache_config=None):
     """The case (a dict in kvbound's case format) of one ``update_state_after_alloc`` call.
 
@@ -68,7 +76,7 @@ def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cach
     return {
         "name": name or "captured-%s" % request.request_id,
         "blocks_per_chunk": _first(cfg, "blocks_per_chunk", "block_size_factor"),
-        "tokens_per_hash": cfg.tokens_per_hash,
+        "tokens_per_hash": _tokens_per_hash(cfg),
         "num_prompt_tokens": request.num_prompt_tokens,
         "num_locally_computed_tokens": status.num_locally_computed_tokens,
         "num_external_tokens": num_external_tokens,

@@ -26,6 +26,9 @@ LAYOUTS = {
     # Hybrid Mamba align: attention and Mamba share a 64-token page, hashed every
     # 16 tokens (tokens_per_hash < block size: partial tails on 0.33).
     "mamba": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1, "prefix_match_unit": 16},
+    # The same hybrid hashed per block (tokens_per_hash = block size): what releases
+    # before 0.28 can offload (their store path needs whole-block hashes).
+    "mamba-block": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1},
     # Hybrid Mamba with a realistic page: 528 tokens per block (a Mamba2 state page
     # matched by the attention block size), hashed every 16 tokens.
     "mamba528": {"groups": [_g(FA, 528), _g(MAMBA, 528)], "blocks_per_chunk": 1, "prefix_match_unit": 16},
@@ -36,12 +39,13 @@ LAYOUTS = {
 # How big each engine is, per layout: GPU blocks (incl. the null block), CPU chunks,
 # batch limits, the longest prompt and the fake transfer engine.
 _BASE = dict(num_gpu_blocks=72, cpu_chunks=256, max_num_seqs=8, max_num_batched_tokens=256,
-             max_delay=2, fail_p=0.0, max_model_len=8192)
+             max_delay=2, fail_p=0.0, max_model_len=8192, abort_p=0.04)
 ENGINE = {
     "full": dict(_BASE),
     "swa": dict(_BASE),
     "chunked": dict(_BASE),
     "mamba": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
+    "mamba-block": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba528": dict(_BASE, num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
     "bpc2": dict(_BASE),
 }

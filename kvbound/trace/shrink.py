@@ -1,5 +1,5 @@
-"""Delta debugging over a segment's requests: the fewest requests that still give
-the same finding (same kind; for a vLLM exception, the same assert)."""
+"""Delta debugging over a segment: the fewest requests (and the smallest GPU pool)
+that still give the same finding (same kind; for a vLLM exception, the same assert)."""
 
 from __future__ import annotations
 
@@ -7,34 +7,56 @@ from .runner import Finding, TraceWorker, rerun
 
 
 def shrink(w: TraceWorker, finding: Finding, budget: int = 200, progress=None) -> tuple[list, int]:
-    """(minimal requests, reruns used). ddmin (Zeller): drop chunks, then single requests."""
+    """(minimal requests, reruns used). ddmin (Zeller) over requests; then a smaller GPU
+    pool (fewer requests then suffice to evict) and ddmin again. The smaller pool, when
+    one is found, is written into ``finding.segment["params"]``."""
     release = finding.release
     want = finding.key()
     runs = [0]
+    seg = finding.segment
 
-    def fails(reqs) -> bool:
+    def fails(reqs, params=None) -> bool:
         if runs[0] >= budget:
             return False
         runs[0] += 1
-        return any(f.key() == want for f in rerun(w, release, finding, reqs))
+        f = Finding(finding.kind, release, finding.layout, finding.detail,
+                    dict(seg, params=params or seg["params"]), finding.case)
+        return any(g.key() == want for g in rerun(w, release, f, reqs))
 
-    reqs = list(finding.segment["requests"])
+    reqs = list(seg["requests"])
+    if reqs and fails(_from_zero(reqs)):  # idle steps before the first arrival cost rerun time
+        reqs = _from_zero(reqs)
+    reqs = _ddmin(reqs, fails, runs, budget, progress)
+    nb = seg["params"].get("num_gpu_blocks")
+    while nb and nb > 8 and runs[0] < budget and len(reqs) > 1:
+        smaller = dict(seg["params"], num_gpu_blocks=nb - max(2, nb // 8))
+        if not fails(reqs, smaller):
+            break
+        seg["params"], nb = smaller, smaller["num_gpu_blocks"]
+        reqs = _ddmin(reqs, fails, runs, budget, progress)
+    return reqs, runs[0]
+
+
+def _ddmin(reqs, fails, runs, budget, progress):
     n = 2
     while len(reqs) >= 2 and runs[0] < budget:
         size = max(1, len(reqs) // n)
         chunks = [reqs[i:i + size] for i in range(0, len(reqs), size)]
-        reduced = False
         for i in range(len(chunks)):  # try each complement
             rest = [r for j, c in enumerate(chunks) if j != i for r in c]
             if rest and fails(rest):
                 reqs = rest
                 n = max(n - 1, 2)
-                reduced = True
                 if progress:
                     progress(len(reqs), runs[0])
                 break
-        if not reduced:
+        else:
             if n >= len(reqs):
                 break
             n = min(len(reqs), 2 * n)
-    return reqs, runs[0]
+    return reqs
+
+
+def _from_zero(reqs):
+    t0 = min(r["arrive"] for r in reqs)
+    return [dict(r, arrive=r["arrive"] - t0) for r in reqs]

@@ -14,7 +14,10 @@ FORMAT = "kvbound-trace/1"
 
 def save(finding: Finding, directory: Path, shrunk_from: int | None = None, reruns: int | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{finding.release}-{finding.layout}-{finding.kind}".lower()).strip("-")
+    what = finding.kind
+    if finding.kind == "vllm-exception":  # name the assert's function: two asserts, two files
+        what += "-" + str((finding.detail.get("assert_site") or {}).get("function") or "")
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{finding.release}-{finding.layout}-{what}".lower()).strip("-")
     n = len(finding.segment["requests"])
     path = directory / f"{slug}-{n}req.json"
     doc = {"format": FORMAT, **finding.to_json(), "shrunk_from": shrunk_from, "shrink_reruns": reruns}

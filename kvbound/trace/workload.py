@@ -78,7 +78,7 @@ def workload(n: int, seed, layout: dict, engine: dict, first_id: int = 0) -> lis
         if not prompt:
             prompt = [["uniq", rid, 1]]
         max_tokens = rng.choice((1, 2, 4, rng.randint(1, 16), rng.randint(1, 48)))
-        abort = rng.randint(0, 8) if rng.random() < 0.04 else None
+        abort = rng.randint(0, 8) if rng.random() < engine.get("abort_p", 0.04) else None
         reqs.append({"id": rid, "arrive": step, "prompt": prompt, "max_tokens": max_tokens,
                      "abort_after": abort})
     return reqs
