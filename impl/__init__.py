@@ -12,9 +12,11 @@ import warnings
 # torch warns at import when numpy is absent; kvbound never hands tensors to numpy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from .batch import BatchError, PlanBatch, batch_from_cases, cases_from_batch, resolve_device
-from .differential import DiffStats, Disagreement, agrees_with_spec, diff_against_spec, mismatched_rows
-from .plan import ASSERT_CODES, ASSERT_NAMES, CODE_OK, BatchPlan, plan_batch, plan_fields, plan_variants, to_load_plans
+from .batch import BatchError, PlanBatch, batch_from_cases, cases_from_batch, concat_batches, resolve_device
+from .differential import (CaseChunk, DiffStats, Disagreement, SpecSide, Timings, agrees_with_spec, diff_against_spec,
+                           mismatched_rows, record, run_differential, spec_side)
+from .plan import (ASSERT_CODES, ASSERT_NAMES, CODE_OK, GROUP_FIELDS, BatchPlan, Cells, plan_batch, plan_fields, plan_variants,
+                   real_cells, to_load_plans)
 from .shrink import shrink_case
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -8,6 +8,7 @@ as case files.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -45,7 +46,19 @@ _SPEC = {
     "num_locally_computed_tokens": (1, _INTS),
     "num_external_tokens": (1, _INTS),
     "sync_load": (1, (torch.bool,)),
+    # case format v2 (optional: ``None`` gives what a v1 case meant)
+    "num_tokens": (1, _INTS),
+    "partial_tail_boundary": (1, _INTS),  # -1: None
+    "cache_hit_alignment_tokens": (1, _INTS),  # -1: None
+    "decode_context_parallel_size": (1, _INTS),
+    "extra_retained_tokens": (2, _INTS),
+    "is_eagle_group": (2, (torch.bool,)),
+    "mamba_cache_mode": (2, (torch.uint8, torch.int8)),  # MAMBA_MODE_CODES
+    "offloaded": (2, (torch.bool,)),
 }
+# GroupConfig.mamba_cache_mode: None (means "align") and vLLM's three modes
+MAMBA_MODE_CODES = {None: 0, "align": 1, "all": 2, "none": 3}
+_MAMBA_MODES = {c: m for m, c in MAMBA_MODE_CODES.items()}
 
 
 @dataclass
@@ -54,7 +67,10 @@ class PlanBatch:
 
     ``state`` holds BlockState codes (N=0, H=1, U=2); ``window_tokens`` is a
     group's ``sliding_window`` or ``attention_chunk_size`` (0 for the other kinds).
-    ``names`` is optional and only used to name cases converted back.
+    ``names`` is optional and only used to name cases converted back. The case
+    format v2 fields may be left out (``None``): each then takes the value a v1
+    case means (num_tokens = num_prompt_tokens, no partial tail, every group
+    offloaded, nothing retained, no EAGLE group).
     """
 
     state: torch.Tensor
@@ -70,9 +86,33 @@ class PlanBatch:
     num_locally_computed_tokens: torch.Tensor
     num_external_tokens: torch.Tensor
     sync_load: torch.Tensor
+    num_tokens: torch.Tensor | None = None
+    partial_tail_boundary: torch.Tensor | None = None
+    cache_hit_alignment_tokens: torch.Tensor | None = None
+    decode_context_parallel_size: torch.Tensor | None = None
+    extra_retained_tokens: torch.Tensor | None = None
+    is_eagle_group: torch.Tensor | None = None
+    mamba_cache_mode: torch.Tensor | None = None
+    offloaded: torch.Tensor | None = None
     names: list | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.state, torch.Tensor) and self.state.dim() == 3:
+            R, G, _ = self.state.shape
+            dev = self.state.device
+            v1 = {
+                "num_tokens": lambda: self.num_prompt_tokens,
+                "partial_tail_boundary": lambda: torch.full((R,), -1, dtype=torch.int64, device=dev),
+                "cache_hit_alignment_tokens": lambda: torch.full((R,), -1, dtype=torch.int64, device=dev),
+                "decode_context_parallel_size": lambda: torch.ones((R,), dtype=torch.int64, device=dev),
+                "extra_retained_tokens": lambda: torch.zeros((R, G), dtype=torch.int64, device=dev),
+                "is_eagle_group": lambda: torch.zeros((R, G), dtype=torch.bool, device=dev),
+                "mamba_cache_mode": lambda: torch.zeros((R, G), dtype=torch.uint8, device=dev),
+                "offloaded": lambda: torch.ones((R, G), dtype=torch.bool, device=dev),
+            }
+            for name, default in v1.items():
+                if getattr(self, name) is None:
+                    setattr(self, name, default())
         self.check_shapes()
 
     @property
@@ -144,9 +184,58 @@ class PlanBatch:
         bad("state", ~in_table & (self.state != STATE_N), "slots past table_length must be null (0)")
         bad("block_id", (self.state == STATE_N) & (self.block_id != 0), "a null slot has block_id 0")
         bad("block_id", (self.state != STATE_N) & (self.block_id < 1), "a non-null slot needs block_id >= 1")
+        bad("num_tokens", self.num_tokens < self.num_prompt_tokens, "must be >= num_prompt_tokens")
+        bad("partial_tail_boundary", self.partial_tail_boundary < -1, "is -1 (None) or a token count")
+        bad("cache_hit_alignment_tokens", (self.cache_hit_alignment_tokens < -1) | (self.cache_hit_alignment_tokens == 0),
+            "is -1 (None) or positive")
+        bad("decode_context_parallel_size", self.decode_context_parallel_size < 1, "must be positive")
+        bad("extra_retained_tokens", valid & ((self.extra_retained_tokens < 0)
+            | ((self.extra_retained_tokens > 0) & (self.kind != KIND_SLIDING))),
+            "only a sliding_window group retains tokens (>= 0)")
+        bad("mamba_cache_mode", valid & ((self.mamba_cache_mode.to(torch.int16) >= len(MAMBA_MODE_CODES))
+            | ((self.mamba_cache_mode != 0) & (self.kind != KIND_MAMBA))),
+            "codes are None=0, align=1, all=2, none=3, on mamba groups only")
+        bad("offloaded", ((valid & self.offloaded).sum(1) == 0).unsqueeze(1).expand(R, G),
+            "at least one group of every request must be offloaded")
+
+    @property
+    def uses_v2(self) -> bool:
+        """Whether any request sets a case format v2 field away from its v1 meaning."""
+        return bool((self.partial_tail_boundary >= 0).any() or (self.extra_retained_tokens > 0).any()
+                    or (~self.offloaded).any() or (self.num_tokens != self.num_prompt_tokens).any()
+                    or self.is_eagle_group.any())
+
+    def rows(self, start: int, stop: int) -> "PlanBatch":
+        """Requests ``start`` .. ``stop`` (views, no copy)."""
+        return PlanBatch(**{k: v[start:stop] for k, v in self.tensors().items()},
+                         names=self.names[start:stop] if self.names else None)
 
     def to(self, device) -> "PlanBatch":
         return PlanBatch(**{k: v.to(device) for k, v in self.tensors().items()}, names=self.names)
+
+
+def concat_batches(batches) -> PlanBatch:
+    """One batch of the requests of ``batches`` in order (slots and groups padded to the widest)."""
+    batches = list(batches)
+    if len(batches) == 1:
+        return batches[0]
+    G = max(b.shape[1] for b in batches)
+    L = max(b.shape[2] for b in batches)
+    out = {}
+    for name in batches[0].tensors():
+        parts = []
+        for b in batches:
+            t = getattr(b, name)
+            if t.dim() >= 2 and t.shape[1] < G:  # padded groups: inert values (offloaded, tokens_per_block 1)
+                fill = 1 if name in ("tokens_per_block", "offloaded") else 0
+                t = torch.cat([t, torch.full((t.shape[0], G - t.shape[1]) + tuple(t.shape[2:]), fill,
+                                             dtype=t.dtype, device=t.device)], 1)
+            if t.dim() == 3 and t.shape[2] < L:
+                t = torch.cat([t, t.new_zeros(t.shape[:2] + (L - t.shape[2],))], 2)
+            parts.append(t)
+        out[name] = torch.cat(parts, 0)
+    names = None if any(b.names is None for b in batches) else [n for b in batches for n in b.names]
+    return PlanBatch(**out, names=names)
 
 
 def resolve_device(device=None) -> torch.device:
@@ -170,7 +259,7 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
     L = max((len(g.blocks) for c in cases for g in c.groups), default=0)
     G, L = max(G, groups or 0), max(L, slots or 0, 1)
     L += -L % 8  # whole octets: plan_batch then packs the slots without a copy
-    lengths, kinds, tpb, win = [], [], [], []
+    lengths, kinds, tpb, win, extra, eagle, mode, off = [], [], [], [], [], [], [], []
     states, ids = [], []
     for c in cases:
         for g in c.groups:
@@ -179,6 +268,10 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
             kinds.append(KIND_CODES[cfg.kind])
             tpb.append(cfg.tokens_per_block)
             win.append(cfg.sliding_window or cfg.attention_chunk_size or 0)
+            extra.append(cfg.extra_retained_tokens)
+            eagle.append(cfg.is_eagle_group)
+            mode.append(MAMBA_MODE_CODES[cfg.mamba_cache_mode])
+            off.append(cfg.offloaded)
             states += [STATE_CODES[b.state] for b in g.blocks]
             ids += [b.block_id for b in g.blocks]
         pad = G - len(c.groups)
@@ -186,6 +279,10 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
         kinds += [0] * pad
         tpb += [1] * pad
         win += [0] * pad
+        extra += [0] * pad
+        eagle += [False] * pad
+        mode += [0] * pad
+        off += [True] * pad
     table_length = torch.tensor(lengths, dtype=torch.int64).view(R, G)
     # slot (r, g, i) of block number j: flat index (r*G + g)*L + i
     rg = torch.repeat_interleave(torch.arange(R * G), table_length.view(-1))
@@ -197,8 +294,12 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
     state[flat] = torch.tensor(states, dtype=torch.uint8)
     block_id[flat] = torch.tensor(ids, dtype=id_dtype)
 
-    def req(attr):
-        return torch.tensor([getattr(c, attr) for c in cases], dtype=torch.int64, device=dev)
+    def req(attr, none=-1):
+        return torch.tensor([none if getattr(c, attr) is None else getattr(c, attr) for c in cases],
+                            dtype=torch.int64, device=dev)
+
+    def per_group(values, dtype):
+        return torch.tensor(values, dtype=dtype).view(R, G).to(dev)
 
     return PlanBatch(
         state=state.view(R, G, L).to(dev),
@@ -214,46 +315,96 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
         num_locally_computed_tokens=req("num_locally_computed_tokens"),
         num_external_tokens=req("num_external_tokens"),
         sync_load=torch.tensor([c.sync_load for c in cases], dtype=torch.bool, device=dev),
+        num_tokens=req("num_tokens"),
+        partial_tail_boundary=req("partial_tail_boundary"),
+        cache_hit_alignment_tokens=req("cache_hit_alignment_tokens"),
+        decode_context_parallel_size=req("decode_context_parallel_size"),
+        extra_retained_tokens=per_group(extra, torch.int64),
+        is_eagle_group=per_group(eagle, torch.bool),
+        mamba_cache_mode=per_group(mode, torch.uint8),
+        offloaded=per_group(off, torch.bool),
         names=[c.name for c in cases],
     )
 
 
-def cases_from_batch(batch: PlanBatch, rows=None) -> list[Case]:
-    """Back to spec ``Case``s (validated on construction), e.g. to save as case files."""
-    batch.check_values()
-    rows = range(batch.shape[0]) if rows is None else rows
-    t = {k: v.cpu().tolist() for k, v in batch.tensors().items()}
-    out = []
-    for r in rows:
-        groups = []
-        for g in range(t["num_groups"][r]):
-            kind = _KINDS[t["kind"][r][g]]
-            w = t["window_tokens"][r][g]
-            blocks = tuple(
-                Block(_STATES[s], i)
-                for s, i in zip(t["state"][r][g][: t["table_length"][r][g]], t["block_id"][r][g])
-            )
-            groups.append(
-                Group(
-                    GroupConfig(
-                        kind,
-                        t["tokens_per_block"][r][g],
-                        sliding_window=w if kind is GroupKind.SLIDING_WINDOW else None,
-                        attention_chunk_size=w if kind is GroupKind.CHUNKED_LOCAL else None,
-                    ),
-                    blocks,
-                )
-            )
-        out.append(
-            Case(
-                name=batch.names[r] if batch.names else f"batch-{r}",
-                blocks_per_chunk=t["blocks_per_chunk"][r],
-                tokens_per_hash=t["tokens_per_hash"][r],
-                num_prompt_tokens=t["num_prompt_tokens"][r],
-                num_locally_computed_tokens=t["num_locally_computed_tokens"][r],
-                num_external_tokens=t["num_external_tokens"][r],
-                groups=tuple(groups),
-                sync_load=bool(t["sync_load"][r]),
-            )
+class _BlockCache(dict):
+    """block id * 4 + state code -> Block: blocks are immutable, so rows share them
+    (and ``map(_BLOCKS.__getitem__, codes)`` runs without a Python frame per block)."""
+
+    def __missing__(self, code: int) -> Block:
+        blk = self[code] = Block(_STATES[code & 3], code >> 2)
+        return blk
+
+
+_BLOCKS = _BlockCache()
+_CONFIGS: dict = {}  # (kind code, tokens_per_block, window, extra, eagle, mode, offloaded) -> GroupConfig
+
+
+def _config(kind_code: int, b: int, w: int, extra: int = 0, eagle: bool = False, mode: int = 0,
+            offloaded: bool = True) -> GroupConfig:
+    key = (kind_code, b, w, extra, eagle, mode, offloaded)
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        kind = _KINDS[kind_code]
+        cfg = _CONFIGS[key] = GroupConfig(
+            kind, b,
+            sliding_window=w if kind is GroupKind.SLIDING_WINDOW else None,
+            attention_chunk_size=w if kind is GroupKind.CHUNKED_LOCAL else None,
+            extra_retained_tokens=extra, is_eagle_group=bool(eagle), mamba_cache_mode=_MAMBA_MODES[mode],
+            offloaded=bool(offloaded),
         )
+    return cfg
+
+
+def _v2_case_fields(t: dict, j: int) -> dict:
+    tail, align = t["partial_tail_boundary"][j], t["cache_hit_alignment_tokens"][j]
+    return dict(num_tokens=t["num_tokens"][j], partial_tail_boundary=None if tail < 0 else tail,
+                cache_hit_alignment_tokens=None if align < 0 else align,
+                decode_context_parallel_size=t["decode_context_parallel_size"][j])
+
+
+def cases_from_batch(batch: PlanBatch, rows=None, validate: bool = True) -> list[Case]:
+    """Back to spec ``Case``s (each built, so validated, by ``Case`` itself), e.g. to run
+    the spec or save case files. ``validate`` also checks the tensors first (rows a
+    generator built, or a batch checked before, may skip it)."""
+    if validate:
+        batch.check_values()
+    R = batch.shape[0]
+    rows = list(range(R)) if rows is None else list(rows)
+    idx = torch.as_tensor(rows, dtype=torch.int64, device=batch.device)
+    t = {k: v.index_select(0, idx).cpu().tolist() for k, v in batch.tensors().items() if v.dim() < 3}
+    # only the slots inside each table, as one flat list of block id * 4 + state
+    length = batch.table_length.index_select(0, idx)
+    inside = torch.arange(batch.shape[2], device=batch.device) < length.unsqueeze(-1)
+    codes = (batch.block_id.index_select(0, idx).to(torch.int64) * 4 + batch.state.index_select(0, idx))[inside]
+    blocks_flat = list(map(_BLOCKS.__getitem__, codes.cpu().tolist()))
+    build = Case
+    out = []
+    at = 0
+    gc_was = gc.isenabled()
+    gc.disable()  # many small objects, none cyclic: the collector would only rescan them
+    for j, r in enumerate(rows):
+        groups = []
+        lengths = t["table_length"][j]
+        for g in range(t["num_groups"][j]):
+            n = lengths[g]
+            groups.append(Group(_config(t["kind"][j][g], t["tokens_per_block"][j][g], t["window_tokens"][j][g],
+                                        t["extra_retained_tokens"][j][g], t["is_eagle_group"][j][g],
+                                        t["mamba_cache_mode"][j][g], t["offloaded"][j][g]),
+                                tuple(blocks_flat[at:at + n])))
+            at += n
+        at += sum(lengths[t["num_groups"][j]:])  # padded groups hold no slots, but count them if they did
+        out.append(build(
+            name=batch.names[r] if batch.names else f"batch-{r}",
+            blocks_per_chunk=t["blocks_per_chunk"][j],
+            tokens_per_hash=t["tokens_per_hash"][j],
+            num_prompt_tokens=t["num_prompt_tokens"][j],
+            num_locally_computed_tokens=t["num_locally_computed_tokens"][j],
+            num_external_tokens=t["num_external_tokens"][j],
+            groups=tuple(groups),
+            sync_load=bool(t["sync_load"][j]),
+            **_v2_case_fields(t, j),
+        ))
+    if gc_was:
+        gc.enable()
     return out

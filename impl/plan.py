@@ -1,11 +1,20 @@
 """``update_state_after_alloc``'s load plan for a whole batch at once, in torch.
 
-Every (request, group) is planned in parallel; the only sequential thing in vLLM,
-"the first group in config order whose assert fires", is a masked minimum over the
-group axis. The scan "first i in [scan_from, k) with a non-null unhashed block" is
-a masked minimum over the slot axis. No Python loop over requests, groups or
-blocks, and no input a ``Case`` allows can make it raise: an assert vLLM would hit
-comes back as a code.
+The padded batch is first compacted to its *cells*: the (request, group) pairs vLLM
+actually plans (every real group of every request with external tokens), in request
+then config order. Each step of vLLM's per-group loop is then one function over all
+cells at once:
+
+    num_gpu_blocks / first_fresh_gpu_block_idx     k = cdiv(T, b), f = cdiv(N, b)
+    table_length assert                            len(group_blocks) >= k
+    load_start_gpu_block_idx                       the variant's scan over [scan_from, k)
+    boundary / alignment assert                    the variant's assert after the scan
+    num_pending_gpu_blocks, window_bound assert    k - start <= window * bpc + 1
+    offload keys, keys_length assert               chunks [start // bpc, cdiv(T, tpc))
+    the first failing group                        a per-request minimum in config order
+
+No Python loop over requests, groups or blocks, and no input a ``Case`` allows can
+make it raise: an assert vLLM would hit comes back as a code.
 """
 
 from __future__ import annotations
@@ -14,16 +23,18 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbound.spec import Assertion, AssertName, GroupPlan, LoadPlan, Variant
+from kvbound.spec import Assertion, AssertName, GroupPlan, LoadPlan, ReleaseFeatures, Variant, variant_features
 
-from .batch import KIND_FULL, KIND_MAMBA, STATE_H, STATE_N, STATE_U, PlanBatch
+from .batch import (KIND_FULL, KIND_MAMBA, KIND_SLIDING, MAMBA_MODE_CODES, STATE_H, STATE_N, STATE_U,
+                    PlanBatch)
 
-assert (STATE_N, STATE_H, STATE_U) == (0, 1, 2), "pack_slots' bit tricks assume these codes"
+assert (STATE_N, STATE_H, STATE_U) == (0, 1, 2), "the scan's bit tricks assume these codes"
 
 CODE_OK = 0
 # Codes in vLLM's per-group order; the spec's AssertName order is the same.
 ASSERT_CODES = {name: i + 1 for i, name in enumerate(AssertName)}
 ASSERT_NAMES = {c: n for n, c in ASSERT_CODES.items()}
+CODE_UNSUPPORTED = len(ASSERT_CODES) + 1  # request outcome "unsupported": the release lacks a v2 feature
 
 # An Assertion's ``values`` key -> the BatchPlan field that holds it, so the impl's
 # numbers at the failing group can be compared with the spec's one for one.
@@ -38,7 +49,9 @@ ASSERTION_VALUE_FIELDS = {
     "sliding_window_size_in_chunks": "window_in_chunks",
     "blocks_per_chunk": "blocks_per_chunk",
     "num_offload_keys": "num_offload_keys",
-    "end_chunk_idx": "num_chunks",
+    "end_chunk_idx": "end_chunk_limit",
+    "partial_tail_boundary": "partial_tail_boundary",
+    "num_cached_tokens": "num_cached_tokens",
 }
 # Which values each assertion reports (the spec's Assertion.values keys).
 ASSERTION_VALUES = {
@@ -49,80 +62,203 @@ ASSERTION_VALUES = {
     AssertName.WINDOW_BOUND: ("num_pending_gpu_blocks", "sliding_window_size_in_chunks", "blocks_per_chunk",
                               "load_start_gpu_block_idx"),
     AssertName.KEYS_LENGTH: ("num_offload_keys", "end_chunk_idx", "load_start_gpu_block_idx"),
+    AssertName.PARTIAL_TAIL: ("partial_tail_boundary", "num_cached_tokens"),
 }
+REQUEST_ASSERTS = (AssertName.PARTIAL_TAIL,)  # fired before any group: Assertion.group_index is None
+# The per-cell outputs compared with the spec's GroupPlan fields of the same name.
+GROUP_FIELDS = ("group_index", "num_gpu_blocks", "first_fresh_gpu_block_idx", "load_start_gpu_block_idx",
+                "num_pending_gpu_blocks", "start_chunk_idx", "end_chunk_idx", "boundary_key_tokens")
+NO_KEY = -1  # boundary_key_tokens of a group with no partial-tail key (None)
 
+
+# --- requests: what vLLM decides before the per-group loop ------------------------
 
 @dataclass
-class BatchPlan:
-    """Outputs, per (request, group) [R, G] unless noted.
+class Requests:
+    """Request-level inputs and derivations ([R]) of the case format v2 contract;
+    ``None`` for a batch that uses no v2 field (every v1 case), which skips it all."""
 
-    ``code`` is the assert this group would hit if vLLM reached it (0 none);
-    the request's outcome is ``failing_group`` [R] (-1: none), the first group in
-    config order with a code. Padded groups and requests with nothing external
-    (``planned`` [R] false: vLLM returns before planning) hold zeros. The
-    destination mask [R, G, L] is ``dst_mask``, built on demand from [start, k).
+    tail: torch.Tensor  # a partial_tail_boundary is set
+    boundary: torch.Tensor  # partial_tail_boundary (-1: None)
+    T: torch.Tensor  # num_cached_tokens
+    subset: torch.Tensor  # some KV-cache group is not offloaded
+    retained: torch.Tensor  # some group retains extra window tokens
+    eagle: torch.Tensor  # some offloaded group is an EAGLE group
+    supports_partial_tail: torch.Tensor  # vLLM 0.33's SchedulerOffloadConfig.supports_partial_tail
+    margin: torch.Tensor  # [R, G] each group's EAGLE proof margin (0.33 _eagle_proof_margins)
+
+
+def request_features(batch: PlanBatch) -> Requests | None:
+    """``supports_partial_tail`` and the EAGLE proof margins, derived from the config as
+    vLLM derives them at scheduler start (over the offloaded groups): one block per
+    chunk, one block size, an align-mode Mamba group with tokens_per_block >
+    tokens_per_hash, no windowed group but such a Mamba group, no DCP; an offloaded
+    EAGLE group that is not a CoW source keys its tail one hash unit (fine-grained
+    lookup: alignment below the block size, a full-attention or Mamba group) or one
+    block past the boundary."""
+    if not batch.uses_v2:
+        return None
+    R, G, _ = batch.shape
+    valid = torch.arange(G, device=batch.device) < batch.num_groups.unsqueeze(1)
+    off = valid & batch.offloaded
+    b, kind = batch.tokens_per_block.to(torch.int64), batch.kind
+    tph = batch.tokens_per_hash.to(torch.int64).unsqueeze(1)
+    align_mode = (batch.mamba_cache_mode == MAMBA_MODE_CODES[None]) | (batch.mamba_cache_mode == MAMBA_MODE_CODES["align"])
+    cow = (kind == KIND_MAMBA) & align_mode  # vLLM's requires_cow_source
+    big = torch.iinfo(torch.int64).max
+    one_size = torch.where(off, b, big).amin(1) == torch.where(off, b, 0).amax(1)
+    spt = ((batch.blocks_per_chunk == 1) & one_size & (off & cow & (b > tph)).any(1)
+           & ~(off & (kind != KIND_FULL) & ~cow).any(1) & (batch.decode_context_parallel_size == 1))
+    first_off = off.to(torch.int8).argmax(1, keepdim=True)  # first offloaded group
+    block = torch.where(spt, b.gather(1, first_off).squeeze(1), 0).unsqueeze(1)  # _partial_tail_block_size
+    align = batch.cache_hit_alignment_tokens.to(torch.int64).unsqueeze(1)
+    fine = (align >= 0) & (align < block) & ((kind == KIND_FULL) | (kind == KIND_MAMBA))
+    margin = torch.where(fine & (block > tph), tph, block)
+    margin = torch.where(off & batch.is_eagle_group & ~cow & spt.unsqueeze(1), margin, 0)
+    return Requests(
+        tail=batch.partial_tail_boundary >= 0, boundary=batch.partial_tail_boundary.to(torch.int64),
+        T=(batch.num_locally_computed_tokens + batch.num_external_tokens).to(torch.int64),
+        subset=(valid & ~batch.offloaded).any(1),
+        retained=(valid & (batch.extra_retained_tokens > 0)).any(1),
+        eagle=(off & batch.is_eagle_group).any(1),
+        supports_partial_tail=spt, margin=margin,
+    )
+
+
+def unsupported(req: Requests | None, release: ReleaseFeatures) -> torch.Tensor | None:
+    """[R] the requests this release could not have made the call for (a v2 feature it
+    lacks: group subsets before 0.30, retained tokens before 0.28, partial tails before
+    0.28, a partial tail with an EAGLE group before 0.33); None when there are none."""
+    if req is None:
+        return None
+    out = torch.zeros_like(req.tail)
+    if not release.group_subsets:
+        out |= req.subset
+    if not release.extra_retained_tokens:
+        out |= req.retained
+    if not release.partial_tails:
+        out |= req.tail
+    elif not release.eagle_partial_tails:
+        out |= req.tail & ~(req.supports_partial_tail & ~req.eagle)
+    return out
+
+
+# --- cells: the (request, group) pairs vLLM plans -------------------------------
+
+@dataclass
+class Cells:
+    """The (request, group) pairs vLLM plans, one entry each ([C] tensors): every
+    offloaded group of every request with external tokens.
+
+    ``request``/``group`` say where a cell sits in the padded batch (``group`` is the
+    group's ``group_idx``); cells are in request order and, within a request, in
+    config order, so request r's cells are ``start[r] : start[r] + count[r]``. Request
+    fields are expanded per cell once: a broadcast operand makes every element-wise op
+    several times slower on CPU.
     """
 
-    variant: Variant
-    asserts: bool
-    num_slots: int
-    planned: torch.Tensor
-    valid: torch.Tensor
-    num_gpu_blocks: torch.Tensor
-    first_fresh_gpu_block_idx: torch.Tensor
-    load_start_gpu_block_idx: torch.Tensor
-    num_pending_gpu_blocks: torch.Tensor
-    start_chunk_idx: torch.Tensor
-    end_chunk_idx: torch.Tensor
-    num_chunks: torch.Tensor
-    num_offload_keys: torch.Tensor
-    window_in_chunks: torch.Tensor  # -1 for full attention (no window)
-    code: torch.Tensor
-    failing_group: torch.Tensor
-    # inputs echoed for the assertion values
+    R: int
+    G: int
+    L: int
+    request: torch.Tensor  # [C] int64
+    group: torch.Tensor  # [C] int64
+    start: torch.Tensor  # [R] int64: first cell of each request
+    count: torch.Tensor  # [R] int64: cells of each request (0: nothing planned)
+    planned: torch.Tensor  # [R] bool: num_external_tokens > 0
+    N: torch.Tensor  # num_locally_computed_tokens
+    T: torch.Tensor  # num_cached_tokens = N + num_external_tokens
+    b: torch.Tensor  # tokens_per_block
+    bpc: torch.Tensor  # blocks_per_chunk
+    num_tokens: torch.Tensor  # the request's tokens: its offload keys cover all of them
+    kind: torch.Tensor
+    window_tokens: torch.Tensor
     table_length: torch.Tensor
-    tokens_per_block: torch.Tensor
-    num_locally_computed_tokens: torch.Tensor
-    blocks_per_chunk: torch.Tensor
+    sync_load: torch.Tensor  # [C] bool
+    state: torch.Tensor  # [C, L] uint8 block states
+    requests: Requests | None = None
+    tail: torch.Tensor | None = None  # [C] 0/1: the request has a partial tail (None: no v2 field anywhere)
+    boundary_key: torch.Tensor | None = None  # [C] boundary + the group's EAGLE proof margin
+    extra_retained: torch.Tensor | None = None  # [C] extra_retained_tokens
 
     @property
-    def ok(self) -> torch.Tensor:
-        return self.failing_group < 0
+    def size(self) -> int:
+        return int(self.request.shape[0])
 
-    @property
-    def request_code(self) -> torch.Tensor:
-        """[R] the code of the failing group, 0 when the request plans fine."""
-        g = self.failing_group.clamp(min=0).unsqueeze(1)
-        return torch.where(self.ok, 0, self.code.gather(1, g).squeeze(1).to(torch.int64))
 
-    @property
-    def reached(self) -> torch.Tensor:
-        """[R, G] the groups vLLM plans before the failing one (a LoadPlan's ``groups``)."""
-        G = self.code.shape[1]
-        upto = torch.where(self.ok, G, self.failing_group).unsqueeze(1)
-        return self.valid & self.planned.unsqueeze(1) & (torch.arange(G, device=upto.device) < upto)
+def _int_type(batch: PlanBatch) -> torch.dtype:
+    """The narrowest integer type every intermediate fits: on CPU an int16 op runs ~3x
+    faster than an int32 one."""
+    R, G, L = batch.shape
+    b_max, bpc_max = int(batch.tokens_per_block.max()), int(batch.blocks_per_chunk.max())
+    w_max = int(batch.window_tokens.max()) + int(batch.extra_retained_tokens.max())
+    big = max(int((batch.num_locally_computed_tokens + batch.num_external_tokens).max()) + b_max * bpc_max,
+              int(batch.num_tokens.max()), int(batch.partial_tail_boundary.max()) + b_max + 64,
+              (w_max + 1) * bpc_max + 1, b_max * bpc_max + w_max, (L + 1) * b_max, G + 1)
+    return torch.int16 if big < 2**15 - 2 else torch.int32 if big < 2**24 else torch.int64
 
-    @property
-    def dst_mask(self) -> torch.Tensor:
-        """[R, G, L] the destination slots [start, k) of every group whose own code is 0.
 
-        Built on demand: the plan itself is the range, and most callers (the
-        differential, the benchmark's plan rate) never need the L-wide mask.
-        """
-        slot = torch.arange(self.num_slots, device=self.code.device)
-        start = self.load_start_gpu_block_idx.unsqueeze(-1)
-        good = (self.code == 0) & self.valid & self.planned.unsqueeze(1)
-        return (slot >= start) & (slot < start + self.num_pending_gpu_blocks.unsqueeze(-1)) & good.unsqueeze(-1)
+def real_cells(batch: PlanBatch) -> Cells:
+    """Step 0: keep the (request, group) pairs vLLM plans: drop padding, groups the
+    connector does not offload, and requests with nothing external (vLLM returns
+    before planning them)."""
+    R, G, L = batch.shape
+    it = _int_type(batch)
+    req = request_features(batch)
+    planned = batch.num_external_tokens > 0
+    gidx = torch.arange(G, device=batch.device)
+    if req is None:  # every group offloaded: request r's cells are its groups 0 .. num_groups - 1
+        count = torch.where(planned, batch.num_groups, 0).to(torch.int64)
+        start = torch.cumsum(count, 0) - count
+        C = int(count.sum())
+        request = torch.repeat_interleave(torch.arange(R, device=batch.device), count, output_size=C)
+        group = torch.arange(C, device=batch.device) - start.index_select(0, request)
+        flat = request * G + group
+    else:
+        keep = (gidx < batch.num_groups.unsqueeze(1)) & batch.offloaded & planned.unsqueeze(1)
+        flat = keep.reshape(-1).nonzero().flatten()
+        request, group = torch.div(flat, G, rounding_mode="floor"), flat % G
+        count = keep.sum(1).to(torch.int64)
+        start = torch.cumsum(count, 0) - count
 
-    def value(self, key: str) -> torch.Tensor:
-        """[R, G] the tensor behind an Assertion values key (request fields broadcast)."""
-        t = getattr(self, ASSERTION_VALUE_FIELDS[key])
-        return t.unsqueeze(1).expand_as(self.code) if t.dim() == 1 else t
+    def per_request(t):
+        return t.index_select(0, request).to(it)
+
+    def per_group(t):
+        return t.reshape(R * G).index_select(0, flat).to(it)
+
+    N = per_request(batch.num_locally_computed_tokens)
+    cells = Cells(
+        R=R, G=G, L=L, request=request, group=group, start=start, count=count, planned=planned,
+        N=N, T=N + per_request(batch.num_external_tokens),
+        b=per_group(batch.tokens_per_block), bpc=per_request(batch.blocks_per_chunk),
+        num_tokens=per_request(batch.num_tokens),
+        kind=batch.kind.reshape(R * G).index_select(0, flat),
+        window_tokens=per_group(batch.window_tokens), table_length=per_group(batch.table_length),
+        sync_load=batch.sync_load.index_select(0, request),
+        state=batch.state.reshape(R * G, L).index_select(0, flat),
+        requests=req,
+    )
+    if req is not None:
+        cells.tail = req.tail.index_select(0, request).to(it)
+        cells.boundary_key = (req.boundary.index_select(0, request) + per_group(req.margin)).to(it)
+        cells.extra_retained = per_group(batch.extra_retained_tokens)
+    return cells
+
+
+def _floordiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.dtype == torch.int64:
+        return torch.div(a, b, rounding_mode="floor")
+    return torch.div(a.to(torch.float32), b.to(torch.float32)).floor_().to(a.dtype)
 
 
 def _cdiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.div(a + b - 1, b, rounding_mode="floor")  # a >= 0, b >= 1 throughout
+    """cdiv of non-negative ``a`` by positive ``b``, as vLLM's ``cdiv``."""
+    if a.dtype == torch.int64:
+        return torch.div(a + b - 1, b, rounding_mode="floor")
+    return torch.div(a.to(torch.float32), b.to(torch.float32)).ceil_().to(a.dtype)
 
+
+# --- the scan over packed block states ------------------------------------------
 
 _WORD = 56  # slots per packed word: 7 octets, so a sentinel bit 56 still converts to float64 exactly
 _WORD_MASK = (1 << _WORD) - 1
@@ -130,19 +266,19 @@ _BYTES_TO_BITS = 0x0102040810204080  # x * this >> 56: the low bits of 8 bytes (
 
 
 def pack_slots(bits: torch.Tensor) -> torch.Tensor:
-    """[R, G, L] uint8 0/1 -> [W, R, G] int64 words, W = ceil(L/56), bit i of word w = slot 56w + i.
+    """[C, L] uint8 0/1 -> [W, C] int64 words, W = ceil(L/56), bit i of word w = slot 56w + i.
 
     The slot axis is read once as bytes and the rest works on 1/8 of the elements;
     this is what makes the scan cheap next to the spec's Python loop. Words lead
     so the minimum over them is plane-wise; tables up to 56 blocks take one word.
     """
-    R, G, L = bits.shape
+    C, L = bits.shape
     if L % 8:
-        bits = torch.cat([bits, bits.new_zeros((R, G, -L % 8))], dim=-1)
-    octets = bits.contiguous().view(torch.uint8).view(R, G, -1, 8).view(torch.int64).squeeze(-1)
+        bits = torch.cat([bits, bits.new_zeros((C, -L % 8))], dim=-1)
+    octets = bits.contiguous().view(torch.int64)  # [C, L/8]: 8 slots per int64, one per byte
     octets = octets * _BYTES_TO_BITS  # wraps mod 2**64: wanted; in place below (no big temporaries)
     octets.bitwise_right_shift_(56).bitwise_and_(0xFF)
-    octets = octets.permute(2, 0, 1)  # [octet, R, G]
+    octets = octets.t()  # [octet, C]
     per_word = _WORD // 8
     words = octets[0::per_word].clone()
     for j in range(1, per_word):  # the octets of a word, not a loop over blocks
@@ -152,14 +288,14 @@ def pack_slots(bits: torch.Tensor) -> torch.Tensor:
 
 
 def keep_from(scan_from: torch.Tensor, num_words: int) -> torch.Tensor:
-    """[W, R, G] masks that clear, word by word, the bits of slots below ``scan_from``."""
-    base = torch.arange(0, num_words * _WORD, _WORD, device=scan_from.device).view(num_words, 1, 1)
+    """[W, C] masks that clear, word by word, the bits of slots below ``scan_from``."""
+    base = torch.arange(0, num_words * _WORD, _WORD, device=scan_from.device).view(num_words, 1)
     below = (scan_from.to(torch.int64) - base).clamp_(0, _WORD)
     return torch.bitwise_left_shift(_WORD_MASK, below).bitwise_and_(_WORD_MASK)
 
 
 def first_set_slot(words: torch.Tensor, keep: torch.Tensor | None, none: int) -> torch.Tensor:
-    """[R, G] int32: the first slot whose bit is set in ``words`` [W, R, G] (after ``keep``
+    """[C] int32: the first slot whose bit is set in ``words`` [W, C] (after ``keep``
     clears the slots below the scan start); >= ``none`` if there is none. Arithmetic only:
     torch's CPU ``where`` on bool masks is many times slower."""
     W = words.shape[0]
@@ -171,165 +307,339 @@ def first_set_slot(words: torch.Tensor, keep: torch.Tensor | None, none: int) ->
     pos = e + ((e + 8) >> 6) * none  # e == 56 (empty) -> beyond every slot
     if W == 1:
         return pos[0]
-    base = torch.arange(0, W * _WORD, _WORD, device=words.device, dtype=torch.int32).view(W, 1, 1)
+    base = torch.arange(0, W * _WORD, _WORD, device=words.device, dtype=torch.int32).view(W, 1)
     return (pos + base).amin(0)  # int32: torch's int64 amin is many times slower
 
 
+def scan_words(cells: Cells, variant: Variant, unhashed: torch.Tensor) -> torch.Tensor:
+    """The packed slots the variant's scan looks for: non-null unhashed blocks, or for a
+    0.33 sync load any non-null block (position match). States are N=0, H=1, U=2:
+    "unhashed" is bit 1, "non-null" is (state + 1) >> 1."""
+    if variant is not Variant.FIXED_SYNC:
+        return unhashed
+    sync = cells.sync_load.nonzero().flatten()
+    if not len(sync):
+        return unhashed
+    words = unhashed.clone()
+    words[:, sync] = pack_slots((cells.state.index_select(0, sync) + 1) >> 1)
+    return words
+
+
+# --- the steps of vLLM's per-group loop, over all cells ---------------------------
+
 @dataclass
-class _Shared:
-    """What every variant computes alike, done once per batch. ``k`` and ``f`` are
-    0 off the active (request, group)s, which zeroes every per-variant output there
-    without masking each one."""
+class Geometry:
+    """What every variant computes alike, once per batch ([C] each)."""
 
-    R: int
-    G: int
-    L: int
-    N: torch.Tensor
-    b: torch.Tensor
-    bpc: torch.Tensor
-    k: torch.Tensor
-    f: torch.Tensor
-    planned: torch.Tensor
-    valid: torch.Tensor
-    active: torch.Tensor
-    table_ok: torch.Tensor
-    window: torch.Tensor
-    window_limit: torch.Tensor
-    num_chunks: torch.Tensor
-    have: torch.Tensor
-    table_length: torch.Tensor
-    misaligned: torch.Tensor
-    _keep: torch.Tensor | None = None
-
-    def keep_fresh(self, num_words: int) -> torch.Tensor:
-        """The fixed scan's masks (slots >= f), shared by fixed and fixed-sync."""
-        if self._keep is None:
-            self._keep = keep_from(self.f, num_words)
-        return self._keep
+    k: torch.Tensor  # num_gpu_blocks = cdiv(T, b)
+    f: torch.Tensor  # first_fresh_gpu_block_idx = cdiv(N, b)
+    table_short: torch.Tensor  # len(group_blocks) < k: even python -O indexes past the table
+    misaligned: torch.Tensor  # N % b != 0 (f * b != N)
+    windowed: torch.Tensor  # every kind but full attention has a window in chunks
+    tpc: torch.Tensor  # tokens_per_chunk = b * blocks_per_chunk
+    num_chunks: torch.Tensor  # cdiv(T, tokens_per_chunk)
+    end_chunk_limit: torch.Tensor  # the keys' end_chunk_idx: num_chunks, less a partial tail's last chunk
+    num_offload_keys: torch.Tensor  # one key per chunk of hashes of all num_tokens
+    keep_fresh: torch.Tensor | None = None  # the fixed scan's word masks (slots >= f)
+    _windows: dict | None = None  # window_counts_retained -> sliding_window_size_in_chunks
 
 
-def _shared(batch: PlanBatch) -> _Shared:
-    R, G, L = batch.shape
-    dev = batch.device
-    # The narrowest integer type every intermediate fits: on CPU an int16 op runs ~3x
-    # faster than int32, and request fields are expanded to [R, G] once because a
-    # broadcast [R, 1] operand makes every op several times slower.
-    b_max, bpc_max = int(batch.tokens_per_block.max()), int(batch.blocks_per_chunk.max())
-    w_max = int(batch.window_tokens.max())
-    big = max(int((batch.num_locally_computed_tokens + batch.num_external_tokens).max()) + b_max,
-              int(batch.num_prompt_tokens.max()), (w_max + 1) * bpc_max + 1, b_max * bpc_max + w_max,
-              (L + 1) * b_max, G + 1)
-    it = torch.int16 if big < 2**15 - 2 else torch.int32 if big < 2**31 - 2 else torch.int64
-
-    def per_group(t):
-        return t.to(it).unsqueeze(1).expand(R, G).contiguous()
-
-    N = per_group(batch.num_locally_computed_tokens)
-    T = N + per_group(batch.num_external_tokens)
-    bpc = per_group(batch.blocks_per_chunk)
-    tph = per_group(batch.tokens_per_hash)
-    P = per_group(batch.num_prompt_tokens)
-    b = batch.tokens_per_block.to(it)
-    kind = batch.kind
-    table_length = batch.table_length.to(it)
-    planned = batch.num_external_tokens > 0
-    valid = torch.arange(G, device=dev) < batch.num_groups.unsqueeze(1)
-    active = valid & planned.unsqueeze(1)
-    k = _cdiv(T, b)
+def group_geometry(cells: Cells) -> Geometry:
+    """k, f and the per-group bounds the asserts compare against."""
+    b, bpc = cells.b, cells.bpc
+    k, f = _cdiv(cells.T, b), _cdiv(cells.N, b)
     tpc = b * bpc
-    window = torch.where(kind == KIND_MAMBA, 1, _cdiv(batch.window_tokens.to(it), tpc))
-    windowed = active & (kind != KIND_FULL)
-    hashes_per_chunk = torch.div(tpc, tph, rounding_mode="floor").clamp(min=1)  # clamp: padded groups only
-    on = active.to(it)  # multiplying by a 0/1 mask: much faster than torch.where on CPU
-    limit = window * bpc + 1
-    return _Shared(
-        R=R, G=G, L=L, N=N, b=b, bpc=bpc,
-        k=k * on, f=_cdiv(N, b) * on,
-        planned=planned, valid=valid, active=active,
-        table_ok=table_length >= k,
-        window=torch.where(windowed, window, -1),
-        # pending above this fails window_bound; full attention has no bound
-        window_limit=torch.where(windowed, limit, torch.iinfo(it).max),
-        num_chunks=_cdiv(T, tpc) * on,
-        have=torch.div(torch.div(P, tph, rounding_mode="floor"), hashes_per_chunk, rounding_mode="floor") * on,
-        table_length=table_length,
-        misaligned=N % b != 0,
+    num_chunks = _cdiv(k, bpc)  # cdiv(cdiv(T, b), bpc) == cdiv(T, b * bpc)
+    return Geometry(
+        k=k, f=f,
+        table_short=cells.table_length < k,
+        misaligned=f * b != cells.N,
+        windowed=cells.kind != KIND_FULL,
+        tpc=tpc,
+        num_chunks=num_chunks,
+        end_chunk_limit=num_chunks if cells.tail is None else num_chunks - cells.tail,
+        # (num_tokens // tokens_per_hash) // (tpc // tokens_per_hash) == num_tokens // tpc
+        num_offload_keys=_floordiv(cells.num_tokens, tpc),
+        _windows={},
     )
 
 
-def _plan_one(sh: _Shared, variant: Variant, asserts: bool, words: torch.Tensor) -> BatchPlan:
-    """One variant given the packed eligible slots; all [R, G] arithmetic."""
-    keep = None if variant is Variant.LEGACY else sh.keep_fresh(words.shape[0])
-    start = torch.minimum(first_set_slot(words, keep, sh.L).to(sh.k.dtype), sh.k)
-    pending = sh.k - start
-    start_chunk = torch.div(start, sh.bpc, rounding_mode="floor")
-    # vLLM slices offload_keys[start:end]: a short list just yields fewer keys (python -O).
+def window_in_chunks(cells: Cells, geo: Geometry, release: ReleaseFeatures) -> torch.Tensor:
+    """sliding_window_size_in_chunks (vLLM's ``get_sliding_window_size_in_chunks``):
+    cdiv(window, tpc); from 0.31 a sliding window's retained tokens count,
+    max(cdiv(w, tpc), cdiv(w - 1 + extra_retained_tokens, tpc)); Mamba "a single
+    state"; -1 for full attention (no window)."""
+    counts = bool(release.window_counts_retained and cells.extra_retained is not None)
+    if counts not in geo._windows:
+        window = torch.where(cells.kind == KIND_MAMBA, 1, _cdiv(cells.window_tokens, geo.tpc))
+        if counts:
+            retained = _cdiv((cells.window_tokens - 1 + cells.extra_retained).clamp(min=0), geo.tpc)
+            use = (cells.kind == KIND_SLIDING) & (cells.extra_retained > 0)
+            window = torch.where(use, torch.maximum(window, retained), window)
+        geo._windows[counts] = torch.where(geo.windowed, window, -1)
+    return geo._windows[counts]
+
+
+def load_start(cells: Cells, geo: Geometry, variant: Variant, words: torch.Tensor) -> torch.Tensor:
+    """load_start_gpu_block_idx: the first wanted slot in [scan_from, k), else k.
+    Legacy scans from 0, the fix from the first fresh block f."""
+    keep = None
+    if variant is not Variant.LEGACY:
+        if geo.keep_fresh is None:
+            geo.keep_fresh = keep_from(geo.f, words.shape[0])
+        keep = geo.keep_fresh
+    return torch.minimum(first_set_slot(words, keep, cells.L).to(geo.k.dtype), geo.k)
+
+
+def offload_key_chunks(cells: Cells, geo: Geometry, start: torch.Tensor, pending: torch.Tensor):
+    """The chunk range [start_chunk, end_chunk) whose keys the group loads, and a
+    partial tail's boundary key (the token position its hash is read at, NO_KEY for
+    none); empty when nothing is pending. vLLM slices ``offload_keys[start:end]``:
+    a short key list just yields fewer keys (python -O)."""
+    start_chunk = _floordiv(start, cells.bpc)
+    end = torch.maximum(start_chunk, torch.minimum(geo.end_chunk_limit, geo.num_offload_keys))
     loads = pending > 0
     # where(c, x, y) as y + c * (x - y): torch's CPU where is many times slower
-    end_chunk = start_chunk + loads * (torch.maximum(start_chunk, torch.minimum(sh.num_chunks, sh.have)) - start_chunk)
-    code = torch.zeros_like(start)
-    if asserts:  # lowest priority first; each later one overrides: vLLM's order per group
-        if variant is Variant.LEGACY:
-            scan_fail, scan_code = sh.N > start * sh.b, ASSERT_CODES[AssertName.BOUNDARY]
-        else:
-            scan_fail, scan_code = sh.misaligned, ASSERT_CODES[AssertName.ALIGNMENT]
-        code = (loads & (sh.have < sh.num_chunks)) * ASSERT_CODES[AssertName.KEYS_LENGTH]
-        code = code + (pending > sh.window_limit) * (ASSERT_CODES[AssertName.WINDOW_BOUND] - code)
-        code = code + scan_fail * (scan_code - code)
-    code = code + (sh.table_ok == 0) * (ASSERT_CODES[AssertName.TABLE_LENGTH] - code)
-    code = (code * sh.active).to(torch.uint8)
-    group = torch.arange(sh.G, device=code.device, dtype=torch.int32)
-    first_bad = (group + (code == 0) * (sh.G - group)).amin(-1).to(torch.int64)  # int32 amin: fast
+    end_chunk = start_chunk + loads * (end - start_chunk)
+    if cells.tail is None:
+        return start_chunk, end_chunk, None
+    return start_chunk, end_chunk, torch.where(loads & (cells.tail > 0), cells.boundary_key, NO_KEY)
+
+
+def assert_codes(cells: Cells, geo: Geometry, variant: Variant, release: ReleaseFeatures, asserts: bool,
+                 start: torch.Tensor, pending: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+    """The first assert each group hits in vLLM's order (table length, the scan's
+    assert, window bound, keys length), 0 if none. ``asserts=False`` is python -O:
+    only the table length, which would index past the table, still stops the plan."""
+    code = geo.table_short * ASSERT_CODES[AssertName.TABLE_LENGTH]
+    if not asserts:
+        return code.to(torch.uint8)
+    if variant is Variant.LEGACY:
+        scan_fail, scan_code = cells.N > start * cells.b, ASSERT_CODES[AssertName.BOUNDARY]
+    else:
+        scan_fail, scan_code = geo.misaligned, ASSERT_CODES[AssertName.ALIGNMENT]
+    checks = [(scan_fail, scan_code)]
+    if release.window_slack is not None:  # 0.20 has no window assert
+        over = geo.windowed & (pending > window * cells.bpc + release.window_slack)
+        checks.append((over, ASSERT_CODES[AssertName.WINDOW_BOUND]))
+    keyed = (pending > 0) | release.keys_every_group  # up to 0.27 every group's keys are checked
+    checks.append((keyed & (geo.num_offload_keys < geo.end_chunk_limit), ASSERT_CODES[AssertName.KEYS_LENGTH]))
+    # later in vLLM's order = lower priority: each is written only where no earlier one fired
+    for fired, c in checks:
+        code = code + ((code == 0) & fired) * c
+    return code.to(torch.uint8)
+
+
+def first_failing_group(cells: Cells, code: torch.Tensor) -> torch.Tensor:
+    """[R] the first group in config order whose assert fires (vLLM stops there); -1: none."""
+    g = cells.group + (code == 0) * cells.G  # a group that passes sorts after every real one
+    first = torch.full((cells.R,), cells.G, dtype=torch.int64, device=g.device)
+    first.scatter_reduce_(0, cells.request, g, reduce="amin")
+    return torch.where(first >= cells.G, -1, first)
+
+
+def request_outcome(cells: Cells, release: ReleaseFeatures, asserts: bool) -> torch.Tensor | None:
+    """[R] what stops a request before its groups, in vLLM's order: the release cannot
+    have made the call (CODE_UNSUPPORTED), or the ``partial_tail`` assert
+    (partial_tail_boundary == num_cached_tokens); 0 for neither, None when no request
+    uses a v2 field."""
+    req = cells.requests
+    if req is None:
+        return None
+    code = (req.tail & (req.boundary != req.T)).to(torch.uint8) * ASSERT_CODES[AssertName.PARTIAL_TAIL]
+    if not asserts:
+        code.zero_()
+    bad = unsupported(req, release)
+    return torch.where(bad, CODE_UNSUPPORTED, code).to(torch.uint8)
+
+
+# --- the plan -------------------------------------------------------------------
+
+@dataclass
+class BatchPlan:
+    """Outputs per cell ([C], see ``Cells``) unless noted.
+
+    ``code`` is the assert this group would hit if vLLM reached it (0 none). A request
+    stops before its groups on ``stop`` [R] (CODE_UNSUPPORTED or the partial_tail
+    assert's code; None: no request uses a v2 field), else at ``failing_group`` [R]
+    (-1: none), the first group in config order with a code. ``dense(name)`` lays a
+    per-cell output out as [R, G] (zeros off the cells); ``dst_block_ids`` gathers the
+    destination blocks.
+    """
+
+    variant: Variant
+    asserts: bool
+    release: ReleaseFeatures
+    cells: Cells
+    num_gpu_blocks: torch.Tensor
+    first_fresh_gpu_block_idx: torch.Tensor
+    load_start_gpu_block_idx: torch.Tensor
+    num_pending_gpu_blocks: torch.Tensor
+    start_chunk_idx: torch.Tensor
+    end_chunk_idx: torch.Tensor
+    end_chunk_limit: torch.Tensor
+    num_offload_keys: torch.Tensor
+    window_in_chunks: torch.Tensor  # -1 for full attention (no window)
+    boundary_key: torch.Tensor | None  # NO_KEY or the partial tail's key position (None: no tails)
+    code: torch.Tensor
+    failing_group: torch.Tensor  # [R]
+    stop: torch.Tensor | None  # [R]
+
+    # inputs echoed for the assertion values and the group fields
+    @property
+    def group_index(self):
+        return self.cells.group
+
+    @property
+    def boundary_key_tokens(self):
+        return self.boundary_key if self.boundary_key is not None else torch.full_like(self.code, NO_KEY, dtype=torch.int16)
+
+    @property
+    def table_length(self):
+        return self.cells.table_length
+
+    @property
+    def tokens_per_block(self):
+        return self.cells.b
+
+    @property
+    def num_locally_computed_tokens(self):
+        return self.cells.N
+
+    @property
+    def blocks_per_chunk(self):
+        return self.cells.bpc
+
+    @property
+    def partial_tail_boundary(self):
+        req = self.cells.requests
+        return req.boundary.index_select(0, self.cells.request) if req is not None else torch.full_like(self.cells.N, -1)
+
+    @property
+    def num_cached_tokens(self):
+        return self.cells.T
+
+    @property
+    def planned(self) -> torch.Tensor:
+        return self.cells.planned
+
+    @property
+    def stopped(self) -> torch.Tensor:
+        """[R] stopped before any group (unsupported, or the partial_tail assert)."""
+        return torch.zeros_like(self.cells.planned) if self.stop is None else self.stop > 0
+
+    @property
+    def unsupported(self) -> torch.Tensor:
+        return torch.zeros_like(self.cells.planned) if self.stop is None else self.stop == CODE_UNSUPPORTED
+
+    @property
+    def ok(self) -> torch.Tensor:
+        return (self.failing_group < 0) & ~self.stopped
+
+    @property
+    def request_code(self) -> torch.Tensor:
+        """[R] the request's outcome code: 0 ok, an assert's code, or CODE_UNSUPPORTED."""
+        out = torch.zeros(self.cells.R, dtype=torch.int64, device=self.code.device)
+        bad = (self.failing_group >= 0).nonzero().flatten()
+        at = self.cells.start.index_select(0, bad) + self.failing_group.index_select(0, bad)
+        out.index_copy_(0, bad, self.code.to(torch.int64).index_select(0, at))
+        if self.stop is not None:
+            out = torch.where(self.stopped, self.stop.to(torch.int64), out)
+        return out
+
+    @property
+    def reached(self) -> torch.Tensor:
+        """[C] the groups vLLM plans before the failing one (a LoadPlan's ``groups``)."""
+        upto = torch.where(self.failing_group < 0, self.cells.G, self.failing_group)
+        if self.stop is not None:
+            upto = torch.where(self.stopped, 0, upto)
+        return self.cells.group < upto.index_select(0, self.cells.request)
+
+    @property
+    def dst_cells(self) -> torch.Tensor:
+        """[C] cells whose destination blocks vLLM hands on: reached, in a request that plans fine."""
+        return self.reached & self.ok.index_select(0, self.cells.request)
+
+    def dst_block_ids(self, block_id: torch.Tensor, of: torch.Tensor | None = None):
+        """The destination block ids [start, k) of the cells ``of`` selects (default
+        ``dst_cells``), flat in cell order, and how many each cell has ([C]). Gathered
+        from the ragged ranges alone: no [C, L] mask is built."""
+        of = self.dst_cells if of is None else of
+        n = torch.where(of, self.num_pending_gpu_blocks.to(torch.int64), 0)
+        total = int(n.sum())
+        cell = torch.repeat_interleave(torch.arange(n.shape[0], device=n.device), n, output_size=total)
+        offset = torch.cumsum(n, 0) - n
+        slot = torch.arange(total, device=n.device) - offset.index_select(0, cell) \
+            + self.load_start_gpu_block_idx.to(torch.int64).index_select(0, cell)
+        L = self.cells.L
+        flat = (self.cells.request * self.cells.G + self.cells.group).index_select(0, cell) * L + slot
+        return block_id.reshape(-1).index_select(0, flat), n
+
+    @property
+    def dst_mask(self) -> torch.Tensor:
+        """[R, G, L] the destination slots [start, k) of every group whose own code is 0
+        (built on demand; the comparison uses ``dst_block_ids``)."""
+        c = self.cells
+        slot = torch.arange(c.L, device=self.code.device)
+        start = self.load_start_gpu_block_idx.unsqueeze(-1)
+        good = (self.code == 0).unsqueeze(-1)
+        mask = (slot >= start) & (slot < start + self.num_pending_gpu_blocks.unsqueeze(-1)) & good
+        out = torch.zeros((c.R * c.G, c.L), dtype=torch.bool, device=mask.device)
+        out[c.request * c.G + c.group] = mask
+        return out.view(c.R, c.G, c.L)
+
+    def dense(self, name: str) -> torch.Tensor:
+        """[R, G] a per-cell output laid out over the padded batch, 0 off the cells."""
+        t = getattr(self, name)
+        c = self.cells
+        out = torch.zeros(c.R * c.G, dtype=t.dtype, device=t.device)
+        out[c.request * c.G + c.group] = t
+        return out.view(c.R, c.G)
+
+    def value(self, key: str) -> torch.Tensor:
+        """[C] the tensor behind an Assertion values key."""
+        return getattr(self, ASSERTION_VALUE_FIELDS[key])
+
+
+def plan_cells(cells: Cells, geo: Geometry, variant: Variant, asserts: bool, words: torch.Tensor,
+               release: ReleaseFeatures | None = None) -> BatchPlan:
+    """One variant (and release, default the variant's last: the spec's default):
+    vLLM's per-group loop as one pass of steps over every cell."""
+    release = release or variant_features(variant)
+    start = load_start(cells, geo, variant, words)
+    pending = geo.k - start
+    window = window_in_chunks(cells, geo, release)
+    start_chunk, end_chunk, boundary_key = offload_key_chunks(cells, geo, start, pending)
+    code = assert_codes(cells, geo, variant, release, asserts, start, pending, window)
+    stop = request_outcome(cells, release, asserts)
+    failing = first_failing_group(cells, code)
+    if stop is not None:  # a request stopped before its groups has no failing group
+        failing = torch.where(stop > 0, -1, failing)
     return BatchPlan(
-        variant=variant,
-        asserts=asserts,
-        num_slots=sh.L,
-        planned=sh.planned,
-        valid=sh.valid,
-        num_gpu_blocks=sh.k,
-        first_fresh_gpu_block_idx=sh.f,
-        load_start_gpu_block_idx=start,
-        num_pending_gpu_blocks=pending,
-        start_chunk_idx=start_chunk,
-        end_chunk_idx=end_chunk,
-        num_chunks=sh.num_chunks,
-        num_offload_keys=sh.have,
-        window_in_chunks=sh.window,
-        code=code,
-        failing_group=first_bad - (first_bad == sh.G) * (sh.G + 1),  # -1: none
-        table_length=sh.table_length,
-        tokens_per_block=sh.b,
-        num_locally_computed_tokens=sh.N[:, 0],
-        blocks_per_chunk=sh.bpc[:, 0],
+        variant=variant, asserts=asserts, release=release, cells=cells,
+        num_gpu_blocks=geo.k, first_fresh_gpu_block_idx=geo.f,
+        load_start_gpu_block_idx=start, num_pending_gpu_blocks=pending,
+        start_chunk_idx=start_chunk, end_chunk_idx=end_chunk, end_chunk_limit=geo.end_chunk_limit,
+        num_offload_keys=geo.num_offload_keys, window_in_chunks=window, boundary_key=boundary_key,
+        code=code, failing_group=failing, stop=stop,
     )
 
 
 def plan_variants(batch: PlanBatch, variants=tuple(Variant), asserts: bool = True, check: bool = True) -> dict:
     """The spec's ``plan_load`` for every request of ``batch``, for each variant.
 
-    ``asserts=False`` models ``python -O`` as the spec does (only the table length,
-    which would index past the table, still stops the plan). ``check`` runs the
-    value checks first; a caller that built the batch with ``batch_from_cases``
-    may skip them. Variants share the packed table and the per-group arithmetic.
+    ``asserts=False`` models ``python -O`` as the spec does. ``check`` runs the value
+    checks first; a caller that built the batch itself (``batch_from_cases``, the
+    generators) may skip them. Variants share the cells, the geometry and the packed
+    table.
     """
     variants = [Variant(v) for v in variants]
     if check:
         batch.check_values()
-    sh = _shared(batch)
-    # The scan looks for a non-null block that is unhashed, or for a 0.33 sync load
-    # any non-null block (position match).
-    # states are N=0, H=1, U=2: "unhashed" is bit 1, "non-null" is (state + 1) >> 1
-    unhashed = pack_slots(batch.state >> 1)
-    out = {}
-    for v in variants:
-        words = unhashed
-        sync_rows = batch.sync_load.nonzero().flatten() if v is Variant.FIXED_SYNC else None
-        if sync_rows is not None and len(sync_rows):
-            # only sync-load requests match by position: pack their non-null bits alone
-            words = unhashed.clone()
-            words[:, sync_rows] = pack_slots((batch.state.index_select(0, sync_rows) + 1) >> 1)
-        out[v] = _plan_one(sh, v, asserts, words)
-    return out
+    cells = real_cells(batch)
+    geo = group_geometry(cells)
+    unhashed = pack_slots(cells.state >> 1)
+    return {v: plan_cells(cells, geo, v, asserts, scan_words(cells, v, unhashed)) for v in variants}
 
 
 def plan_batch(batch: PlanBatch, variant: Variant | str, asserts: bool = True, check: bool = True) -> BatchPlan:
@@ -341,55 +651,65 @@ def plan_batch(batch: PlanBatch, variant: Variant | str, asserts: bool = True, c
 def to_load_plans(batch: PlanBatch, out: BatchPlan, rows=None) -> list[LoadPlan]:
     """The impl's outputs as spec ``LoadPlan``s, to compare, draw or print as JSON.
 
-    The assertion message is the impl's own (it says which numbers it saw); compare
-    plans with ``plan_fields``, which leaves messages out.
+    Messages and reasons are the impl's own (they say which numbers it saw); compare
+    plans with ``plan_fields``, which leaves them out.
     """
     rows = range(batch.shape[0]) if rows is None else list(rows)
-    idx = torch.as_tensor(list(rows), dtype=torch.int64, device=batch.device)
-    col = {
-        name: getattr(out, name).index_select(0, idx).cpu().tolist()
-        for name in ("num_gpu_blocks", "first_fresh_gpu_block_idx", "load_start_gpu_block_idx",
-                     "num_pending_gpu_blocks", "start_chunk_idx", "end_chunk_idx", "code")
-    }
-    vals = {key: out.value(key).index_select(0, idx).cpu().tolist() for key in ASSERTION_VALUE_FIELDS}
-    planned = out.planned.index_select(0, idx).cpu().tolist()
-    failing = out.failing_group.index_select(0, idx).cpu().tolist()
-    num_groups = batch.num_groups.index_select(0, idx).cpu().tolist()
-    ids = torch.where(out.dst_mask, batch.block_id, -1).index_select(0, idx).cpu().tolist()
+    cells = out.cells
+    col = {name: getattr(out, name).cpu().tolist() for name in GROUP_FIELDS + ("code",)}
+    vals = {key: out.value(key).cpu().tolist() for key in ASSERTION_VALUE_FIELDS}
+    start, count = cells.start.cpu().tolist(), cells.count.cpu().tolist()
+    failing = out.failing_group.cpu().tolist()
+    stop = out.stop.cpu().tolist() if out.stop is not None else [0] * cells.R
+    req = cells.requests
+    boundary = req.boundary.cpu().tolist() if req is not None else None
+    T = (batch.num_locally_computed_tokens + batch.num_external_tokens).cpu().tolist()
+    ids, n = out.dst_block_ids(batch.block_id, out.reached)
+    ids, n = ids.cpu().tolist(), n.cpu().tolist()
+    id_at = [0]
+    for x in n:
+        id_at.append(id_at[-1] + x)
     plans = []
-    for j, _ in enumerate(rows):
-        if not planned[j]:
+    for r in rows:
+        if stop[r] == CODE_UNSUPPORTED:
+            plans.append(LoadPlan(out.variant, (), None, out.asserts,
+                                  unsupported=f"(batched impl) vLLM {out.release.release} lacks a feature this case uses"))
+            continue
+        if stop[r]:
+            values = {"partial_tail_boundary": boundary[r], "num_cached_tokens": T[r]}
+            plans.append(LoadPlan(out.variant, (), Assertion(AssertName.PARTIAL_TAIL, None,
+                                  f"(batched impl) partial_tail: {values}", values), out.asserts))
+            continue
+        if not count[r]:
             plans.append(LoadPlan(out.variant, (), None, out.asserts))
             continue
-        upto = num_groups[j] if failing[j] < 0 else failing[j]
+        s = start[r]
+        cell_range = range(s, s + count[r])
+        upto = [c for c in cell_range if failing[r] < 0 or col["group_index"][c] < failing[r]]
         groups = tuple(
             GroupPlan(
-                group_index=g,
-                num_gpu_blocks=col["num_gpu_blocks"][j][g],
-                first_fresh_gpu_block_idx=col["first_fresh_gpu_block_idx"][j][g],
-                load_start_gpu_block_idx=col["load_start_gpu_block_idx"][j][g],
-                num_pending_gpu_blocks=col["num_pending_gpu_blocks"][j][g],
-                dst_block_ids=tuple(i for i in ids[j][g] if i >= 0),
-                start_chunk_idx=col["start_chunk_idx"][j][g],
-                end_chunk_idx=col["end_chunk_idx"][j][g],
+                **{f: col[f][c] for f in GROUP_FIELDS if f != "boundary_key_tokens"},
+                dst_block_ids=tuple(ids[id_at[c]:id_at[c + 1]]),
+                boundary_key_tokens=None if col["boundary_key_tokens"][c] == NO_KEY else col["boundary_key_tokens"][c],
             )
-            for g in range(upto)
+            for c in upto
         )
         assertion = None
-        if failing[j] >= 0:
-            g = failing[j]
-            name = ASSERT_NAMES[col["code"][j][g]]
-            values = {key: vals[key][j][g] for key in ASSERTION_VALUES[name]}
+        if failing[r] >= 0:
+            c = s + len(upto)
+            name = ASSERT_NAMES[col["code"][c]]
+            values = {key: vals[key][c] for key in ASSERTION_VALUES[name]}
             shown = ", ".join(f"{k}={v}" for k, v in values.items())
-            assertion = Assertion(name, g, f"(batched impl) {name.value}: {shown}", values)
+            assertion = Assertion(name, failing[r], f"(batched impl) {name.value}: {shown}", values)
         plans.append(LoadPlan(out.variant, groups, assertion, out.asserts))
     return plans
 
 
 def plan_fields(plan: LoadPlan) -> tuple:
-    """What two plans must share to agree: outcome, the failing group and its numbers,
-    and every planned group's fields (which fix dst_block_ids, group_sizes,
-    block_indices and keys). Messages are prose and left out."""
+    """What two plans must share to agree: outcome (ok, the assertion, or unsupported),
+    the failing group and its numbers, and every planned group's fields (which fix
+    dst_block_ids, group_sizes, block_indices and keys). Messages and reasons are prose
+    and left out."""
     a = plan.assertion
     head = None if a is None else (a.name, a.group_index, tuple(sorted(a.values.items())))
-    return head, plan.groups
+    return head, plan.groups, plan.unsupported is not None

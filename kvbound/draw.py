@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
-from kvbound.spec import Case, LoadPlan, Variant, cdiv, plan_load
+from kvbound.spec import Case, LoadPlan, Variant, cdiv, plan_for_version, plan_load, variant_for_version
 from kvbound.spec.plan import variant_load_start
 
 W = 5  # column width
@@ -295,6 +295,10 @@ def why(case: Case, plan: LoadPlan) -> str:
         return (
             f"group {a.group_index} ({g.config.kind.value}) would load {v['num_pending_gpu_blocks']} blocks but its window "
             f"holds at most {v['sliding_window_size_in_chunks']} chunk(s) * {v['blocks_per_chunk']} + 1"
+            + (f" (this release's window ignores its extra_retained_tokens={g.config.extra_retained_tokens};"
+               " 0.31+ count them)"
+               if g.config.extra_retained_tokens and v["sliding_window_size_in_chunks"]
+               < g.config.sliding_window_size_in_chunks(case.blocks_per_chunk) else "")
         )
     return (
         f"the prompt ({case.num_prompt_tokens} tokens, tokens_per_hash={case.tokens_per_hash}) gives group "
@@ -302,8 +306,13 @@ def why(case: Case, plan: LoadPlan) -> str:
     )
 
 
-def explain_case(case: Case, variants=tuple(Variant)) -> str:
-    plans = {Variant(v): plan_load(case, v) for v in variants}
+def explain_case(case: Case, variants=tuple(Variant), version: str | None = None) -> str:
+    """Drawn tables and each variant's verdict; with ``version`` that vLLM release's plan
+    (its scan, asserts and v2 features) instead of the variants' last releases."""
+    if version is not None:
+        plans = {variant_for_version(version): plan_for_version(case, version)}
+    else:
+        plans = {Variant(v): plan_load(case, v) for v in variants}
     out = [draw_case(case, plans=plans), ""]
     for v, p in plans.items():
         out.append(f"{v.value:<11}{describe_plan(p)}")

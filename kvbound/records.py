@@ -153,6 +153,10 @@ class DiffRecord:
     against: list
     families: dict  # family -> group kinds drawn
     variants: dict  # variant -> {checks, outcomes, groups_per_kind, disagreements}
+    generator: str  # how the cases were drawn (--generator)
+    workers: int  # processes the impl-vs-spec run used
+    exhaustive: dict | None  # {scope, cases} when every case of a scope was enumerated
+    timings: dict | None  # where the wall time went (impl, spec, conversion...)
     spec_seconds: float
     spec_checks_per_min: int | None
     symbolic: dict  # checked / forced / not_forced / unknown / seconds
@@ -171,6 +175,8 @@ class DiffRecord:
             cases=need(d, "cases", where, int), seed=need(d, "seed", where, int),
             device=need(d, "device", where, str), against=_list(d, "against", where),
             families=need(d, "families", where, dict), variants=need(d, "variants", where, dict),
+            generator=need(d, "generator", where, str), workers=need(d, "workers", where, int),
+            exhaustive=need(d, "exhaustive", where, _OPT_DICT), timings=need(d, "timings", where, _OPT_DICT),
             spec_seconds=need(d, "spec_seconds", where, _NUMBER),
             spec_checks_per_min=need(d, "spec_checks_per_min", where, (int, type(None))),
             symbolic=need(d, "symbolic", where, dict), inconclusive=_list(d, "inconclusive", where),

@@ -279,12 +279,16 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
                     has_boundary_key, key_tokens)
 
 
-def case_inputs(case, variant=Variant.FIXED_SYNC) -> list[GroupInputs]:
+def case_inputs(case, variant=Variant.FIXED_SYNC, knobs: Knobs = Knobs()) -> list[GroupInputs]:
     """A spec Case as concrete group inputs (numbers folded in Python): its offloaded groups
-    in order, each reading ``blocks.blocks[group_idx]``, as ``variant``'s last release has them."""
+    in order, each reading ``blocks.blocks[group_idx]``, as ``variant``'s last release has them
+    (``knobs`` may mutate how keys and windows are derived from the case)."""
+    from dataclasses import replace as _replace
+
     from kvbound.spec import variant_features
 
     release = variant_features(variant)
+    counted = _replace(case, num_tokens=case.num_prompt_tokens) if knobs.keys_from_prompt else case
     tail = case.partial_tail_boundary is not None
     out = []
     for n, gi in enumerate(case.offloaded_group_indices):
@@ -294,8 +298,9 @@ def case_inputs(case, variant=Variant.FIXED_SYNC) -> list[GroupInputs]:
             M=case.num_external_tokens,
             b=grp.config.tokens_per_block,
             bpc=case.blocks_per_chunk,
-            window=grp.config.sliding_window_size_in_chunks(case.blocks_per_chunk, release.window_counts_retained),
-            num_keys=case.num_offload_keys(gi),
+            window=grp.config.sliding_window_size_in_chunks(
+                case.blocks_per_chunk, release.window_counts_retained and knobs.window_counts_retained),
+            num_keys=counted.num_offload_keys(gi),
             sync_load=case.sync_load,
             table=ConcreteTable(grp.blocks),
             tail=tail,

@@ -52,7 +52,7 @@ def encode_case(case, knobs: Knobs, tag: str = "", variant=Variant.FIXED_SYNC):
     if case.num_external_tokens == 0:
         return None, []
     outs = [encode_group(gi, g, knobs, tag) for gi, g in zip(case.offloaded_group_indices,
-                                                             case_inputs(case, variant))]
+                                                             case_inputs(case, variant, knobs))]
     return outs, [c for o in outs for c in o.constraints]
 
 

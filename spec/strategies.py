@@ -218,8 +218,8 @@ def _tail_tables(rng, configs, N: int, T: int, ids, recurrent: bool) -> list:
 def _build_tail(rng, family: str, name: str) -> Case:
     """``partial_tail``, ``short_prompt``, ``eagle`` and ``adversarial_tail``: the lookup's
     partial tail (0.33 ``_lookup``): N a multiple of b, whole chunks past N, then a boundary
-    in the next block (the next two with EAGLE groups), a multiple of tokens_per_hash, below
-    the prompt's end; T is that boundary."""
+    inside the next block, a multiple of tokens_per_hash, below the prompt's end; T is that
+    boundary."""
     eagle = family == "eagle"
     configs, bpc, tph = _tail_config(rng, eagle)
     b = configs[0].tokens_per_block
@@ -230,8 +230,10 @@ def _build_tail(rng, family: str, name: str) -> Case:
     else:
         N = b * rng.randint(0, 6)
         complete = b * rng.randint(0, 5)
-        span = 2 * b if eagle else b  # num_search_blocks: 2 with an EAGLE margin
-        boundary = N + complete + tph * rng.randint(1, span // tph - 1)
+        # inside the block after the whole chunks the lookup hit (a block-aligned boundary,
+        # which 0.33 can record past an EAGLE group's popped chunk, is not drivable by a tier
+        # that holds every chunk below T: the complete-chunk hit would already reach it)
+        boundary = N + complete + tph * rng.randint(1, b // tph - 1)
         P = boundary + rng.randint(1, 2 * b)
     kw = dict(name=name, blocks_per_chunk=bpc, tokens_per_hash=tph, num_prompt_tokens=P,
               num_locally_computed_tokens=N, num_external_tokens=boundary - N, sync_load=False,

@@ -344,3 +344,12 @@ def test_svg_marks_the_partial_tail_and_eagle_key():
     svgs = case_svgs(case)
     assert "EAGLE drafter group" in svgs[2] and "boundary + EAGLE proof margin 16" in svgs[2]
     assert "not offloaded" in svgs[3] and "fixed-sync" not in svgs[3]
+
+
+def test_explain_with_a_release_plans_as_that_release():
+    r = kvbound("explain", "--vllm-version", "0.30.0", V2 / "retained_window_mtp.json")
+    assert "AssertionError (window_bound) in group 1" in r.stdout and "ignores its extra_retained_tokens=16" in r.stdout
+    r = kvbound("explain", "--vllm-version", "0.31.0", V2 / "retained_window_mtp.json")
+    assert "fixed      ok: dst_block_ids=[2, 3, 4, 12, 13, 14]" in r.stdout
+    r = kvbound("explain", "--vllm-version", "0.27.0", V2 / "partial_tail_fa_mamba.json")
+    assert "unsupported: vLLM 0.27.0 has no partial tails" in r.stdout

@@ -25,10 +25,10 @@ from kvbound.impl import (
 )
 from kvbound.impl import plan as impl_plan
 from kvbound.impl.batch import STATE_H
-from kvbound.spec import AssertName, Variant, load_case_paths, load_cases, plan_load
+from kvbound.spec import AssertName, Variant, case_to_dict, load_case_paths, load_cases, plan_load
 from kvbound.spec.strategies import cases, random_cases
 
-from conftest import CORPUS, EXAMPLES
+from conftest import CORPUS, EXAMPLES, ROOT
 
 
 def _agree_all(case_list, asserts=True):
@@ -73,7 +73,7 @@ def test_first_failing_group_in_config_order():
     b = batch_from_cases([pr])
     out = plan_batch(b, Variant.LEGACY)
     assert out.failing_group.tolist() == [1]  # the mamba group, after the full-attention group planned
-    assert out.code[0].tolist() == [0, impl_plan.ASSERT_CODES[AssertName.BOUNDARY]]
+    assert out.dense("code")[0].tolist() == [0, impl_plan.ASSERT_CODES[AssertName.BOUNDARY]]
     plan = to_load_plans(b, out)[0]
     assert plan.assertion.name is AssertName.BOUNDARY and plan.dst_block_ids == ()
     assert plan_fields(plan) == plan_fields(plan_load(pr, Variant.LEGACY))
@@ -136,8 +136,9 @@ def test_cuda_agrees_with_cpu():
     cpu = plan_variants(batch_from_cases(cs, device="cpu"))
     gpu = plan_variants(batch_from_cases(cs, device="cuda"))
     for v in Variant:
-        for f in ("load_start_gpu_block_idx", "num_pending_gpu_blocks", "code", "failing_group", "end_chunk_idx"):
-            assert torch.equal(getattr(cpu[v], f), getattr(gpu[v], f).cpu()), (v, f)
+        for f in ("load_start_gpu_block_idx", "num_pending_gpu_blocks", "code", "end_chunk_idx"):
+            assert torch.equal(cpu[v].dense(f), gpu[v].dense(f).cpu()), (v, f)
+        assert torch.equal(cpu[v].failing_group, gpu[v].failing_group.cpu()), v
 
 
 def test_cuda_requested_without_cuda_is_a_clear_error():
@@ -202,3 +203,87 @@ def test_diff_command_reports_saves_and_fails(monkeypatch, tmp_path, capsys):
 def test_diff_command_bad_input(capsys):
     assert main(["diff", "--cases", "5", "--against", "spec,oracle"]) == 2
     assert "oracle" in capsys.readouterr().err
+
+
+# --- generation in tensors, the exhaustive scope, the spec in worker processes -------
+
+def test_tensor_generator_builds_valid_cases_that_agree():
+    from kvbound.impl.generate import generate_batch
+
+    gb = generate_batch(3000, seed=5)
+    again = generate_batch(3000, seed=5)
+    assert all(torch.equal(a, b) for a, b in zip(gb.batch.tensors().values(), again.batch.tensors().values()))
+    other = generate_batch(3000, seed=5, first=3000)
+    assert not torch.equal(gb.batch.num_locally_computed_tokens, other.batch.num_locally_computed_tokens)
+    cs = gb.cases()  # validating constructor: a generated row is a well-formed Case
+    assert cs == gb.cases(validate=False)
+    assert gb.family_counts() == {"realistic": 1000, "recurrent_state": 1000, "adversarial": 1000}
+    assert {c.name.rsplit("-", 1)[-1] for c in cs if c.name.startswith("adversarial")} >= {"unaligned_n", "wide_hit"}
+    stats = _agree_all(cs)
+    seen = {name for (_, name) in stats.outcomes}
+    assert seen >= {"ok", "table_length", "boundary", "alignment", "window_bound", "keys_length"}
+    # the PR's shape: a recurrent_state case has an unhashed Mamba block below f
+    rec = [c for c in cs if c.name.startswith("recurrent_state")]
+    assert all(any(g.config.kind.value == "mamba" for g in c.groups) for c in rec)
+
+
+def test_exhaustive_scope_enumerates_every_case_once():
+    from kvbound.impl.exhaustive import Scope, ScopeError, scope_chunks
+
+    scope = Scope.parse("groups=2,len=1,bpc=1,prompt=0,sync=0")
+    chunks = list(scope_chunks(scope, chunk=700))
+    cases = [c for ch in chunks for c in ch.cases()]
+    assert len(cases) == scope.size == (4 * 4 + (4 * 4) ** 2) * len(scope.token_pairs(4))
+    keys = {json.dumps(dict(case_to_dict(c), name=None), sort_keys=True) for c in cases}
+    assert len(keys) == scope.size  # no case twice
+    _agree_all(cases)
+    with pytest.raises(ScopeError, match="unknown key 'lenght'"):
+        Scope.parse("lenght=3")
+
+
+def test_spec_in_worker_processes_gives_the_same_counts():
+    from kvbound.impl import run_differential
+    from kvbound.impl.generate import generate_batch
+
+    def chunks():
+        return (generate_batch(400, seed=2, first=i) for i in (0, 400, 800))
+
+    inline, _ = run_differential(chunks(), workers=0)
+    pooled, tm = run_differential(chunks(), workers=1)
+    assert inline.cases == pooled.cases == 1200 and not pooled.disagreements
+    assert inline.outcomes == pooled.outcomes and inline.groups == pooled.groups
+    assert tm.spec_cpu > 0
+
+
+def test_workers_report_a_broken_impl(monkeypatch, tmp_path):
+    _broken_scan(monkeypatch)  # the impl runs in this process; the spec in the workers
+    out_json = tmp_path / "d.json"
+    assert main(["diff", "--cases", "300", "--seed", "1", "--against", "spec", "--workers", "1", "--no-save",
+                 "--json", str(out_json)]) == 1
+    rep = json.loads(out_json.read_text())
+    assert rep["variants"]["fixed"]["disagreements"] > 0 and rep["variants"]["legacy"]["disagreements"] == 0
+
+
+def test_diff_exhaustive_command(tmp_path, capsys):
+    out_json = tmp_path / "e.json"
+    assert main(["diff", "--exhaustive", "len=2,bpc=1,sync=0", "--against", "spec", "--workers", "0",
+                 "--json", str(out_json)]) == 0
+    rep = json.loads(out_json.read_text())
+    assert rep["exhaustive"]["cases"] == rep["cases"] > 1000 and rep["result"] == "agree"
+    assert main(["diff", "--exhaustive", "groups=x"]) == 2
+    assert "groups" in capsys.readouterr().err
+
+
+def test_case_format_v2_agrees_every_family():
+    """Partial tails (boundary keys, the partial_tail assert), EAGLE margins, retained
+    window tokens, resumed requests, group subsets and unsupported outcomes, as the spec."""
+    cs = load_case_paths([ROOT / "tests" / "cases_v2"]) + list(random_cases(1400, seed=4, family="all"))
+    b = batch_from_cases(cs)
+    assert b.uses_v2 and cases_from_batch(b) == cs  # the v2 fields survive the tensors
+    stats = _agree_all(cs)
+    seen = {name for (_, name) in stats.outcomes}
+    assert {"partial_tail", "unsupported", "ok"} <= seen
+    _agree_all(cs[:500], asserts=False)
+    keys = [k for c in cs for p in to_load_plans(batch_from_cases([c]), plan_batch(batch_from_cases([c]), "fixed-sync"))
+            for k in p.keys if len(k) == 3]
+    assert keys and all(k[1] == "boundary" for k in keys)

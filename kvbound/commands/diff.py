@@ -21,7 +21,7 @@ from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
 from kvbound.records import DiffDisagreement, DiffRecord
 from kvbound.draw import draw_case
 from kvbound.spec import GroupKind, case_to_dict, dump_cases, load_case_paths
-from kvbound.spec.strategies import FAMILIES, family_of, random_cases
+from kvbound.spec.strategies import ALL_FAMILIES, FAMILIES, family_of, random_cases
 from kvbound.spec.verdicts import Verdict
 
 from . import add_variant_args, selected_variants
@@ -34,18 +34,31 @@ def register(sub):
     p = sub.add_parser(
         "diff",
         help="differential run: batched torch impl vs the spec and vs the Z3 encoding",
-        description="Run the batched torch implementation on case files and/or N generated cases and "
-        "compare it with the executable spec (every field) and with the symbolic model (Z3 must force "
-        "exactly the impl's outputs). Disagreements are drawn, shrunk and saved to the corpus; exit 1 "
-        "on any disagreement, 2 if the solver was inconclusive.",
+        description="Run the batched torch implementation on case files, N generated cases and/or every "
+        "case of a declared scope, and compare it with the executable spec (every field; the spec runs in "
+        "worker processes) and with the symbolic model (Z3 must force exactly the impl's outputs). "
+        "Disagreements are drawn, shrunk and saved to the corpus; exit 1 on any disagreement, 2 if the "
+        "solver was inconclusive.",
     )
     p.add_argument("paths", nargs="*", metavar="CASE_FILE_OR_DIR", help="also diff these case files / directories")
     p.add_argument("--cases", type=int, default=None, metavar="N",
-                   help="generated cases (default 1000, or 0 when case files are given)")
+                   help="generated cases (default 1000, or 0 when case files or --exhaustive are given)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the generated cases")
-    p.add_argument("--family", choices=FAMILIES, help="generate one family only (default: all, in turn)")
+    p.add_argument("--family", choices=ALL_FAMILIES + ("all",),
+                   help=f"generate one family only, or all (every family in turn); default: the v1 families "
+                   f"{', '.join(FAMILIES)} in turn. The tensor generator draws the v1 families; the others, and "
+                   "all, come from random_cases")
+    p.add_argument("--generator", choices=("tensor", "python"), default="tensor",
+                   help="tensor (default): kvbound.impl.generate draws whole batches in torch; python: "
+                   "kvbound.spec.strategies.random_cases, one Case at a time (slower; the cases of older runs)")
+    p.add_argument("--exhaustive", nargs="?", const="", default=None, metavar="SCOPE",
+                   help="also check every case of a scope: comma list of key=value over groups, len, b, bpc, "
+                   "step, prompt, sync, kinds; unnamed keys keep the default scope's value (the run prints the "
+                   "scope and its size; docs/benchmarks.md)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the impl runs (default auto: cuda when available, else cpu)")
+    p.add_argument("--workers", type=int, default=None, metavar="W",
+                   help="processes running the spec (default: the CPU count; 0 runs it in this process)")
     p.add_argument("--against", default="spec,symbolic", metavar="LIST",
                    help="comma list of references: spec, symbolic (default both)")
     p.add_argument("--symbolic-cases", type=int, default=2000, metavar="K",
@@ -96,22 +109,43 @@ def _parse_against(text: str) -> tuple:
     return out
 
 
-def _chunks(cases_iter, size: int):
+def _case_chunks(cases_iter, size: int, device):
+    from kvbound.impl import CaseChunk
+
     chunk = []
     for c in cases_iter:
         chunk.append(c)
         if len(chunk) >= size:
-            yield chunk
+            yield CaseChunk.of(chunk, device)
             chunk = []
     if chunk:
-        yield chunk
+        yield CaseChunk.of(chunk, device)
+
+
+def _family_counts(chunk) -> dict:
+    if hasattr(chunk, "family_counts"):
+        return chunk.family_counts()
+    out: dict = {}
+    for c in chunk.case_list:
+        fam = family_of(c)
+        out[fam] = out.get(fam, 0) + 1
+    return out
 
 
 def run(args) -> int:
-    from kvbound.impl import BatchError, DiffStats, diff_against_spec, resolve_device
+    import os
+
+    from kvbound.impl import BatchError, DiffStats, resolve_device, run_differential
+    from kvbound.impl.exhaustive import Scope, ScopeError, scope_chunks
+    from kvbound.impl.generate import generate_batch
+
+    import torch
 
     against = _parse_against(args.against)
     variants = selected_variants(args)
+    # one torch thread: the spec's worker processes take the other cores, and torch's
+    # spinning intra-op threads on a busy machine cost the impl 20-100x (measured)
+    torch.set_num_threads(1)
     try:
         device = resolve_device(None if args.device == "auto" else args.device)
     except BatchError as e:
@@ -119,47 +153,72 @@ def run(args) -> int:
     args.device_used = str(device)
     if args.batch < 1:
         raise UsageError("--batch: must be at least 1")
+    workers = (os.cpu_count() or 1) if args.workers is None else args.workers
+    if workers < 0:
+        raise UsageError("--workers: must be non-negative")
+    scope = None
+    if args.exhaustive is not None:
+        try:
+            scope = Scope.parse(args.exhaustive)
+        except ScopeError as e:
+            raise UsageError(f"--exhaustive: {e}") from None
     files = load_case_paths(args.paths) if args.paths else []
-    n_gen = args.cases if args.cases is not None else (0 if files else 1000)
+    n_gen = args.cases if args.cases is not None else (0 if files or scope else 1000)
     if n_gen < 0:
         raise UsageError("--cases: must be non-negative")
-    total = len(files) + n_gen
+    total = len(files) + n_gen + (scope.size if scope else 0)
     if not total:
-        raise UsageError("nothing to diff: give case files or --cases N > 0")
+        raise UsageError("nothing to diff: give case files, --cases N > 0 or --exhaustive")
+    if scope:
+        print(f"exhaustive scope: {scope.describe()}: {scope.size:,} cases", file=sys.stderr)
 
-    def all_cases():
-        yield from files
-        yield from random_cases(n_gen, seed=args.seed, family=args.family)
+    def all_chunks():
+        yield from _case_chunks(files, args.batch, device)
+        if args.generator == "python" or (args.family is not None and args.family not in FAMILIES):
+            yield from _case_chunks(random_cases(n_gen, seed=args.seed, family=args.family), args.batch, device)
+        else:
+            for first in range(0, n_gen, args.batch):
+                yield generate_batch(min(args.batch, n_gen - first), args.seed, args.family, device, first=first)
+        if scope:
+            yield from scope_chunks(scope, args.batch, device)
 
-    stats = DiffStats()
     kinds_per_family: dict = {}
     sym = {"checked": 0, "forced": 0, "not_forced": 0, "unknown": 0, "seconds": 0.0}
     unknowns = []
+    stats = DiffStats()
     sym_left = args.symbolic_cases if "symbolic" in against else 0
-    t0 = time.perf_counter()
-    t_spec = 0.0
     bar = Progress(total, "diff")
-    for chunk in _chunks(all_cases(), args.batch):
-        for c in chunk:
-            fam = family_of(c)
-            kinds_per_family[fam] = kinds_per_family.get(fam, 0) + 1
-        if "spec" in against:
-            t = time.perf_counter()
-            diff_against_spec(chunk, variants, device=device, stats=stats)
-            t_spec += time.perf_counter() - t
-        else:
-            stats.cases += len(chunk)
-        if sym_left > 0:
-            part = chunk[:sym_left]
-            sym_left -= len(part)
-            t = time.perf_counter()
-            _symbolic(part, variants, device, args.timeout, stats, sym, unknowns)
-            sym["seconds"] += time.perf_counter() - t
-        bar.step(len(chunk))
+
+    def counted(chunks):
+        nonlocal sym_left
+        for chunk in chunks:
+            for fam, n in _family_counts(chunk).items():
+                kinds_per_family[fam] = kinds_per_family.get(fam, 0) + n
+            if sym_left > 0:
+                n = min(sym_left, chunk.batch.shape[0])
+                sym_left -= n
+                t = time.perf_counter()
+                _symbolic(chunk.cases(range(n)), variants, device, args.timeout, stats, sym, unknowns)
+                sym["seconds"] += time.perf_counter() - t
+            if "spec" not in against:
+                stats.cases += chunk.batch.shape[0]
+                bar.step(chunk.batch.shape[0])
+                continue
+            yield chunk
+
+    t0 = time.perf_counter()
+    timings = None
+    if "spec" in against:
+        stats, timings = run_differential(counted(all_chunks()), variants, device, workers=workers, stats=stats,
+                                          on_chunk=bar.step)
+        timings.generation -= sym["seconds"]  # the symbolic checks ran inside the chunk iterator
+    else:
+        for _ in counted(all_chunks()):
+            pass
     elapsed = time.perf_counter() - t0
 
     saved = [] if args.no_save else _save_shrunk(stats.disagreements, Path(args.corpus))
-    _print_report(args, stats, variants, against, sym, unknowns, kinds_per_family, elapsed, t_spec)
+    _print_report(args, stats, variants, against, sym, unknowns, kinds_per_family, elapsed, timings, workers)
     for d in stats.disagreements[: args.show]:
         print()
         _draw_disagreement(d)
@@ -169,8 +228,8 @@ def run(args) -> int:
         print(f"saved shrunk case: {path}")
     if args.json:
         Path(args.json).write_text(json.dumps(
-            _json_report(args, stats, variants, against, sym, unknowns, kinds_per_family, elapsed, t_spec, saved),
-            indent=2) + "\n")
+            _json_report(args, stats, variants, against, sym, unknowns, kinds_per_family, elapsed, timings, saved,
+                         workers, scope), indent=2) + "\n")
     if stats.disagreements:
         return EXIT_FAIL
     if unknowns:
@@ -235,10 +294,11 @@ def _save_shrunk(disagreements, corpus: Path, limit: int = 10) -> list:
 
 
 def _outcome_cols(variants):
-    return ["ok", "table_length", "boundary", "alignment", "window_bound", "keys_length"]
+    return ["ok", "table_length", "boundary", "alignment", "window_bound", "keys_length", "partial_tail",
+            "unsupported"]
 
 
-def _print_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t_spec) -> None:
+def _print_report(args, stats, variants, against, sym, unknowns, fams, elapsed, timings, workers) -> None:
     n_dis = {(d.variant, d.against): 0 for d in stats.disagreements}
     for d in stats.disagreements:
         n_dis[(d.variant, d.against)] += 1
@@ -263,10 +323,15 @@ def _print_report(args, stats, variants, against, sym, unknowns, fams, elapsed, 
         for v in variants:
             print(f"{v.value:<11}" + "".join(f"{stats.groups.get((v, k), 0):>16}" for k in kinds))
     print()
-    if "spec" in against and t_spec:
+    if "spec" in against and timings and timings.wall:
         n = sum(stats.checks.values())
-        print(f"impl vs spec: {n} case-variant checks in {t_spec:.1f} s = {n / t_spec * 60:,.0f}/min "
-              f"({stats.cases / t_spec * 60:,.0f} cases/min, all {len(variants)} variants)")
+        tm = timings
+        print(f"impl vs spec: {n:,} case-variant checks in {tm.wall:.1f} s = {n / tm.wall * 60:,.0f}/min "
+              f"({stats.cases / tm.wall * 60:,.0f} cases/min, all {len(variants)} variants); "
+              f"spec in {workers or 'no'} worker process(es)")
+        print(f"  stages: generation/conversion {tm.generation:.1f} s, impl {tm.impl:.1f} s, compare "
+              f"{tm.compare:.1f} s, waiting for the spec {tm.spec_wait:.1f} s (spec CPU {tm.spec_cpu:.1f} s "
+              "summed over the workers)")
     if "symbolic" in against:
         rate = sym["checked"] / sym["seconds"] if sym["seconds"] else 0.0
         print(f"impl vs symbolic: {sym['checked']} checks: {sym['forced']} forced, {sym['not_forced']} not forced, "
@@ -304,8 +369,10 @@ def _draw_disagreement(d) -> None:
     print(draw_case(d.case, plans={d.variant: d.impl}, legend=d.expected is None))
 
 
-def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t_spec, saved) -> dict:
+def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, timings, saved, workers,
+                 scope) -> dict:
     n_checks = sum(stats.checks.values())
+    t_spec = timings.wall if timings else 0.0
     return DiffRecord(
         cases=stats.cases,
         seed=args.seed,
@@ -321,6 +388,10 @@ def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t
             }
             for v in variants
         },
+        generator=args.generator,
+        workers=workers,
+        exhaustive=None if scope is None else {"scope": scope.describe(), "cases": scope.size},
+        timings=timings.as_dict() if timings else None,
         spec_seconds=round(t_spec, 3),
         spec_checks_per_min=round(n_checks / t_spec * 60) if t_spec else None,
         symbolic=dict(sym, seconds=round(sym["seconds"], 3)),

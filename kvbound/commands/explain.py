@@ -27,5 +27,5 @@ def run(args) -> int:
     for i, case in enumerate(load_case_paths(args.cases)):
         if i:
             print("\n" + "=" * 100 + "\n")
-        print(explain_case(case, variants))
+        print(explain_case(case, variants, args.vllm_version))
     return 0
