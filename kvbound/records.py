@@ -43,6 +43,10 @@ def _list(obj, key: str, where: str) -> list:
     return need(obj, key, where, list)
 
 
+def _optional(obj, key: str, where: str, types, default):
+    return need(obj, key, where, types) if isinstance(obj, dict) and key in obj else default
+
+
 _OPT_STR = (str, type(None))
 _OPT_DICT = (dict, type(None))
 _NUMBER = (int, float)
@@ -240,6 +244,10 @@ class ConformRecord:
     blocking: int  # non-adversarial disagreements and faults, failed witnesses
     witness_note: str | None
     cases: list[ConformCase]
+    command: str = ""  # the command line that wrote the file
+    undriven_blocking: int = 0  # of the blocking ones, cases the harness could not drive
+    spec_mutant: str | None = None  # --spec-mutant: the spec mutant this run applied
+    spec_mutation: dict | None = None  # --spec-mutants: the spec mutation score (proofs.mutants.score)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -252,4 +260,9 @@ class ConformRecord:
             releases=need(d, "releases", where, dict), not_prepared=_list(d, "not_prepared", where),
             matrix=need(d, "matrix", where, dict), blocking=need(d, "blocking", where, int),
             witness_note=need(d, "witness_note", where, _OPT_STR),
-            cases=[ConformCase.from_json(r, f"{where}.cases[{i}]") for i, r in enumerate(_list(d, "cases", where))])
+            cases=[ConformCase.from_json(r, f"{where}.cases[{i}]") for i, r in enumerate(_list(d, "cases", where))],
+            # fields newer than some committed files: absent means the default
+            command=_optional(d, "command", where, str, ""),
+            undriven_blocking=_optional(d, "undriven_blocking", where, int, 0),
+            spec_mutant=_optional(d, "spec_mutant", where, _OPT_STR, None),
+            spec_mutation=_optional(d, "spec_mutation", where, _OPT_DICT, None))

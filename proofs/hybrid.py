@@ -22,7 +22,7 @@ from kvbound.spec import Block, BlockState, Case, Group, GroupKind
 
 from .encoding import HSH, NUL, UNH, GroupInputs, SymTable, encode_group
 from .premises import PREMISES, when_kind
-from .terms import AND, CDIV, IF, OR
+from .terms import AND, CDIV, IF, IMPLIES, OR
 from .world import _EXPAND, config_for
 
 GROUPS = 4
@@ -49,13 +49,18 @@ class Slot:
         self.num_keys = z3.Int(f"num_offload_keys[{s}]")
         self.c = z3.Int(f"unit / tokens_per_block[{s}]")  # the LCM rule's multiplier
         self.table = SymTable(f"g{s}", expand=length if length and length > 0 else None)
+        # a partial tail (the request's, shared by every group); the EAGLE margin is the group's
+        self.tail, self.boundary, self.tph, self.prompt = world.tail, world.boundary, world.tph, world.prompt
+        self.margin = z3.Int(f"eagle_proof_margin[{s}]")
+        self.eagle = z3.Bool(f"is_eagle_group[{s}]")
 
     def is_kind(self, kind: GroupKind):
         return self.kind == KINDS.index(kind)
 
     def inputs(self) -> GroupInputs:
         return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load,
-                           self.table, windowed=z3.Not(self.is_kind(GroupKind.FULL_ATTENTION)))
+                           self.table, windowed=z3.Not(self.is_kind(GroupKind.FULL_ATTENTION)),
+                           tail=self.tail, boundary=self.boundary, margin=self.margin)
 
 
 class HybridWorld:
@@ -68,6 +73,9 @@ class HybridWorld:
         self.bpc = z3.Int("blocks_per_chunk")
         self.sync_load = z3.Bool("sync_load")
         self.unit, self.q = z3.Int("scheduler_block_size"), z3.Int("N / scheduler_block_size")
+        self.tail = z3.Bool("partial_tail")  # the lookup chose a partial tail (partial_tail_boundary set)
+        self.boundary, self.tph = z3.Int("partial_tail_boundary"), z3.Int("tokens_per_hash")
+        self.prompt = z3.Int("num_prompt_tokens")
         self.slots = [Slot(self, s, length) for s in range(groups)]
         self.constraints = []
         self.table = self.slots[0].table  # the runner's "has a table" test
@@ -94,7 +102,23 @@ class HybridWorld:
                     z3.Implies(self.active(s.index), AND(s.c >= 1, self.unit == s.c * s.b,
                                                          )),
                     s.table.wellformed(), *([] if self.length is None else [s.table.length == self.length])]
-        return out
+        return out + self.partial_tail_config()
+
+    def partial_tail_config(self, eagle_margins: bool = True):
+        """A partial tail only on a config that supports one (0.33 scheduler.py:276-293: one block per
+        chunk, one block size, only full-attention and Mamba align groups, a Mamba group with
+        tokens_per_block > tokens_per_hash); an EAGLE full-attention group keys it ``margin`` past the
+        boundary (0.33 kv_cache_utils.eagle_proof_margin: one hash unit or one block)."""
+        s0 = self.slots[0]
+        fa, mamba = KINDS.index(GroupKind.FULL_ATTENTION), KINDS.index(GroupKind.MAMBA)
+        supported = AND(self.bpc == 1, self.tph >= 1, s0.b > self.tph, s0.b % self.tph == 0,
+                        *[z3.Implies(self.active(s.index), AND(s.b == s0.b, OR(s.kind == fa, s.kind == mamba)))
+                          for s in self.slots],
+                        OR(*[AND(self.active(s.index), s.kind == mamba) for s in self.slots]))
+        margin = IF(AND(self.tail, s0.eagle, s0.kind == fa),
+                    OR(s0.margin == self.tph, s0.margin == s0.b) if eagle_margins else s0.margin == 0,
+                    s0.margin == 0)
+        return [z3.Implies(self.tail, supported), margin]
 
     def premise_terms(self, ids) -> list:
         """Each premise on group 0, bound to the kinds it is stated for; the other groups'
@@ -177,8 +201,12 @@ def safe_parts(w: HybridWorld, o) -> list:
     them, and the keys are chunks inside the lookup's range [N // tpc, cdiv(T, tpc))."""
     s = w.slots[0]
     t = s.table
-    keys_ok = OR(o.pending == 0, AND(o.start_chunk >= s.N / s.tpc, o.end_chunk <= CDIV(s.T, s.tpc),
-                                     o.start_chunk < o.end_chunk))
+    # the lookup's range: chunks [N // tpc, cdiv(T, tpc)); a partial tail's last chunk is its
+    # boundary key, at the position the lookup confirmed (boundary + the group's EAGLE margin)
+    keys_ok = OR(o.pending == 0, AND(
+        o.start_chunk >= s.N / s.tpc, o.end_chunk <= CDIV(s.T, s.tpc) - IF(s.tail, 1, 0),
+        IF(s.tail, o.start_chunk <= o.end_chunk, o.start_chunk < o.end_chunk),
+        o.has_boundary_key == s.tail, IMPLIES(s.tail, o.key_tokens == s.boundary + s.margin)))
     return [*[ok for _, ok in o.checks], o.start == s.j, o.pending == o.dst_len,
             t.forall(o.start, o.k, lambda i: t.state(i) != NUL), keys_ok]
 

@@ -33,6 +33,7 @@ class Problem:
     witness: Callable | None = None  # model -> Case, for a refutation
     shaping: list = field(default_factory=list)  # small-numbers constraints tried first for witnesses
     splits: tuple = (True,)  # a case split covering every input; proved iff every case is unsat
+    cases: tuple = (True,)  # vacuity: the premises must admit an input in each of these cases
 
 
 @dataclass(frozen=True)
@@ -310,7 +311,10 @@ def _fixed_sync_needed(knobs):
     p = w.plan(knobs_for(Variant.FIXED))
     prem = w.base() + [w.sync_load, w.j < w.k]
     return Problem(prem, p.start == w.j, w,
-                   witness=lambda m: w.to_case(m, "witness-fixed-sync.needed", sync_load=True), shaping=w.small())
+                   witness=lambda m: w.to_case(m, "witness-fixed-sync.needed", sync_load=True),
+                   # shaped so vLLM 0.33's own lookup reserves the sync load (kvbound conform drives it):
+                   # a hit of whole chunks, at least one, ending before the prompt does
+                   shaping=w.small() + [w.T % w.tpc == 0, w.M >= w.tpc, w.num_keys * w.tpc > w.T])
 
 
 def _replay_sync_needed(case):
@@ -416,11 +420,17 @@ def _safe_load(variant):
         w = HybridWorld()
         out = w.plan(knobs)
         prem = w.base() + ([] if variant is Variant.FIXED_SYNC else [NOT(w.sync_load)])  # sync loads: 0.33+
+        if variant is not Variant.FIXED_SYNC:  # EAGLE groups key partial tails past the boundary from 0.33
+            prem.append(w.slots[0].margin == 0)
         parts = safe_parts(w, out)
         # one split per conjunct (their negations cover ¬claim): Z3 settles each at once
         return Problem(prem, AND(*parts), w, shaping=w.pr_shape() if variant is Variant.LEGACY else [],
                        witness=lambda m: w.to_case(m, f"witness-safe-load.{variant.value}"),
-                       splits=tuple(NOT(p) for p in parts))
+                       splits=tuple(NOT(p) for p in parts),
+                       # non-vacuous in each branch: a partial tail or not, each kind of group 0, several groups
+                       cases=(w.tail, NOT(w.tail), w.n >= 2,
+                              *[w.slots[0].kind == c for c in range(4)],
+                              *([w.sync_load] if variant is Variant.FIXED_SYNC else [])))
 
     return build
 
@@ -455,29 +465,31 @@ ALIGN_BOUND = Bound(MAX_GROUPS, 0, "unbounded (block sizes, DCP size, N)",
 
 HYBRID = ("table-covers-load", "n-aligned", "fresh-after-nulls", "computed-hashed", "computed-cached",
           "window-skipped-null",
-          "chunk-skipped-null", "mamba-one-state-block", "keys-cover-hit", "hit-a-chunk")
+          "chunk-skipped-null", "mamba-one-state-block", "keys-cover-hit", "hit-a-chunk", "partial-tail-lookup")
 HYBRID_BOUND = Bound(GROUPS, None, "unbounded (tokens_per_block per group, blocks_per_chunk, N, M, windows)",
                      f"a model of up to {GROUPS} groups of symbolic kinds (slots unrolled: the LCM rule has no closed "
                      "form over a symbolic count); the claim is stated for its group 0, which is any group w.l.o.g. "
                      "(the plan carries no state from one group to the next); the others enter through the LCM rule "
                      "(N) and the lookup (M ≥ every group's tpc, T ≤ every group's keys·tpc)")
-SAFE_MATH = ("∀ n ≤ G groups, kinds, b_g, bpc, N = q·unit (b_g | unit), M, tables meeting their kind's premises:  "
-             "∀ g < n: no assert ∧ start_g = j_g ∧ pending_g = |blocks_g[start_g:k_g]| ∧ "
-             "∀ i ∈ [start_g, k_g): state ≠ null ∧ ⌊N/tpc_g⌋ ≤ keys_g < ⌈T/tpc_g⌉")
+SAFE_MATH = ("∀ n ≤ G groups, kinds, b_g, bpc, N = q·unit (b_g | unit), M, tail?, tables meeting their kind's "
+             "premises:  ∀ g < n: no assert ∧ start_g = j_g ∧ pending_g = |blocks_g[start_g:k_g]| ∧ "
+             "∀ i ∈ [start_g, k_g): state ≠ null ∧ ⌊N/tpc_g⌋ ≤ chunk keys_g < ⌈T/tpc_g⌉ − tail ∧ "
+             "(tail ⟹ one boundary key at B + margin_g)")
 
 OBLIGATIONS: list[Obligation] = [
     Obligation(
         "safe-load.fixed",
         "0.30's plan is safe on every hybrid model: for every group (mixed kinds and block sizes, N rounded by "
-        "the scheduler's LCM rule, M as the lookup returns it, tables as the allocator builds them) no assert "
-        "fires, exactly the fresh blocks are loaded (no null block, no computed block written), and only keys "
-        "inside the lookup's range are requested.",
+        "the scheduler's LCM rule, M as the lookup returns it, a partial tail or not, tables as the allocator "
+        "builds them) no assert fires, exactly the fresh blocks are loaded (no null block, no computed block "
+        "written), and only keys inside the lookup's range are requested (a partial tail's boundary key at the "
+        "position the lookup confirmed).",
         SAFE_MATH, "every premise of every group's kind; the LCM rule", PROVED, _safe_load(Variant.FIXED), FIXED,
         bound=HYBRID_BOUND, premises=HYBRID),
     Obligation(
         "safe-load.fixed-sync",
-        "0.33's plan (sync loads match by position) is safe on every hybrid model, sync or async load: the same "
-        "claim as safe-load.fixed.",
+        "0.33's plan (sync loads match by position) is safe on every hybrid model, sync or async load, partial "
+        "tails with EAGLE proof margins included: the same claim as safe-load.fixed.",
         SAFE_MATH, "every premise of every group's kind; the LCM rule", PROVED, _safe_load(Variant.FIXED_SYNC),
         FIXED_SYNC, bound=HYBRID_BOUND, premises=HYBRID),
     Obligation(

@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple
 from kvbound.spec import BlockState, Case, GroupKind, cdiv
 
 from .encoding import HSH, NUL, UNH
-from .terms import AND, CDIV, FLOORDIV, IF, MAX, OR
+from .terms import AND, CDIV, FLOORDIV, IF, IMPLIES, MAX, OR
 
 ALL_KINDS = frozenset(GroupKind)
 
@@ -230,24 +230,24 @@ def _term_mamba_one_block(g):
 
 
 def _term_keys_cover(g):
-    if getattr(g, "tail", False) is not False:  # chunks below the boundary's chunk (bpc = 1)
-        return g.num_keys >= CDIV(g.T, g.tpc) - 1
-    return g.num_keys * g.tpc >= g.T
+    tail = getattr(g, "tail", False)  # False, True (TailWorld) or a Z3 Bool (HybridWorld)
+    whole = g.num_keys * g.tpc >= g.T
+    return whole if tail is False else IF(tail, g.num_keys >= CDIV(g.T, g.tpc) - 1, whole)  # bpc = 1 with a tail
 
 
 def _term_hit_a_chunk(g):
-    if getattr(g, "tail", False) is not False:
-        return g.M >= g.tph
-    return g.M >= g.tpc
+    tail = getattr(g, "tail", False)
+    return g.M >= g.tpc if tail is False else IF(tail, g.M >= g.tph, g.M >= g.tpc)
 
 
 def _term_partial_tail_lookup(g):
     """``_lookup`` with a partial tail (0.33 scheduler.py:1068-1152): a hash-aligned boundary past N,
     before the prompt's last token, returned as M = boundary - N; keys from all tokens."""
-    if getattr(g, "tail", False) is False:
+    tail = getattr(g, "tail", False)
+    if tail is False:
         return True
-    return AND(g.boundary == g.N + g.M, g.boundary > g.N, g.boundary % g.tph == 0, g.boundary <= g.prompt - 1,
-               g.num_keys == FLOORDIV(g.prompt, g.tpc))
+    return IMPLIES(tail, AND(g.boundary == g.N + g.M, g.boundary > g.N, g.boundary % g.tph == 0,
+                             g.boundary <= g.prompt - 1, g.num_keys == FLOORDIV(g.prompt, g.tpc)))
 
 
 def _src(release, path, line, what):

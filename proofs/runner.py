@@ -100,18 +100,24 @@ def _has_table(prob) -> bool:
 
 
 def premises_instance(ob: Obligation, knobs: Knobs, options: SolverOptions):
-    """One instance of the premises (vacuity), on tables of a few fixed lengths, so
-    the check is quantifier-free; the model is a concrete input the premises admit."""
-    r = z3.unknown
+    """An instance of the premises (vacuity) for each of the problem's ``cases`` (default: one),
+    on tables of a few fixed lengths, so the check is quantifier-free. sat only when every case
+    has an instance; otherwise the answer for the first case without one."""
+    open_cases, last = None, {}
     for length in VACUITY_LENGTHS:
         with expanded(length):
             prob = problem(ob, knobs)
+        if open_cases is None:
+            open_cases = list(range(len(prob.cases)))
         s = options.solver()
         s.add(*[as_bool(p) for p in prob.premises + prob.world.constraints])
-        r = s.check()
-        if r == z3.sat or not _has_table(prob):
-            return r
-    return r
+        for ci in list(open_cases):
+            last[ci] = s.check(as_bool(prob.cases[ci]))
+            if last[ci] == z3.sat:
+                open_cases.remove(ci)
+        if not open_cases or not _has_table(prob):
+            break
+    return z3.sat if not open_cases else last[open_cases[0]]
 
 
 VACUITY_LENGTHS = (4, 8, 1, 2)
