@@ -457,7 +457,7 @@ class Engine:
         tail's, keyed by the hash of its first key_tokens tokens)."""
         ob = self.rel.obase
         hashes = list(request.block_hashes)
-        tph = self.csched.config.tokens_per_hash
+        tph = self.rel.capture._tokens_per_hash(self.csched.config)
         where = {}
         for pos, g in enumerate(self.csched.config.kv_group_configs):
             gi = getattr(g, "group_idx", pos)
