@@ -311,7 +311,10 @@ def _fixed_sync_needed(knobs):
     p = w.plan(knobs_for(Variant.FIXED))
     prem = w.base() + [w.sync_load, w.j < w.k]
     return Problem(prem, p.start == w.j, w,
-                   witness=lambda m: w.to_case(m, "witness-fixed-sync.needed", sync_load=True), shaping=w.small())
+                   witness=lambda m: w.to_case(m, "witness-fixed-sync.needed", sync_load=True),
+                   # shaped so vLLM 0.33's own lookup reserves the sync load (kvbound conform drives it):
+                   # a hit of whole chunks, at least one, ending before the prompt does
+                   shaping=w.small() + [w.T % w.tpc == 0, w.M >= w.tpc, w.num_keys * w.tpc > w.T])
 
 
 def _replay_sync_needed(case):

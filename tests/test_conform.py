@@ -14,7 +14,7 @@ from kvbound.conform import compare as C
 from kvbound.conform import prepare, runner
 from kvbound.spec import load_cases
 
-from conftest import EXAMPLES
+from conftest import DATA, EXAMPLES
 
 FACTS_CASE = EXAMPLES / "facts_fa_mamba_run.json"
 SCHED = "/x/vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
@@ -39,14 +39,15 @@ def site(stmt, function="update_state_after_alloc", line=1034):
      " * self.config.blocks_per_chunk", "window_bound"),  # 0.26: no + 1
     ("assert len(offload_keys) >= end_chunk_idx", "keys_length"),
     ("assert len(offload_keys) >= num_chunks", "keys_length"),  # 0.26: every group
+    ("assert partial_tail_boundary == num_cached_tokens", "partial_tail"),  # 0.28+
 ])
 def test_assert_named_from_source_statement(stmt, name):
     assert C.classify_assert(site(stmt)) == name
 
 
 def test_unknown_assert_is_other_with_its_line():
-    got = C.classify_assert(site("assert partial_tail_boundary == num_cached_tokens", line=1005))
-    assert got.startswith("other:vllm/distributed/") and ":1005 " in got and "partial_tail_boundary" in got
+    got = C.classify_assert(site("assert not req_status.transfer_jobs", line=1088))
+    assert got.startswith("other:vllm/distributed/") and ":1088 " in got and "transfer_jobs" in got
     # the same statement outside the function under study is not one of its asserts
     got = C.classify_assert(site("assert len(offload_keys) >= end_chunk_idx", function="_lookup"))
     assert got.startswith("other:")
@@ -171,6 +172,9 @@ def test_one_crashing_case_never_stops_the_run(tmp_path, monkeypatch):
 
 def _env(version):
     if not prepare.is_prepared(version):
+        if os.environ.get("CI") == "true":  # CI prepares them first (.ci/conform): a skip there hides a gap
+            pytest.fail(f"vllm {version} is not prepared under {prepare.cache_dir()} in CI; .ci/conform"
+                        " must run before the tests")
         pytest.skip(f"vllm {version} is not prepared under {prepare.cache_dir()}: run"
                     f" `kvbound conform --vllm {version} examples/` once (CI runs .ci/conform)")
     return prepare.prepare_release(version, progress=None)
@@ -247,7 +251,10 @@ def test_capture_dumps_the_real_calls_as_case_files(tmp_path):
     from kvbound.spec.strategies import random_cases
 
     env = _env("0.33.0")
-    cases = [facts_case()] + list(random_cases(30, seed=11))
+    # v2: partial tails (EAGLE margins too), retained window tokens, a resumed request,
+    # a group that is not offloaded, a non-align Mamba group
+    v2 = load_cases(DATA / "conform_v2_cases.jsonl") + [c for c, rel, _ in issue9()[1] if rel == "0.33.0"]
+    cases = [facts_case()] + v2 + list(random_cases(30, seed=11))
     out = tmp_path / "captured.jsonl"
     r = subprocess.run(
         [env.python, "-P", "-c", CAPTURE_DRIVER, worker.__file__, capture.__file__, str(out)],
@@ -268,3 +275,161 @@ def test_capture_dumps_the_real_calls_as_case_files(tmp_path):
 
     assert [unnamed(c) for c in got] == [unnamed(c) for c in reached]
     assert all(c.name.startswith("captured-") for c in got)
+    captured = {json.dumps(unnamed(c), sort_keys=True) for c in got}
+    for c in v2:  # every v2 case reached the call and came back with all its fields
+        assert json.dumps(unnamed(c), sort_keys=True) in captured, c.name
+    fields = {k for c in got for k in case_to_dict(c)} | {k for c in got for g in case_to_dict(c)["groups"] for k in g}
+    assert {"num_tokens", "partial_tail_boundary", "cache_hit_alignment_tokens", "extra_retained_tokens",
+            "is_eagle_group", "offloaded", "mamba_cache_mode"} <= fields
+
+
+# --- issue 9's three inputs: real outputs of 0.29.0 and 0.33.0, recorded ---------------------
+
+ISSUE9 = DATA / "issue9_real.json"  # recorded by the "command" it holds
+
+
+def issue9():
+    from kvbound.spec import case_from_dict
+
+    d = json.loads(ISSUE9.read_text())
+    return d, [(case_from_dict(r["case"]), r["release"], r) for r in d["cases"]]
+
+
+def test_issue9_recording_holds_what_the_issue_states():
+    """The recorded real outputs are the issue's: a partial tail at 44 loads 3 blocks
+    through chunk 1 of group 0 and one boundary key per group; the 10-token prompt loads 2
+    blocks through 2 boundary keys; the retained window passes on 0.33 only."""
+    d, recs = issue9()
+    assert d["command"].startswith("kvbound conform --vllm 0.29.0 --vllm 0.33.0 ")
+    real = {(c.name, rel): r["real"] for c, rel, r in recs}
+    assert {rel for _, rel, _ in recs} == {"0.29.0", "0.33.0"} and len(recs) == 6
+    for rel in ("0.29.0", "0.33.0"):
+        tail = real["partial-tail-fa-mamba-45-tail-44", rel]
+        assert tail["outcome"] == "ok" and len(tail["dst_block_ids"]) == 3
+        assert tail["group_sizes"] == [2, 1] and tail["block_indices"] == [1, 2]
+        assert tail["keys"] == [[0, 1], [0, "boundary", 44], [1, "boundary", 44]]
+        short = real["partial-tail-short-prompt-10-tail-8", rel]
+        assert short["outcome"] == "ok" and len(short["dst_block_ids"]) == 2
+        assert short["keys"] == [[0, "boundary", 8], [1, "boundary", 8]]
+    assert real["retained-window-mtp-3-pending", "0.33.0"]["outcome"] == "ok"
+    assert real["retained-window-mtp-3-pending", "0.33.0"]["group_sizes"] == [3, 3]
+    assert real["retained-window-mtp-3-pending", "0.29.0"]["assertion"] == "window_bound"
+    # driven through vLLM's own lookup: it recorded the case's boundary and answered the case's M
+    for c, rel, r in recs:
+        assert r["worker"]["partial_tail_boundary"] == c.partial_tail_boundary
+        assert r["lookup_matches_case"], (c.name, rel, r["lookup"])
+
+
+def test_issue9_spec_gives_the_recorded_real_outputs():
+    from kvbound.spec import plan_for_version
+
+    _, recs = issue9()
+    for c, rel, r in recs:
+        spec = plan_for_version(c, rel).to_json(c.name)
+        assert C.diff_fields(r["real"], spec) == [], (c.name, rel, spec, r["real"])
+        assert C.config_mismatches(c, rel, r["worker"]["real_config"]) == {}
+
+
+def test_issue9_replayed_on_the_real_releases_gives_the_recording():
+    _, recs = issue9()
+    for version in ("0.29.0", "0.33.0"):
+        env = _env(version)
+        mine = [(c, r) for c, rel, r in recs if rel == version]
+        _, results = runner.run_release(env, [c for c, _ in mine])
+        for (c, r), res in zip(mine, results):
+            assert C.real_plan_json(dict(res, name=c.name)) == r["real"], (c.name, version, res)
+            assert res["partial_tail_boundary"] == c.partial_tail_boundary
+            assert res["lookup"]["num_external_tokens"] == c.num_external_tokens
+            assert res["real_config"] == r["worker"]["real_config"]
+            assert C.judge(c, version, res)["verdict"] == C.AGREE
+
+
+# --- judging the v2 fields ------------------------------------------------------------------
+
+def test_a_partial_tail_the_lookup_did_not_record_is_undriven_and_blocks():
+    _, recs = issue9()
+    c, rel, r = next(x for x in recs if x[0].name == "partial-tail-short-prompt-10-tail-8")
+    res = dict(r["worker"], partial_tail_boundary=None, lookup={"num_external_tokens": 0})
+    rec = C.judge(c, rel, res)
+    assert rec["verdict"] == C.UNDRIVEN and "recorded no partial tail" in rec["why"]
+    assert C.is_blocking(rec, "partial_tail") and not C.is_blocking(rec, "adversarial")
+    m = C.matrix([dict(rec, row="partial_tail")], [rel])
+    assert m["partial_tail"][rel][C.UNDRIVEN] == 1
+    assert "1 undriven" in C.render_matrix(m, [rel])
+
+
+def test_config_derivation_is_compared_with_vllms_own():
+    _, recs = issue9()
+    c, rel, r = next(x for x in recs if x[0].name == "retained-window-mtp-3-pending" and x[1] == "0.33.0")
+    assert r["worker"]["real_config"]["window_in_chunks"] == [None, 2]  # vLLM counted the retained tokens
+    wrong = dict(r["worker"]["real_config"], window_in_chunks=[None, 1])
+    rec = C.judge(c, rel, dict(r["worker"], real_config=wrong))
+    assert rec["verdict"] == C.DISAGREE and rec["diff"] == ["config"]
+    assert rec["config_mismatch"] == {"window_in_chunks": {"real": [None, 1], "spec": [None, 2]}}
+
+
+def test_real_unsupported_agrees_only_with_a_spec_unsupported():
+    from dataclasses import replace
+
+    _, recs = issue9()
+    c = next(x[0] for x in recs if x[0].name == "retained-window-mtp-3-pending")
+    res = {"outcome": "unsupported", "phase": "features", "why": "SlidingWindowSpec has no extra_retained_tokens"}
+    assert C.judge(c, "0.27.0", res)["verdict"] == C.AGREE  # the spec: the field arrived in 0.28
+    assert C.judge(c, "0.33.0", res)["verdict"] == C.DISAGREE
+    plain = replace(c, groups=(c.groups[0],))
+    assert C.judge(plain, "0.27.0", res)["verdict"] == C.DISAGREE
+
+
+# --- spec mutants (kvbound conform --spec-mutants) -----------------------------------------
+
+def test_every_spec_mutant_applies_to_the_spec_and_reverts():
+    from kvbound.conform import mutants as MUT
+
+    for m in MUT.SPEC_MUTANTS:
+        fn, code = MUT.mutated_code(m)
+        original = fn.__code__
+        with MUT.applied(m.name):
+            assert fn.__code__ is not original and fn.__code__.co_code == code.co_code
+            assert fn.__code__.co_filename == f"<spec mutant {m.name}: {m.target}>"
+        assert fn.__code__ is original
+    assert len({m.name for m in MUT.SPEC_MUTANTS}) == len(MUT.SPEC_MUTANTS)
+
+
+def test_a_stale_or_unknown_mutant_is_an_error_never_a_survivor():
+    from kvbound.conform import mutants as MUT
+
+    stale = MUT.SpecMutant("scan-nulls", "kvbound.spec.plan:plan_load", "no such text", "x")
+    with pytest.raises(MUT.MutantError, match="occurs 0 times"):
+        MUT.mutated_code(stale)
+    with pytest.raises(MUT.MutantError, match="unknown spec mutant"):
+        with MUT.applied("no-such-mutant"):
+            pass
+
+
+def test_spec_mutants_are_the_catalogues():
+    """One table of names (kvbound.proofs.mutants): every mutant the spec can express has a
+    patch here, and every patch names a catalogue mutant."""
+    from kvbound.conform import mutants as MUT
+    from kvbound.proofs.mutants import BY_NAME, applicable
+
+    assert MUT.missing_patches() == []
+    assert set(MUT.BY_NAME) <= {m.name for m in applicable("spec")} <= set(BY_NAME)
+    assert set(MUT.SPEC_EQUIVALENT) <= set(MUT.BY_NAME)
+
+
+def test_mutation_score_against_recorded_real_results():
+    """Judged against the recorded real outputs, the partial-tail mutants are killed by the
+    partial-tail inputs and the retained-window mutant by 0.33's 3 pending blocks; a mutant
+    no recorded input exercises survives and is listed by name."""
+    from kvbound.conform import mutants as MUT
+
+    _, recs = issue9()
+    jobs = [(c, rel, r["worker"], r["verdict"]) for c, rel, r in recs]
+    score = MUT.score(jobs, C.judge)
+    assert score["checker"] == "spec" and score["total"] == len(MUT.SPEC_MUTANTS)
+    assert score["killed_by"]["partial-tail-chunk"].startswith("partial-tail-")
+    assert score["killed_by"]["window-retained"] == "retained-window-mtp-3-pending on vllm 0.33.0"
+    assert "keys" in score["details"]["partial-tail-chunk"]["diff"]
+    assert score["killed_by"]["group-iteration"] is None and "group-iteration" in score["survivors"]
+    assert "group-iteration" in score["unexplained_survivors"]
+    assert score["killed"] == score["total"] - len(score["survivors"]) and 0 < score["percent"] < 100

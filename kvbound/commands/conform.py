@@ -10,6 +10,8 @@ from pathlib import Path
 
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, PrepareError, UsageError, WorkerError
 from kvbound.conform import compare as C
+from kvbound.conform import mutants as MUT
+from kvbound.conform.mutants import SPEC_MUTANTS
 from kvbound.conform.prepare import cache_dir, prepare_release
 from kvbound.conform.runner import current_env, run_release
 from kvbound.draw import draw_case
@@ -35,6 +37,13 @@ def register(sub):
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the generated cases")
     p.add_argument("--no-witnesses", action="store_true", help="skip the replay of kvbound prove's witnesses")
     p.add_argument("--json", metavar="FILE", help="write every case's record, the matrix and the releases")
+    p.add_argument("--spec-mutant", metavar="NAME", choices=[m.name for m in SPEC_MUTANTS],
+                   help="judge with this spec mutant planted (kvbound/conform/mutants.py; applied at"
+                   " runtime, no file edited): a sound checker then reports disagreements")
+    p.add_argument("--spec-mutants", action="store_true",
+                   help="after the run, judge the same real results once per spec mutant: the mutation"
+                   " score (killed/total) and the survivors by name; exit 1 if one survives that is not"
+                   " explained as equivalent")
     p.add_argument("--show", type=int, default=5, metavar="K",
                    help="draw at most K adversarial disagreements (all others are always drawn)")
     p.set_defaults(func=run)
@@ -89,7 +98,7 @@ def run(args) -> int:
     if not items:
         raise UsageError("nothing to replay: give case files/directories, --cases N, or keep the witnesses")
     cases = [c for c, _, _ in items]
-    records, hellos, failed = [], {}, []
+    records, hellos, failed, jobs = [], {}, [], []
     for rel in releases or [None]:
         t0 = time.monotonic()
         try:
@@ -105,9 +114,15 @@ def run(args) -> int:
         version = env.version
         hellos[version] = dict(hello, seconds=round(time.monotonic() - t0, 1))
         for (case, origin, fam), res in zip(items, results):
-            rec = C.judge(case, version, res)
-            rec.update(origin=origin, family=fam, row=C.row_of(case, origin, fam), case=case_to_dict(case))
+            if args.spec_mutant:
+                with MUT.applied(args.spec_mutant):
+                    rec = C.judge(case, version, res)
+            else:
+                rec = C.judge(case, version, res)
+            rec.update(origin=origin, family=fam, row=C.row_of(case, origin, fam), case=case_to_dict(case),
+                       worker={k: v for k, v in res.items() if k not in ("traceback", "id")})
             records.append(rec)
+            jobs.append((case, version, res, rec["verdict"]))
     done = list(hellos)
     m = C.matrix(records, done)
     blocking = [r for r in records if C.is_blocking(r, r["row"])]
@@ -118,19 +133,46 @@ def run(args) -> int:
         print(f"note: {witness_note}")
     _print_witnesses(records, done)
     _print_disagreements(items, records, args.show)
+    mutation = None
+    if args.spec_mutants and jobs:
+        mutation = MUT.score(jobs, C.judge)
+        _print_mutation(mutation)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(
-            {"releases": hellos, "not_prepared": failed, "matrix": m, "blocking": len(blocking),
+            {"command": "kvbound conform " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["conform"] else sys.argv[1:]),
+             "releases": hellos, "not_prepared": failed, "matrix": m, "blocking": len(blocking),
+             "undriven_blocking": sum(r["verdict"] == C.UNDRIVEN for r in blocking),
+             "spec_mutant": args.spec_mutant, "spec_mutation": mutation,
              "witness_note": witness_note, "cases": records}, indent=1) + "\n")
     count = {v: sum(r["verdict"] == v for r in records) for v in CONFORM_VERDICTS}
     print(f"\nsummary: {count[C.AGREE]} agree, {count[C.DISAGREE]} disagree, {count[C.FAULT]} fault,"
           f" {count[C.UNDRIVEN]} not driven, {count[C.UNSUPPORTED]} refused by the release's config;"
-          f" {len(blocking)} blocking (non-adversarial disagreement/fault or failed witness)")
+          f" {len(blocking)} blocking (non-adversarial disagreement, fault or undriven case, or failed witness)")
     if failed:
         print(f"FAILED: could not prepare/start {', '.join(failed)} (see above)", file=sys.stderr)
         return EXIT_INPUT
+    if mutation and mutation["unexplained_survivors"]:
+        print(f"FAILED: spec mutant(s) not killed by real vLLM: {', '.join(mutation['unexplained_survivors'])}",
+              file=sys.stderr)
+        return EXIT_FAIL
     return EXIT_FAIL if blocking else EXIT_OK
+
+
+def _print_mutation(mutation: dict) -> None:
+    print(f"\n== spec mutants (kvbound.proofs.mutants) judged against the same real results:"
+          f" {mutation['killed']}/{mutation['total']} killed ({mutation['percent']}%) ==")
+    for name, v in mutation["details"].items():
+        if mutation["killed_by"][name] is None:
+            note = mutation["equivalent"].get(name)
+            print(f"  {name:<24} SURVIVED  ({v['what']})" + (f"\n    equivalent: {note}" if note else ""))
+        else:
+            print(f"  {name:<24} killed by {mutation['killed_by'][name]}: {', '.join(v['diff'])}")
+    for name, why in mutation["not_applicable"].items():
+        print(f"  {name:<24} not applicable: {why}")
+    if mutation["survivors"]:
+        print(f"  survivors: {', '.join(mutation['survivors'])}"
+              f" ({len(mutation['unexplained_survivors'])} not explained as equivalent)")
 
 
 def _print_witnesses(records, releases) -> None:

@@ -45,6 +45,19 @@ def _token(block):
     return ("H%d" if block.block_hash is not None else "U%d") % block.block_id
 
 
+def _group_fields(spec, kind):
+    out = {"kind": kind, "tokens_per_block": spec.block_size}
+    if kind == "sliding_window":
+        out["sliding_window"] = spec.sliding_window
+        if getattr(spec, "extra_retained_tokens", 0):
+            out["extra_retained_tokens"] = spec.extra_retained_tokens
+    if kind == "chunked_local":
+        out["attention_chunk_size"] = spec.attention_chunk_size
+    if kind == "mamba" and getattr(spec, "mamba_cache_mode", "align") != "align":
+        out["mamba_cache_mode"] = spec.mamba_cache_mode
+    return out
+
+
 def _tokens_per_hash(cfg):
     """0.28+ name it; before, a group's tokens_per_chunk / hashes_per_chunk."""
     if hasattr(cfg, "tokens_per_hash"):
@@ -54,26 +67,39 @@ def _tokens_per_hash(cfg):
 
 
 def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cache_config=None):
-    """The case (a dict in kvbound's case format) of one ``update_state_after_alloc`` call.
+    """The case (a dict in kvbound's case format v2) of one ``update_state_after_alloc``
+    call: every KV-cache group of ``blocks.blocks`` (a group the connector does not
+    offload marked ``"offloaded": false``), the request's ``num_tokens`` and the
+    partial-tail boundary its lookup recorded, as vLLM holds them at the call.
 
-    Before 0.33 a group's config carries no ``kv_cache_spec``: pass the engine's
-    ``kv_cache_config`` and the spec is read from its groups."""
+    The group kinds come from the engine's ``kv_cache_config`` (given, or kept by
+    ``install``'s wrapped ``__init__``); before 0.33 a group's config carries no
+    ``kv_cache_spec``, so without it only a 0.33+ scheduler can be described."""
     cfg = sched.config
     status = sched._req_status[request.request_id]
+    kv_cache_config = kv_cache_config or getattr(sched, "_kvbound_kv_cache_config", None)
+    by_idx = {getattr(g, "group_idx", gi): g for gi, g in enumerate(cfg.kv_group_configs)}
     groups = []
-    for gi, g in enumerate(cfg.kv_group_configs):
-        spec = getattr(g, "kv_cache_spec", None)
-        if spec is None and kv_cache_config is not None:
-            spec = kv_cache_config.kv_cache_groups[getattr(g, "group_idx", gi)].kv_cache_spec
-        kind = _kind(spec)
-        out = {"kind": kind, "tokens_per_block": _first(g, "tokens_per_block", "gpu_block_size")}
-        if kind == "sliding_window":
-            out["sliding_window"] = spec.sliding_window
-        if kind == "chunked_local":
-            out["attention_chunk_size"] = spec.attention_chunk_size
-        out["blocks"] = [_token(b) for b in blocks.blocks[getattr(g, "group_idx", gi)]]
+    for gi, table in enumerate(blocks.blocks):
+        g = by_idx.get(gi)
+        if kv_cache_config is not None:
+            kv_group = kv_cache_config.kv_cache_groups[gi]
+            spec, eagle = kv_group.kv_cache_spec, getattr(kv_group, "is_eagle_group", False)
+        elif getattr(g, "kv_cache_spec", None) is not None:
+            spec, eagle = g.kv_cache_spec, getattr(g, "is_eagle_group", False)
+        else:
+            raise ValueError("KV-cache group %d: its spec is unknown (the scheduler was built before"
+                             " capture was installed and no kv_cache_config was given)" % gi)
+        out = _group_fields(spec, _kind(spec))
+        if g is not None:  # as the connector sees it (DCP-scaled where DCP is on)
+            out["tokens_per_block"] = _first(g, "tokens_per_block", "gpu_block_size")
+        if eagle:
+            out["is_eagle_group"] = True
+        if g is None:
+            out["offloaded"] = False
+        out["blocks"] = [_token(b) for b in table]
         groups.append(out)
-    return {
+    case = {
         "name": name or "captured-%s" % request.request_id,
         "blocks_per_chunk": _first(cfg, "blocks_per_chunk", "block_size_factor"),
         "tokens_per_hash": _tokens_per_hash(cfg),
@@ -81,13 +107,26 @@ def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cach
         "num_locally_computed_tokens": status.num_locally_computed_tokens,
         "num_external_tokens": num_external_tokens,
         "sync_load": request.request_id in getattr(sched, "_current_batch_sync_loads", ()),
-        "groups": groups,
     }
+    if request.num_tokens != request.num_prompt_tokens:
+        case["num_tokens"] = request.num_tokens
+    if getattr(status, "partial_tail_boundary", None) is not None:
+        case["partial_tail_boundary"] = status.partial_tail_boundary
+    alignment = getattr(kv_cache_config, "cache_hit_alignment_tokens", None)
+    if alignment is not None:
+        case["cache_hit_alignment_tokens"] = alignment
+    dcp = getattr(cfg, "dcp_world_size", None) or getattr(sched, "_kvbound_dcp", 1)
+    if dcp != 1:
+        case["decode_context_parallel_size"] = dcp
+    case["groups"] = groups
+    return case
 
 
 def install(path, scheduler_cls=None):
     """Wrap ``update_state_after_alloc`` of ``scheduler_cls`` (vLLM's
-    ``OffloadingConnectorScheduler`` by default) to append each loading call to ``path``."""
+    ``OffloadingConnectorScheduler`` by default) to append each loading call to ``path``;
+    ``__init__`` is wrapped too, to keep the ``KVCacheConfig`` (the kinds of groups the
+    connector does not offload, EAGLE flags, the hit alignment)."""
     if scheduler_cls is None:
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
             OffloadingConnectorScheduler as scheduler_cls,
@@ -96,6 +135,14 @@ def install(path, scheduler_cls=None):
     if getattr(original, "_kvbound_capture", None):
         return original
     counter = [0]
+    original_init = scheduler_cls.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, spec, vllm_config, kv_cache_config, *args, **kwargs):
+        original_init(self, spec, vllm_config, kv_cache_config, *args, **kwargs)
+        self._kvbound_kv_cache_config = kv_cache_config
+        self._kvbound_dcp = getattr(getattr(vllm_config, "parallel_config", None),
+                                    "decode_context_parallel_size", 1)
 
     @functools.wraps(original)
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
@@ -113,6 +160,7 @@ def install(path, scheduler_cls=None):
         return original(self, request, blocks, num_external_tokens)
 
     update_state_after_alloc._kvbound_capture = True
+    scheduler_cls.__init__ = __init__
     scheduler_cls.update_state_after_alloc = update_state_after_alloc
     return update_state_after_alloc
 

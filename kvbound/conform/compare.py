@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import re
 
-from kvbound.spec import AssertName, Case, GroupKind, Variant, plan_for_version, variant_for_version
+from kvbound.spec import (
+    AssertName, Case, GroupKind, Variant, plan_for_version, release_features, variant_for_version,
+)
 from kvbound.spec.verdicts import Verdict
 
 # The fields ``kvbound plan`` prints, compared one by one.
@@ -26,6 +28,7 @@ _ASSERT_PATTERNS = (
     # 0.29+ allow one block more than the window (``+ 1``); 0.26 did not.
     (AssertName.WINDOW_BOUND, re.compile(r"^assert \w+ <= [\w.]*sliding_window_size_in_chunks \* [\w.]+( \+ 1)?$")),
     (AssertName.KEYS_LENGTH, re.compile(r"^assert len\(\w*offload_keys\w*\) >= \w+$")),
+    (AssertName.PARTIAL_TAIL, re.compile(r"^assert partial_tail_boundary == num_cached_tokens$")),
 )
 TARGET_FUNCTION = "update_state_after_alloc"
 
@@ -59,6 +62,8 @@ def real_plan_json(result: dict) -> dict:
     if outcome == "ok":
         for f in ("dst_block_ids", "group_sizes", "block_indices", "keys"):
             out[f] = list(result.get(f) or [])
+    elif outcome == "unsupported":
+        out["reason"] = result.get("why")
     elif outcome == "assertion_error":
         out["assertion"] = classify_assert(result.get("assert_site"))
     elif outcome == "exception":
@@ -118,18 +123,65 @@ def judge(case: Case, release: str, result: dict) -> dict:
             and result.get("sync_load_marked") is False):
         rec.update(verdict=UNDRIVEN,
                    why="vLLM's lookup did not reserve a sync load for this request (it needs a"
-                       " non-zero hit with N + hit < num_prompt_tokens); the positional match"
+                       " non-zero hit with N + hit < num_tokens); the positional match"
                        " was not exercised, so the case is not judged")
         return rec
-    if result.get("partial_tail_boundary") is not None:
-        rec.update(verdict=UNDRIVEN,
-                   why=f"vLLM's lookup chose a partial tail at {result['partial_tail_boundary']}"
-                       " tokens, which the case format leaves out")
+    if (result.get("phase") in ("update_state_after_alloc", "done")
+            and result.get("partial_tail_boundary") != case.partial_tail_boundary):
+        rec.update(verdict=UNDRIVEN, why=_tail_undriven(case, result))
         return rec
     diff = diff_fields(real, spec)
+    config = config_mismatches(case, release, result.get("real_config"))
+    if config:
+        rec["config_mismatch"] = config
+        diff.append("config")
     rec["diff"] = diff
     rec["verdict"] = DISAGREE if diff else AGREE
     return rec
+
+
+def spec_config(case: Case, release: str) -> dict:
+    """What the spec derives of the connector's config for ``case`` on ``release``, in
+    the worker's ``real_config`` shape: supports_partial_tail (None before 0.28), each
+    offloaded group's window in chunks, and the EAGLE proof margins."""
+    feats = release_features(release)
+    bpc = case.blocks_per_chunk
+    tails = feats.partial_tails and case.partial_tail_refusal(
+        eagle_groups_allowed=feats.eagle_partial_tails) is None
+    return {
+        "supports_partial_tail": tails if feats.partial_tails else None,
+        "window_in_chunks": [case.groups[gi].config.sliding_window_size_in_chunks(
+            bpc, feats.window_counts_retained) for gi in case.offloaded_group_indices],
+        "eagle_proof_margins": {str(gi): case.eagle_proof_margin(gi) for gi in case.offloaded_group_indices
+                                if feats.eagle_partial_tails and case.eagle_proof_margin(gi)},
+    }
+
+
+def config_mismatches(case: Case, release: str, real_config: dict | None) -> dict:
+    """{field: {"real", "spec"}} where vLLM's own derivation differs from the spec's."""
+    if not real_config:
+        return {}
+    spec = spec_config(case, release)
+    return {k: {"real": real_config.get(k), "spec": v} for k, v in spec.items()
+            if real_config.get(k) is not None or k == "supports_partial_tail"
+            if real_config.get(k) != v}
+
+
+def _tail_undriven(case: Case, result: dict) -> str:
+    """Why vLLM's lookup did not record the case's partial tail (or recorded one the case lacks)."""
+    got = result.get("partial_tail_boundary")
+    lookup_m = (result.get("lookup") or {}).get("num_external_tokens")
+    N, want = case.num_locally_computed_tokens, case.partial_tail_boundary
+    if want is None:
+        return (f"vLLM's lookup recorded a partial tail at {got} tokens the case does not have (the fake"
+                " tier answers MISS for every boundary key but the case's), so the case is not judged")
+    if got is None:
+        return (f"vLLM's lookup recorded no partial tail though the tier holds the case's boundary key at"
+                f" {want}: it answered M={lookup_m} from N={N} (complete chunks only). The boundary is searched"
+                " only in the block after the complete-chunk hit (two blocks with an EAGLE group, 0.33) and"
+                " below num_prompt_tokens, so the case's M and boundary are not what the lookup can pick;"
+                " the case is not judged")
+    return (f"vLLM's lookup recorded a partial tail at {got}, not the case's {want}; the case is not judged")
 
 
 def _fault_text(result: dict) -> str:
@@ -185,8 +237,10 @@ def outcome_label(rec: dict) -> str:
 
 
 def is_blocking(rec: dict, row: str) -> bool:
-    """What fails CI: a disagreement or fault outside the adversarial row."""
-    return row != "adversarial" and rec["verdict"] in (DISAGREE, FAULT)
+    """What fails CI: a disagreement, fault or undriven case outside the adversarial row
+    (a non-adversarial case the real lookup cannot be made to drive is a generator or
+    adapter bug, not a pass)."""
+    return row != "adversarial" and rec["verdict"] in (DISAGREE, FAULT, UNDRIVEN)
 
 
 def matrix(records: list[dict], releases: list[str]) -> dict:

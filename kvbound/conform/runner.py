@@ -27,8 +27,6 @@ CASE_TIMEOUT_S = 120
 MAX_CRASHES_IN_A_ROW = 3
 
 
-
-
 class Worker:
     def __init__(self, env: ReleaseEnv, script: Path | None = None):
         self.env = env

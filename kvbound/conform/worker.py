@@ -5,11 +5,16 @@ installed, so it imports only the standard library and vLLM. Protocol: a hello
 line, then one JSON case per stdin line -> one JSON result per stdout line.
 Anything vLLM prints goes to stderr, so stdout carries only the protocol.
 
-Only the offload tier (``OffloadingManager``) is faked. It answers HIT exactly
-for the whole chunks a case loads (chunk j of group g with j < cdiv(T, tpc_g)),
-MISS for partial-tail boundary keys, so vLLM's own lookup lands on the case's
-M where the release's rules allow; the case's M is what reaches
-``update_state_after_alloc``, and the lookup's answer is reported beside it.
+Only the offload tier (``OffloadingManager``) is faked, and it answers from the
+case: HIT for chunk j of an offloaded group g with j below T (``cdiv(T, tpc_g)``
+chunks, or ``T // tpc_g`` when the case has a partial tail; an EAGLE/MTP drafter
+group also the chunk vLLM queries past them and pops), HIT for the case's
+partial-tail boundary key of each group (at the token position vLLM keys it by,
+the boundary plus the group's EAGLE proof margin), MISS for every other key. So
+vLLM's own lookup (``get_num_new_matched_tokens``) picks the case's M and records
+the case's ``partial_tail_boundary`` wherever the release's rules allow; its
+answer is reported beside the case's, and the case's M is what
+``update_state_after_alloc`` receives.
 """
 
 import ast
@@ -73,14 +78,19 @@ class Release:
         self.fake_spec_cls = _fake_spec_class(base)
 
     # -- config -----------------------------------------------------------------
-    def vllm_config(self, block_size):
-        if block_size not in self._vllm_configs:
-            self._vllm_configs[block_size] = self.VllmConfig(
+    def vllm_config(self, block_size, dcp=1):
+        if (block_size, dcp) not in self._vllm_configs:
+            cfg = self.VllmConfig(
                 cache_config=self.CacheConfig(block_size=block_size, enable_prefix_caching=True),
                 parallel_config=self.ParallelConfig(),
                 device_config=self.DeviceConfig(device="cpu"),
             )
-        return self._vllm_configs[block_size]
+            if dcp != 1:
+                # Validation wants tp_size divisible by dcp_size (a GPU deployment); the
+                # connector's scheduler only reads the number, so it is set afterwards.
+                cfg.parallel_config.decode_context_parallel_size = dcp
+            self._vllm_configs[block_size, dcp] = cfg
+        return self._vllm_configs[block_size, dcp]
 
     def group_spec(self, g):
         t = self.torch.float32
@@ -89,16 +99,33 @@ class Release:
         if kind == "full_attention":
             return self.kci.FullAttentionSpec(block_size=b, num_kv_heads=1, head_size=1, dtype=t)
         if kind == "sliding_window":
-            return self.kci.SlidingWindowSpec(
-                block_size=b, num_kv_heads=1, head_size=1, dtype=t, sliding_window=g["sliding_window"])
+            kw = dict(block_size=b, num_kv_heads=1, head_size=1, dtype=t, sliding_window=g["sliding_window"])
+            if g.get(EXTRA_RETAINED):
+                kw[EXTRA_RETAINED] = g[EXTRA_RETAINED]
+            return self.kci.SlidingWindowSpec(**kw)
         if kind == "chunked_local":
             return self.kci.ChunkedLocalAttentionSpec(
                 block_size=b, num_kv_heads=1, head_size=1, dtype=t,
                 attention_chunk_size=g["attention_chunk_size"])
         if kind == "mamba":
             return _build(self.kci.MambaSpec, block_size=b, shapes=((1,),), dtypes=(t,),
-                          mamba_cache_mode="align")
+                          mamba_cache_mode=g.get(MAMBA_MODE) or "align")
         raise ValueError("unknown group kind %r" % (kind,))
+
+    def missing_features(self, case):
+        """Why this release cannot express the case at all (its classes lack a field the
+        case needs), or None. The spec answers ``unsupported`` for the same cases."""
+        kci, ocfg = self.kci, self.ocfg
+        why = []
+        if any(g.get(EXTRA_RETAINED) for g in case["groups"]) and \
+                EXTRA_RETAINED not in _fields(kci.SlidingWindowSpec):
+            why.append("SlidingWindowSpec has no extra_retained_tokens in this release")
+        if any(g.get(EAGLE) for g in case["groups"]) and "is_eagle_group" not in _fields(kci.KVCacheGroupSpec):
+            why.append("KVCacheGroupSpec has no is_eagle_group in this release")
+        if not all(_offloaded(g) for g in case["groups"]) and "group_id" not in _fields(ocfg.OffloadingGroupConfig):
+            why.append("OffloadingGroupConfig has no group_id in this release: every KV-cache group is"
+                       " offloaded and indexed by position")
+        return "; ".join(why) or None
 
     def offloading_config(self, specs, case, extra_config):
         o = self.ocfg
@@ -107,7 +134,7 @@ class Release:
             _build(o.OffloadingGroupConfig, tokens_per_block=s.block_size,
                    layer_names=("layer.%d" % i,), group_id=i,
                    sliding_window_size_in_chunks=self.window_in_chunks(s, s.block_size * bpc))
-            for i, s in enumerate(specs)
+            for i, s in enumerate(specs) if _offloaded(case["groups"][i])
         )
         parallel = _build(o.OffloadingParallelConfig, rank=0, world_size=1, tp_size=1, pp_size=1,
                           pcp_size=1, dcp_size=1, data_parallel_index=0, data_parallel_size=1,
@@ -119,6 +146,19 @@ class Release:
             cache=_build(o.OffloadingCacheConfig, tokens_per_hash=case["tokens_per_hash"],
                          blocks_per_chunk=bpc),
             parallel=parallel,
+        )
+
+    def kv_cache_config(self, case, specs):
+        groups = [
+            _build(self.kci.KVCacheGroupSpec, layer_names=["layer.%d" % i], kv_cache_spec=s,
+                   is_eagle_group=bool(g.get(EAGLE)), enable_kv_transfer=_offloaded(g))
+            for i, (g, s) in enumerate(zip(case["groups"], specs))
+        ]
+        return _build(
+            self.kci.KVCacheConfig,
+            num_blocks=1 + max([_max_id(g["blocks"]) for g in case["groups"]] + [1]),
+            kv_cache_tensors=[], kv_cache_groups=groups,
+            cache_hit_alignment_tokens=case.get(HIT_ALIGNMENT),
         )
 
     # -- one case ---------------------------------------------------------------
@@ -137,28 +177,66 @@ class Release:
         N, M = case["num_locally_computed_tokens"], case["num_external_tokens"]
         T = N + M
         tph = case["tokens_per_hash"]
+        P = case["num_prompt_tokens"]
+        num_tokens = case.get(NUM_TOKENS)
+        num_tokens = P if num_tokens is None else num_tokens
+        tail = case.get(PARTIAL_TAIL)
+        missing = self.missing_features(case)
+        if missing:
+            out.update(outcome="unsupported", phase="features", why=missing)
+            return out
         specs = [self.group_spec(g) for g in case["groups"]]
-        kv_cache_config = self.kci.KVCacheConfig(
-            num_blocks=1 + max([_max_id(g["blocks"]) for g in case["groups"]] + [1]),
-            kv_cache_tensors=[],
-            kv_cache_groups=[self.kci.KVCacheGroupSpec(["layer.%d" % i], s) for i, s in enumerate(specs)],
-        )
+        kv_cache_config = self.kv_cache_config(case, specs)
         # 0.33's real switch for sync loads: a step budget; the lookup then reserves it.
         extra = {"sync_load_budget_bytes": 1 << 60} if case.get("sync_load") else {}
         manager = self.fake_manager_cls()
         spec = self.fake_spec_cls(self.offloading_config(specs, case, extra), manager)
         sched = self.scheduler.OffloadingConnectorScheduler(
-            spec, self.vllm_config(specs[0].block_size), kv_cache_config)
+            spec, self.vllm_config(specs[0].block_size, case.get(DCP) or 1), kv_cache_config)
+        cfg = sched.config
+        group_configs = list(getattr(cfg, "kv_group_configs", ()))
+        out["real_config"] = {
+            "supports_partial_tail": getattr(cfg, "supports_partial_tail", None),
+            "window_in_chunks": [getattr(gc, "sliding_window_size_in_chunks", None) for gc in group_configs]
+            if all(hasattr(gc, "sliding_window_size_in_chunks") for gc in group_configs) else None,
+            "eagle_groups": [gc.group_idx for gc in group_configs if getattr(gc, "is_eagle_group", False)],
+            "eagle_proof_margins": {str(k): v for k, v in getattr(sched, "_eagle_proof_margins", {}).items()},
+        }
+        if tail is not None and not out["real_config"]["supports_partial_tail"]:
+            has = out["real_config"]["supports_partial_tail"] is not None
+            out.update(outcome="unsupported", phase="features",
+                       why="the release's own SchedulerOffloadConfig.supports_partial_tail is False for this"
+                           " config, so its lookup never records a partial tail" if has else
+                           "this release has no partial tails (SchedulerOffloadConfig has no"
+                           " supports_partial_tail)")
+            return out
         req = self.Request(
             request_id="kvbound-case",
-            prompt_token_ids=list(range(case["num_prompt_tokens"])),
-            sampling_params=self.SamplingParams(max_tokens=1),
+            prompt_token_ids=list(range(P)),
+            sampling_params=self.SamplingParams(max_tokens=max(1, num_tokens - P + 1)),
             pooling_params=None,
             block_hasher=self.kcu.get_request_block_hasher(tph, self.sha256),
         )
+        if num_tokens > P:  # a resumed request: its output so far is hashed too
+            req.append_output_token_ids(list(range(P, num_tokens)))
         bpc = case["blocks_per_chunk"]
-        manager.expect(req, [g["tokens_per_block"] * bpc // tph for g in case["groups"]],
-                       [cdiv(T, g["tokens_per_block"] * bpc) for g in case["groups"]])
+        chunk_groups, boundary_keys = [], {}
+        for gc in group_configs:
+            gi = gc.group_idx
+            g = case["groups"][gi]
+            tpc = g["tokens_per_block"] * bpc
+            hit = T // tpc if tail is not None else cdiv(T, tpc)
+            if getattr(gc, "is_eagle_group", False) and tail is None:
+                hit += 1  # the volatile trailing chunk vLLM queries past the hit and pops
+            chunk_groups.append((gi, tpc // tph, hit))
+            if tail is not None:
+                key_tokens = sched._partial_tail_key_tokens(gc, tail) if hasattr(
+                    sched, "_partial_tail_key_tokens") else tail
+                idx = key_tokens // tph - 1
+                if 0 <= idx < len(req.block_hashes):
+                    boundary_keys[self.base.make_offload_key(req.block_hashes[idx], gi)] = [
+                        gi, "boundary", key_tokens]
+        manager.expect(req, chunk_groups, boundary_keys, tph)
         out["phase"] = "lookup"
         sched.on_new_request(req)
         hit, is_async = sched.get_num_new_matched_tokens(req, N)
@@ -205,6 +283,29 @@ class Release:
         return out
 
 
+# Case fields this adapter reads beyond v1 (case format v2, docs/case-format.md).
+NUM_TOKENS = "num_tokens"
+PARTIAL_TAIL = "partial_tail_boundary"
+EXTRA_RETAINED = "extra_retained_tokens"
+EAGLE = "is_eagle_group"
+OFFLOADED = "offloaded"
+HIT_ALIGNMENT = "cache_hit_alignment_tokens"
+MAMBA_MODE = "mamba_cache_mode"
+DCP = "decode_context_parallel_size"
+
+
+def _offloaded(group):
+    return group.get(OFFLOADED, True) is not False
+
+
+def _fields(cls):
+    if cls is None:
+        return set()
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    return set(getattr(cls, "_fields", ())) | set(getattr(cls, "__annotations__", {}))
+
+
 def _build(cls, **kw):
     """A release's dataclass from the fields it has (releases add and drop fields)."""
     if dataclasses.is_dataclass(cls):
@@ -229,22 +330,26 @@ def _fake_manager_class(base):
 
     def __init__(self):
         self.calls, self.loaded = [], []
-        self.key_of = {}
-        self.hit_chunks = []
+        self.key_of, self.boundary_of, self.hits = {}, {}, {}
 
-    def expect(self, req, hashes_per_chunk, hit_chunks):
-        """Map every chunk key of the request to (group, chunk); boundary keys stay unknown."""
-        self.key_of = {}
-        self.hit_chunks = hit_chunks
+    def expect(self, req, chunk_groups, boundary_keys, tokens_per_hash):
+        """chunk_groups: (group index, hashes per chunk, chunks that HIT) per offloaded group;
+        boundary_keys: {key: [group, "boundary", key_tokens]} of the case's partial tail."""
+        self.key_of, self.hits = {}, {}
         hashes = list(req.block_hashes)
-        for gi, hpc in enumerate(hashes_per_chunk):
+        for gi, hpc, hit in chunk_groups:
+            self.hits[gi] = hit
             for j in range(len(hashes) // hpc):
                 self.key_of[base.make_offload_key(hashes[(j + 1) * hpc - 1], gi)] = (gi, j)
+        self.boundary_of = dict(boundary_keys)
         self.hash_index = {bytes(h): i for i, h in enumerate(hashes)}
+        self.tokens_per_hash = tokens_per_hash
 
     def lookup(self, key, req_context=None):
+        if key in self.boundary_of:
+            return base.LookupResult.HIT
         gj = self.key_of.get(key)
-        if gj is not None and gj[1] < self.hit_chunks[gj[0]]:
+        if gj is not None and gj[1] < self.hits[gj[0]]:
             return base.LookupResult.HIT
         return base.LookupResult.MISS
 
@@ -253,12 +358,16 @@ def _fake_manager_class(base):
         return _fake_load_spec_class(base)()
 
     def describe(self, key):
+        """[group, chunk] for a chunk key, [group, "boundary", key_tokens] for a boundary key."""
+        if key in self.boundary_of:
+            return list(self.boundary_of[key])
         gj = self.key_of.get(key)
         if gj is not None:
             return [gj[0], gj[1]]
         raw = bytes(key)
         gi = int.from_bytes(raw[-4:], "big")
-        return ["boundary", gi, self.hash_index.get(raw[:-4])]
+        i = self.hash_index.get(raw[:-4])
+        return [gi, "boundary", None if i is None else (i + 1) * self.tokens_per_hash]
 
     def prepare_store(self, keys, req_context=None):
         return None
