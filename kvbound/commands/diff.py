@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
+from kvbound.records import DiffDisagreement, DiffRecord
 from kvbound.draw import draw_case
 from kvbound.spec import GroupKind, case_to_dict, dump_cases, load_case_paths
 from kvbound.spec.strategies import ALL_FAMILIES, FAMILIES, family_of, random_cases
@@ -398,13 +399,13 @@ def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t
                  scope) -> dict:
     n_checks = sum(stats.checks.values())
     t_spec = timings.wall if timings else 0.0
-    return {
-        "cases": stats.cases,
-        "seed": args.seed,
-        "device": args.device_used,
-        "against": list(against),
-        "families": fams,
-        "variants": {
+    return DiffRecord(
+        cases=stats.cases,
+        seed=args.seed,
+        device=args.device_used,
+        against=list(against),
+        families=fams,
+        variants={
             v.value: {
                 "checks": stats.checks.get(v, 0),
                 "outcomes": {c: stats.outcomes.get((v, c), 0) for c in _outcome_cols(variants)},
@@ -413,26 +414,26 @@ def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t
             }
             for v in variants
         },
-        "generator": args.generator,
-        "workers": workers,
-        "exhaustive": None if scope is None else {"scope": scope.describe(), "cases": scope.size},
-        "timings": timings.as_dict() if timings else None,
-        "spec_seconds": round(t_spec, 3),
-        "spec_checks_per_min": round(n_checks / t_spec * 60) if t_spec else None,
-        "symbolic": dict(sym, seconds=round(sym["seconds"], 3)),
-        "inconclusive": [{"case": c.name, "variant": v.value, "detail": det} for c, v, det in unknowns],
-        "disagreements": [
-            {
-                "case": case_to_dict(d.case),
-                "variant": d.variant.value,
-                "against": d.against,
-                "spec": d.expected.to_json(d.case.name) if d.expected is not None else None,
-                "impl": d.impl.to_json(d.case.name),
-                "detail": d.detail,
-            }
+        generator=args.generator,
+        workers=workers,
+        exhaustive=None if scope is None else {"scope": scope.describe(), "cases": scope.size},
+        timings=timings.as_dict() if timings else None,
+        spec_seconds=round(t_spec, 3),
+        spec_checks_per_min=round(n_checks / t_spec * 60) if t_spec else None,
+        symbolic=dict(sym, seconds=round(sym["seconds"], 3)),
+        inconclusive=[{"case": c.name, "variant": v.value, "detail": det} for c, v, det in unknowns],
+        disagreements=[
+            DiffDisagreement(
+                case=case_to_dict(d.case),
+                variant=d.variant.value,
+                against=d.against,
+                spec=d.expected.to_json(d.case.name) if d.expected is not None else None,
+                impl=d.impl.to_json(d.case.name),
+                detail=d.detail,
+            )
             for d in stats.disagreements
         ],
-        "saved": saved,
-        "elapsed_s": round(elapsed, 3),
-        "result": "disagreement" if stats.disagreements else ("inconclusive" if unknowns else "agree"),
-    }
+        saved=saved,
+        elapsed_s=round(elapsed, 3),
+        result="disagreement" if stats.disagreements else ("inconclusive" if unknowns else "agree"),
+    ).to_json()
