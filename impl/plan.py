@@ -179,6 +179,7 @@ class Cells:
     tail: torch.Tensor | None = None  # [C] 0/1: the request has a partial tail (None: no v2 field anywhere)
     boundary_key: torch.Tensor | None = None  # [C] boundary + the group's EAGLE proof margin
     extra_retained: torch.Tensor | None = None  # [C] extra_retained_tokens
+    table_flat: torch.Tensor | None = None  # [C] request * G + the blocks.blocks index whose table the cell reads
 
     @property
     def size(self) -> int:
@@ -236,7 +237,7 @@ def real_cells(batch: PlanBatch) -> Cells:
         window_tokens=per_group(batch.window_tokens), table_length=per_group(batch.table_length),
         sync_load=batch.sync_load.index_select(0, request),
         state=batch.state.reshape(R * G, L).index_select(0, flat),
-        requests=req,
+        requests=req, table_flat=flat,
     )
     if req is not None:
         cells.tail = req.tail.index_select(0, request).to(it)
@@ -389,6 +390,11 @@ def load_start(cells: Cells, geo: Geometry, variant: Variant, words: torch.Tenso
             geo.keep_fresh = keep_from(geo.f, words.shape[0])
         keep = geo.keep_fresh
     return torch.minimum(first_set_slot(words, keep, cells.L).to(geo.k.dtype), geo.k)
+
+
+def pending_blocks(geo: Geometry, start: torch.Tensor) -> torch.Tensor:
+    """num_pending_gpu_blocks = k - load_start_gpu_block_idx: the group's size in the plan."""
+    return geo.k - start
 
 
 def offload_key_chunks(cells: Cells, geo: Geometry, start: torch.Tensor, pending: torch.Tensor):
@@ -565,14 +571,14 @@ class BatchPlan:
         ``dst_cells``), flat in cell order, and how many each cell has ([C]). Gathered
         from the ragged ranges alone: no [C, L] mask is built."""
         of = self.dst_cells if of is None else of
-        n = torch.where(of, self.num_pending_gpu_blocks.to(torch.int64), 0)
+        n = torch.where(of, self.num_pending_gpu_blocks.to(torch.int64), 0).clamp(min=0)  # (mutants: < 0)
         total = int(n.sum())
         cell = torch.repeat_interleave(torch.arange(n.shape[0], device=n.device), n, output_size=total)
         offset = torch.cumsum(n, 0) - n
         slot = torch.arange(total, device=n.device) - offset.index_select(0, cell) \
             + self.load_start_gpu_block_idx.to(torch.int64).index_select(0, cell)
         L = self.cells.L
-        flat = (self.cells.request * self.cells.G + self.cells.group).index_select(0, cell) * L + slot
+        flat = self.cells.table_flat.index_select(0, cell) * L + slot.clamp(max=L - 1)  # (mutants: past k)
         return block_id.reshape(-1).index_select(0, flat), n
 
     @property
@@ -607,7 +613,7 @@ def plan_cells(cells: Cells, geo: Geometry, variant: Variant, asserts: bool, wor
     vLLM's per-group loop as one pass of steps over every cell."""
     release = release or variant_features(variant)
     start = load_start(cells, geo, variant, words)
-    pending = geo.k - start
+    pending = pending_blocks(geo, start)
     window = window_in_chunks(cells, geo, release)
     start_chunk, end_chunk, boundary_key = offload_key_chunks(cells, geo, start, pending)
     code = assert_codes(cells, geo, variant, release, asserts, start, pending, window)

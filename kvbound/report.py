@@ -1,26 +1,36 @@
 """One self-contained HTML page for a reviewer: obligations, witnesses drawn, diff, conformance.
 
 Inputs are the JSON files ``kvbound prove``, ``kvbound diff`` and ``kvbound conform``
-write. A file that is missing a field or is not JSON becomes a red box in its own
-section naming the file and the field; the rest of the page still renders. The page
-uses no scripts, fonts or images from the network: CSS and SVG are inline.
+write, read back through their typed records (``kvbound.records``). A file that is
+missing a field or is not JSON becomes a red box in its own section naming the file
+and the field; the rest of the page still renders. The page uses no scripts, fonts or
+images from the network: CSS and SVG are inline.
+
+Escaping is a rule, not a habit: every fragment is a ``markupsafe.Markup`` built with
+``Markup(template).format(...)``, which escapes each argument that is not itself
+``Markup``. Text from a JSON file (a case name, a caption, a cell) can only reach the
+page escaped; the SVG from ``kvbound.svg`` (which escapes its own text) is the one
+markup taken as is.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from html import escape
 from pathlib import Path
+
+from markupsafe import Markup
 
 from kvbound import __version__
 from kvbound.draw import case_header, describe_plan, draw_case
 from kvbound.errors import CaseError, ReportInputError
+from kvbound.records import ConformRecord, DiffRecord, ProveRecord
 from kvbound.spec import Variant, case_from_dict, plan_load
 from kvbound.spec.verdicts import CONFORM_VERDICTS, Verdict
 from kvbound.svg import case_svgs, legend_svg
 
-
+MAX_DRAWN = 12  # disagreements drawn per section; the rest are counted
+MAX_JSON_CHARS = 4000  # a record shown as JSON beside its drawing is cut here
 
 
 @dataclass
@@ -29,7 +39,7 @@ class Section:
 
     anchor: str
     title: str
-    body: str = ""
+    body: Markup = Markup()
     source: str = ""
     error: str = ""
     summary: str = ""  # one line for the overview at the top
@@ -52,19 +62,6 @@ def read_json(path) -> object:
         raise ReportInputError(f"{p}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
 
 
-def need(obj, key: str, where: str, types=None):
-    """``obj[key]``, or a ReportInputError naming where the field was expected."""
-    if not isinstance(obj, dict):
-        raise ReportInputError(f"{where}: expected an object, found {type(obj).__name__}")
-    if key not in obj:
-        raise ReportInputError(f"{where}: missing field '{key}'")
-    v = obj[key]
-    if types is not None and not isinstance(v, types):
-        names = types.__name__ if isinstance(types, type) else "/".join(t.__name__ for t in types)
-        raise ReportInputError(f"{where}.{key}: expected {names}, found {type(v).__name__}")
-    return v
-
-
 def case_of(d, where: str):
     """A witness / disagreement case dict as a Case; a malformed one names its field."""
     try:
@@ -75,38 +72,51 @@ def case_of(d, where: str):
         raise ReportInputError(f"{where}: not a case: {e}") from None
 
 
-# --------------------------------------------------------------------------- drawing
+# --------------------------------------------------------------------------- markup
 
 
-def drawn_case(case, plans: dict | None = None, caption: str = "") -> str:
+def html(template: str, *args, **kwargs) -> Markup:
+    """``template`` (trusted markup) with each argument escaped unless it is Markup."""
+    return Markup(template).format(*args, **kwargs)
+
+
+def join(parts) -> Markup:
+    return Markup("").join(parts)
+
+
+def mono(text) -> Markup:
+    return html('<span class="mono">{}</span>', text)
+
+
+def drawn_case(case, plans: dict | None = None, caption: Markup | str = "") -> Markup:
     """A case as SVG tables, the header line, and the terminal drawing folded away."""
     plans = plans or {v: plan_load(case, v) for v in Variant}
-    outcome = "".join(
-        f'<li><span class="mono">{escape(v.value)}</span> '
-        f'<span class="{"bad" if not p.ok else "ok"}">{escape(describe_plan(p))}</span></li>'
-        for v, p in plans.items()
-    )
-    return (
-        '<figure class="case">'
-        + (f"<figcaption>{caption}</figcaption>" if caption else "")
-        + f'<div class="mono small">{escape(case_header(case))}</div>'
-        + "".join(f'<div class="svgwrap">{s}</div>' for s in case_svgs(case, plans=plans))
-        + f'<ul class="outcomes">{outcome}</ul>'
-        + "<details><summary>as text (kvbound explain)</summary>"
-        + f'<pre>{escape(draw_case(case, plans=plans, legend=False))}</pre></details>'
-        + "</figure>"
+    outcome = join(html('<li>{} <span class="{}">{}</span></li>', mono(v.value), "ok" if p.ok else "bad",
+                        describe_plan(p)) for v, p in plans.items())
+    return html(
+        '<figure class="case">{}<div class="mono small">{}</div>{}<ul class="outcomes">{}</ul>'
+        "<details><summary>as text (kvbound explain)</summary><pre>{}</pre></details></figure>",
+        html("<figcaption>{}</figcaption>", caption) if caption else "",
+        case_header(case),
+        join(html('<div class="svgwrap">{}</div>', Markup(s)) for s in case_svgs(case, plans=plans)),
+        outcome,
+        draw_case(case, plans=plans, legend=False),
     )
 
 
-def _table(headers, rows, cls="") -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+def _table(headers, rows, cls="") -> Markup:
+    head = join(html("<th>{}</th>", h) for h in headers)
+    body = join(html("<tr>{}</tr>", join(html("<td>{}</td>", c) for c in r)) for r in rows)
+    return html('<table class="{}"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>', cls, head, body)
 
 
-def _badge(text: str, good: bool | None) -> str:
+def _badge(text, good: bool | None) -> Markup:
     cls = "neutral" if good is None else ("good" if good else "badb")
-    return f'<span class="badge {cls}">{escape(str(text))}</span>'
+    return html('<span class="badge {}">{}</span>', cls, str(text))
+
+
+def _json_pre(obj) -> Markup:
+    return html("<pre>{}</pre>", json.dumps(obj, indent=1)[:MAX_JSON_CHARS])
 
 
 # --------------------------------------------------------------------------- sections
@@ -121,7 +131,7 @@ def cases_section(paths) -> Section:
     except CaseError as e:
         sec.error = str(e)
         return sec
-    sec.body = "".join(drawn_case(c, caption=f"<b>{escape(c.name)}</b>") for c in cases)
+    sec.body = join(drawn_case(c, caption=html("<b>{}</b>", c.name)) for c in cases)
     sec.summary = f"{len(cases)} case(s) drawn with every variant"
     return sec
 
@@ -154,31 +164,28 @@ ul.outcomes{font-size:13px;margin:6px 0;padding-left:18px} details summary{curso
 
 
 def render_page(sections: list, title: str = "kvbound report") -> str:
-    cards = "".join(
-        f'<div class="card"><a href="#{s.anchor}"><b>{escape(s.title)}</b>'
-        + ('<span class="bad">unreadable input</span>' if s.error else (
-            f'<span class="{"bad" if s.failed else ""}">{escape(s.summary)}</span>'))
-        + "</a></div>"
+    cards = join(
+        html('<div class="card"><a href="#{}"><b>{}</b>{}</a></div>', s.anchor, s.title,
+             Markup('<span class="bad">unreadable input</span>') if s.error
+             else html('<span class="{}">{}</span>', "bad" if s.failed else "", s.summary))
         for s in sections
     )
-    body = []
-    for s in sections:
-        src = f'<div class="small">from <span class="mono">{escape(s.source)}</span></div>' if s.source else ""
-        inner = f'<div class="error">{escape(s.error)}</div>' if s.error else s.body
-        body.append(f'<section id="{s.anchor}"><h2>{escape(s.title)}</h2>{src}{inner}</section>')
+    body = [
+        html('<section id="{}"><h2>{}</h2>{}{}</section>', s.anchor, s.title,
+             html('<div class="small">from {}</div>', mono(s.source)) if s.source else "",
+             html('<div class="error">{}</div>', s.error) if s.error else s.body)
+        for s in sections
+    ]
     if not sections:
-        body.append("<section><h2>Nothing to report</h2><p>Give --prove, --diff, --conform or --case.</p></section>")
-    return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>{escape(title)}</title><style>{CSS}</style></head><body><main>"
-        f"<h1>{escape(title)}</h1>"
-        f'<div class="small">kvbound {escape(__version__)} · vLLM KV-offload load boundary '
-        "(<span class=\"mono\">update_state_after_alloc</span>)</div>"
-        f'<div class="legendbox">{legend_svg()}</div>'
-        f'<div class="overview">{cards}</div>'
-        + "".join(body)
-        + "</main></body></html>\n"
-    )
+        body.append(Markup("<section><h2>Nothing to report</h2><p>Give --prove, --diff, --conform or --case.</p></section>"))
+    return str(html(
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title><style>{css}</style>'
+        "</head><body><main><h1>{title}</h1>"
+        '<div class="small">kvbound {version} · vLLM KV-offload load boundary ({function})</div>'
+        '<div class="legendbox">{legend}</div><div class="overview">{cards}</div>{body}</main></body></html>\n',
+        title=title, css=Markup(CSS), version=__version__, function=mono("update_state_after_alloc"),
+        legend=Markup(legend_svg()), cards=cards, body=join(body),
+    ))
 
 
 def _section(builder, path, anchor: str, title: str) -> Section:
@@ -208,131 +215,87 @@ def build_report(prove=None, diff=None, conform=None, cases=(), title="kvbound r
     return render_page(sections, title), sections
 
 
-def _obligation_fields(oid: str) -> dict:
-    """math and premise from the obligation object itself when the JSON leaves them out."""
-    try:
-        from kvbound.proofs.obligations import OBLIGATIONS
-    except ImportError:
-        return {}
-    o = next((o for o in OBLIGATIONS if o.id == oid), None)
-    return {} if o is None else {"math": o.math, "premise": o.premise, "statement": o.statement}
-
-
-def _mutation(data) -> tuple[str, bool | None, list]:
-    """(summary, all killed?, rows) from whichever of mutants / mutation_score the JSON has."""
-    muts = data.get("mutants")
-    rows = []
-    if isinstance(muts, dict):
-        for name, v in muts.items():
-            killer = v.get("killed_by") if isinstance(v, dict) else v
-            rows.append((name, killer))
-    elif isinstance(muts, list):
-        for i, m in enumerate(muts):
-            rows.append((need(m, "name", f"prove JSON.mutants[{i}]"), m.get("killed_by")))
-    score = data.get("mutation_score")
-    if rows:
-        killed = sum(k is not None for _, k in rows)
-        return f"mutation score {killed}/{len(rows)}", killed == len(rows), rows
-    if isinstance(score, dict) and "killed" in score and "total" in score:
-        return f"mutation score {score['killed']}/{score['total']}", score["killed"] == score["total"], rows
-    if isinstance(score, (list, tuple)) and len(score) == 2:
-        return f"mutation score {score[0]}/{score[1]}", score[0] == score[1], rows
-    if score is not None:
-        return f"mutation score {score}", None, rows
-    return "mutants not run", None, rows
+def _mutation(rec: ProveRecord) -> tuple[str, bool | None, list]:
+    """(summary, all killed?, rows (mutant, killer or None))."""
+    if rec.mutants is None:
+        return "mutants not run", None, []
+    rows = list(rec.mutants.items())
+    killed = sum(k is not None for _, k in rows)
+    return f"mutation score {killed}/{len(rows)}", killed == len(rows), rows
 
 
 def prove_section(data) -> Section:
+    rec = ProveRecord.from_json(data)
     where = "prove JSON"
-    if isinstance(data, list):
-        data = {"obligations": data}
-    obs = need(data, "obligations", where, list)
     sec = Section("obligations", "")
-    rows, witnesses, n_met = [], [], 0
-    for i, o in enumerate(obs):
-        at = f"{where}.obligations[{i}]"
-        oid = need(o, "id", at, str)
-        expected = need(o, "expected", at, str)
-        verdict = need(o, "verdict", at, str)
-        fields = {**_obligation_fields(oid), **{k: o[k] for k in ("statement", "math", "premise") if o.get(k)}}
-        met = o.get("met", verdict == expected)
-        n_met += bool(met)
-        secs = o.get("seconds")
-        witness = o.get("witness")
-        wlink = ""
-        if witness is not None:
-            case = case_of(witness, f"{at}.witness")
-            witnesses.append((oid, o, case))
-            wlink = f'<a href="#w-{escape(oid)}">drawn below</a>'
+    rows, witnesses = [], []
+    for i, o in enumerate(rec.obligations):
+        wlink = Markup()
+        if o.witness is not None:
+            witnesses.append((o, case_of(o.witness, f"{where}.obligations[{i}].witness")))
+            wlink = html('<a href="#w-{}">drawn below</a>', o.id)
+        problems = [x for x in (o.replay_failure, o.vacuity if o.verdict == Verdict.PROVED and not o.met else None) if x]
         rows.append([
-            f'<b class="mono">{escape(oid)}</b>',
-            escape(fields.get("statement", "")) + (f'<div class="math">{escape(fields["math"])}</div>'
-                                                  if fields.get("math") else ""),
-            escape(fields.get("premise", "")),
-            _badge(verdict, bool(met)) + ("" if met else f'<div class="bad">expected {escape(expected)}</div>'),
-            escape(expected),
-            escape(f"{secs:.2f} s" if isinstance(secs, (int, float)) else str(secs or "")),
-            escape(str(o.get("bound") or "unbounded")),
-            wlink + "".join(f'<div class="bad">{escape(str(o[k]))}</div>' for k in ("replay", "replay_failure")
-                            if o.get(k))
-            + (f'<div class="small">{escape(str(o["detail"]))}</div>' if o.get("detail") else ""),
+            html('<b class="mono">{}</b>', o.id),
+            html('{}<div class="math">{}</div>', o.statement, o.math),
+            o.premise,
+            html("{}{}", _badge(o.verdict, o.met),
+                 "" if o.met else html('<div class="bad">expected {}</div>', o.expected)),
+            o.expected,
+            f"{o.seconds:.2f} s",
+            (o.bound or {}).get("text", "unbounded"),
+            html("{}{}", wlink, join(html('<div class="bad">{}</div>', p) for p in problems)),
         ])
-    mut_summary, mut_ok, mut_rows = _mutation(data)
-    unknown = sum(o.get("verdict") == "unknown" for o in obs)
-    sec.failed = n_met != len(obs) or mut_ok is False
-    sec.summary = (f"{n_met}/{len(obs)} obligations met their expected verdict"
+    n_met = sum(o.met for o in rec.obligations)
+    mut_summary, mut_ok, mut_rows = _mutation(rec)
+    unknown = sum(o.verdict == Verdict.UNKNOWN for o in rec.obligations)
+    sec.failed = n_met != len(rec.obligations) or mut_ok is False
+    sec.summary = (f"{n_met}/{len(rec.obligations)} obligations met their expected verdict"
                    + (f", {unknown} unknown (never counted as proved)" if unknown else "") + f"; {mut_summary}")
-    out = [f"<p>{_badge(sec.summary, not sec.failed)}</p>",
+    out = [html("<p>{}</p>", _badge(sec.summary, not sec.failed)),
            _table(["obligation", "statement (words, mathematics)", "premise it rests on", "verdict", "expected",
                    "time", "bound", "witness"], rows, "obligations")]
     if mut_rows:
-        out.append("<h3>Mutants of the scan and plan: which proved obligation kills each</h3>")
+        out.append(Markup("<h3>Mutants of the scan and plan: which proved obligation kills each</h3>"))
         out.append(_table(["mutant", "killed by"], [
-            [f'<span class="mono">{escape(n)}</span>',
-             _badge(k, True) if k is not None else _badge("SURVIVED", False)] for n, k in mut_rows]))
+            [mono(n), _badge(k, True) if k is not None else _badge("SURVIVED", False)] for n, k in mut_rows]))
     if witnesses:
-        out.append("<h3>Witnesses (refutations), drawn and replayed through the spec</h3>")
-        for oid, o, case in witnesses:
-            out.append(f'<div id="w-{escape(oid)}"></div>' + drawn_case(
-                case, caption=f'<b class="mono">{escape(oid)}</b> — {escape(_obligation_fields(oid).get("statement") or o.get("statement", ""))}'))
-    sec.body = "".join(out)
+        out.append(Markup("<h3>Witnesses (refutations), drawn and replayed through the spec</h3>"))
+        for o, case in witnesses:
+            out.append(html('<div id="w-{}"></div>{}', o.id,
+                            drawn_case(case, caption=html('<b class="mono">{}</b> — {}', o.id, o.statement))))
+    sec.body = join(out)
     return sec
 
 
 def diff_section(data) -> Section:
-    """Read generically: the scalar figures as a table, any disagreement carrying a case drawn."""
+    rec = DiffRecord.from_json(data)
     where = "diff JSON"
-    if not isinstance(data, dict):
-        raise ReportInputError(f"{where}: expected an object, found {type(data).__name__}")
-    dis = None
-    for key in ("disagreements", "mismatches", "failures"):
-        if key in data:
-            dis = need(data, key, where, list)
-            break
     sec = Section("diff", "")
-    scalars = [(k, v) for k, v in data.items() if isinstance(v, (int, float, str, bool)) or v is None]
-    sec.failed = bool(dis)
-    figures = ", ".join(f"{k}={v}" for k, v in scalars[:4])
-    sec.summary = (f"{len(dis)} disagreement(s)" if dis is not None else "no disagreement list") + (
-        f"; {figures}" if figures else "")
-    out = [f"<p>{_badge(sec.summary, not sec.failed if dis is not None else None)}</p>"]
-    if scalars:
-        out.append(_table(["figure", "value"], [[f'<span class="mono">{escape(k)}</span>', escape(str(v))]
-                                               for k, v in scalars]))
-    for k, v in data.items():
-        if isinstance(v, dict) and all(isinstance(x, (int, float, str, bool)) for x in v.values()):
-            out.append(f"<h3>{escape(k)}</h3>" + _table(["", "value"], [
-                [f'<span class="mono">{escape(str(a))}</span>', escape(str(b))] for a, b in v.items()]))
-    for i, d in enumerate((dis or [])[:MAX_DRAWN]):
-        at = f"{where}.disagreements[{i}]"
-        if not isinstance(d, dict) or "case" not in d:
-            out.append(f"<pre>{escape(json.dumps(d, indent=1)[:2000])}</pre>")
-            continue
-        case = case_of(d["case"], f"{at}.case")
-        rest = {k: v for k, v in d.items() if k != "case"}
-        out.append(drawn_case(case, caption=f"<b>disagreement {i + 1}</b>: {escape(case.name)}")
-                   + f"<pre>{escape(json.dumps(rest, indent=1)[:4000])}</pre>")
-    sec.body = "".join(out)
+    sec.failed = bool(rec.disagreements) or rec.result != "agree"
+    sec.summary = (f"{len(rec.disagreements)} disagreement(s), {len(rec.inconclusive)} inconclusive over "
+                   f"{rec.cases} cases (seed {rec.seed}, {rec.device}, against {', '.join(rec.against)}): {rec.result}")
+    figures = [("cases", rec.cases), ("seed", rec.seed), ("device", rec.device), ("against", ", ".join(rec.against)),
+               ("spec checks per minute", rec.spec_checks_per_min), ("elapsed", f"{rec.elapsed_s:.1f} s"),
+               ("result", rec.result)]
+    out = [html("<p>{}</p>", _badge(sec.summary, not sec.failed)),
+           _table(["figure", "value"], [[mono(k), str(v)] for k, v in figures])]
+    if rec.variants:
+        out.append(Markup("<h3>Per variant</h3>"))
+        out.append(_table(["variant", "checks", "outcomes", "disagreements"], [
+            [mono(v), str(d.get("checks", "")), " ".join(f"{k}:{n}" for k, n in (d.get("outcomes") or {}).items()),
+             str(d.get("disagreements", ""))] for v, d in rec.variants.items()]))
+    if rec.symbolic:
+        out.append(Markup("<h3>Against the symbolic model</h3>"))
+        out.append(_table(["", "value"], [[mono(k), str(v)] for k, v in rec.symbolic.items()]))
+    for i, d in enumerate(rec.disagreements[:MAX_DRAWN]):
+        case = case_of(d.case, f"{where}.disagreements[{i}].case")
+        out.append(drawn_case(case, caption=html("<b>disagreement {}</b>: {} ({}, impl vs {})", i + 1, case.name,
+                                                 d.variant, d.against))
+                   + _json_pre({"detail": d.detail, "spec": d.spec, "impl": d.impl}))
+    if len(rec.disagreements) > MAX_DRAWN:
+        out.append(html("<p>{} more: see the JSON file</p>", len(rec.disagreements) - MAX_DRAWN))
+    sec.body = join(out)
     return sec
 
 
@@ -341,13 +304,13 @@ def _short(path: str) -> str:
     return path[i:] if i >= 0 else (path or "?")
 
 
-def _real_label(rec: dict) -> str:
+def _real_label(rec) -> str:
     """The real side in a few words: ok / assert name at file:line / fault."""
-    if rec.get("verdict") == "fault":
-        return f"fault: {(rec.get('real') or {}).get('outcome', '?')}"
-    real = rec.get("real") or {}
+    real = rec.real or {}
+    if rec.verdict == Verdict.FAULT:
+        return f"fault: {real.get('outcome', '?')}"
     if real.get("outcome") == "assertion_error":
-        site = rec.get("real_assert_site") or {}
+        site = rec.extra.get("real_assert_site") or {}
         where = f" at {_short(site.get('file'))}:{site.get('line')}" if site else ""
         return f"AssertionError ({real.get('assertion')}){where}"
     if real.get("outcome") == "ok":
@@ -355,8 +318,8 @@ def _real_label(rec: dict) -> str:
     return str(real.get("outcome"))
 
 
-def _spec_label(rec: dict) -> str:
-    spec = rec.get("spec") or {}
+def _spec_label(rec) -> str:
+    spec = rec.spec or {}
     if spec.get("outcome") == "assertion_error":
         return f"AssertionError ({spec.get('assertion')})"
     return f"ok: dst_block_ids={spec.get('dst_block_ids')}"
@@ -365,118 +328,101 @@ def _spec_label(rec: dict) -> str:
 # How the summary names each conform verdict, in the order `kvbound conform` prints them.
 CONFORM_WORDS = {Verdict.AGREE: "agree", Verdict.DISAGREE: "disagree", Verdict.FAULT: "fault",
                  Verdict.UNDRIVEN: "not driven", Verdict.UNSUPPORTED: "refused by the release's config"}
+NAMED_ROWS = ("pr_case", "example", "witness")  # matrix rows whose cases are shown one by one
 
 
 def conform_section(data) -> Section:
+    from kvbound.conform.compare import ROW_ORDER
+
+    rec = ConformRecord.from_json(data)
     where = "conform JSON"
-    releases = need(data, "releases", where, dict)
-    records = need(data, "cases", where, list)
-    matrix = need(data, "matrix", where, dict)
-    not_prepared = data.get("not_prepared") or []
-    blocking = need(data, "blocking", where, int)
-    rels = list(releases)
-    for i, r in enumerate(records):
-        for key in ("name", "release", "variant", "verdict", "row"):
-            need(r, key, f"{where}.cases[{i}]")
-        if r["verdict"] not in CONFORM_VERDICTS:
-            raise ReportInputError(f"{where}.cases[{i}].verdict: {r['verdict']!r} is not one of "
-                                   f"{', '.join(CONFORM_VERDICTS)}")
+    records, rels, matrix = rec.cases, list(rec.releases), rec.matrix
     sec = Section("conform", "")
-    counts = {v: sum(r["verdict"] == v for r in records) for v in CONFORM_VERDICTS}
-    sec.failed = bool(blocking or not_prepared)
+    counts = {v: sum(r.verdict == v for r in records) for v in CONFORM_VERDICTS}
+    sec.failed = bool(rec.blocking or rec.not_prepared)
     sec.summary = (
         ", ".join(f"{counts[v]} {word}" for v, word in CONFORM_WORDS.items())
-        + f" over {len(rels)} release(s); {blocking} blocking"
-        + (f"; NOT PREPARED: {', '.join(not_prepared)}" if not_prepared else "")
+        + f" over {len(rels)} release(s); {rec.blocking} blocking"
+        + (f"; NOT PREPARED: {', '.join(rec.not_prepared)}" if rec.not_prepared else "")
     )
-    out = [f"<p>{_badge(sec.summary, not sec.failed)}</p>"]
-    if not_prepared:
-        out.append(f'<div class="error">could not prepare or start: {escape(", ".join(not_prepared))}</div>')
-    out.append("<h3>Releases (real vLLM scheduler code, offload tier faked)</h3>")
+    out = [html("<p>{}</p>", _badge(sec.summary, not sec.failed))]
+    if rec.not_prepared:
+        out.append(html('<div class="error">could not prepare or start: {}</div>', ", ".join(rec.not_prepared)))
+    out.append(Markup("<h3>Releases (real vLLM scheduler code, offload tier faked)</h3>"))
     out.append(_table(
         ["vLLM", "spec variant", "python", "seconds", "scheduler file"],
-        [[escape(v), f'<span class="mono">{escape(_variant_of(v))}</span>',
-          escape(str(h.get("python", ""))), escape(str(h.get("seconds", ""))),
-          f'<span class="mono small">{escape(_short(h.get("scheduler_file", "")))}</span>']
-         for v, h in releases.items()]))
-    out.append("<h3>Version matrix: agree / total per case family, and the real outcomes</h3>")
-    try:
-        from kvbound.conform.compare import ROW_ORDER
-    except ImportError:
-        ROW_ORDER = ()
+        [[v, mono(_variant_of(v)), str(h.get("python", "")), str(h.get("seconds", "")),
+          html('<span class="mono small">{}</span>', _short(h.get("scheduler_file", "")))]
+         for v, h in rec.releases.items()]))
+    out.append(Markup("<h3>Version matrix: agree / total per case family, and the real outcomes</h3>"))
     rows = [r for r in ROW_ORDER if r in matrix] + sorted(r for r in matrix if r not in ROW_ORDER)
     mrows = []
     for row in rows:
-        cells = [f'<span class="mono">{escape(row)}</span>']
+        cells = [mono(row)]
         for rel in rels:
             c = matrix[row].get(rel) if isinstance(matrix[row], dict) else None
             if not c:
                 cells.append("–")
                 continue
-            bad = c.get("disagree", 0) + c.get("fault", 0)
+            bad = c.get(Verdict.DISAGREE, 0) + c.get(Verdict.FAULT, 0)
             extra = "".join(f", {c[k]} {k}" for k in CONFORM_VERDICTS if k != Verdict.AGREE and c.get(k))
             outs = " ".join(f"{k}:{v}" for k, v in sorted((c.get("outcomes") or {}).items()))
-            cells.append(_badge(f"{c.get('agree', 0)}/{c.get('total', 0)} agree{extra}",
-                                not bad if row != "adversarial" else (None if bad else True))
-                         + f'<div class="small mono">{escape(outs)}</div>')
+            cells.append(html('{}<div class="small mono">{}</div>',
+                              _badge(f"{c.get(Verdict.AGREE, 0)}/{c.get('total', 0)} agree{extra}",
+                                     not bad if row != "adversarial" else (None if bad else True)), outs))
         mrows.append(cells)
     out.append(_table(["family"] + [f"vllm {r} ({_variant_of(r)})" for r in rels], mrows))
-    if data.get("witness_note"):
-        out.append(f'<p class="small">note: {escape(str(data["witness_note"]))}</p>')
-    named = [r for r in records if r["row"] in ("pr_case", "example", "witness")]
+    if rec.witness_note:
+        out.append(html('<p class="small">note: {}</p>', rec.witness_note))
+    named = [r for r in records if r.row in NAMED_ROWS]
     if named:
-        out.append("<h3>Case files and proof witnesses: real outcome vs the spec, per release</h3>")
+        out.append(Markup("<h3>Case files and proof witnesses: real outcome vs the spec, per release</h3>"))
         by_name: dict = {}
         for r in named:
-            by_name.setdefault(r["name"], {})[r["release"]] = r
+            by_name.setdefault(r.name, {})[r.release] = r
         trows = []
         for name, per in by_name.items():
-            cells = [f'<span class="mono">{escape(name)}</span>']
+            cells = [mono(name)]
             for rel in rels:
                 r = per.get(rel)
                 if r is None:
                     cells.append("–")
                     continue
-                mark = _badge(r["verdict"], Verdict(r["verdict"]).holds)
-                cells.append(f"{mark}<div>real: {escape(_real_label(r))}</div>"
-                             f'<div class="small">spec {escape(r["variant"])}: {escape(_spec_label(r))}</div>')
+                cells.append(html('{}<div>real: {}</div><div class="small">spec {}: {}</div>',
+                                  _badge(r.verdict, r.verdict.holds), _real_label(r), r.variant, _spec_label(r)))
             trows.append(cells)
         out.append(_table(["case"] + [f"vllm {r}" for r in rels], trows))
-        first = next((r for r in named if r["row"] == "pr_case"), None)
-        if first is not None and "case" in first:
-            case = case_of(first["case"], f"{where}.cases[{records.index(first)}].case")
-            vs = [Variant(r["variant"]) for r in named if r["name"] == first["name"]]
+        first = next((r for r in named if r.row == "pr_case"), None)
+        if first is not None and first.case is not None:
+            case = case_of(first.case, f"{where}.cases[{records.index(first)}].case")
+            vs = [Variant(r.variant) for r in named if r.name == first.name]
             out.append(drawn_case(case, {v: plan_load(case, v) for v in dict.fromkeys(vs)},
-                                  caption=f"<b>{escape(case.name)}</b> drawn with the variants of the releases above"))
-    bad = [r for r in records if r["verdict"] in ("disagree", "fault")]
+                                  caption=html("<b>{}</b> drawn with the variants of the releases above", case.name)))
+    bad = [r for r in records if r.verdict in (Verdict.DISAGREE, Verdict.FAULT)]
     if bad:
-        out.append(f"<h3>{len(bad)} disagreement(s) / fault(s)</h3>")
-        for i, r in enumerate(bad[:MAX_DRAWN]):
-            head = (f"<b>{escape(r['verdict'])}</b>: <span class=\"mono\">{escape(r['name'])}</span> on vllm "
-                    f"{escape(r['release'])} ({escape(r['variant'])}), family {escape(r['row'])}")
-            if r["verdict"] == "fault" or "case" not in r:
-                out.append(f'<figure class="case"><figcaption>{head}</figcaption>'
-                           f"<pre>{escape(str(r.get('fault', '')))}</pre></figure>")
+        out.append(html("<h3>{} disagreement(s) / fault(s)</h3>", len(bad)))
+        for r in bad[:MAX_DRAWN]:
+            head = html("<b>{}</b>: {} on vllm {} ({}), family {}", r.verdict, mono(r.name), r.release, r.variant, r.row)
+            if r.verdict == Verdict.FAULT or r.case is None:
+                out.append(html('<figure class="case"><figcaption>{}</figcaption><pre>{}</pre></figure>',
+                                head, str(r.extra.get("fault", ""))))
                 continue
-            case = case_of(r["case"], f"{where}.cases[{records.index(r)}].case")
-            v = Variant(r["variant"])
-            detail = (f"<div>differs in: <b>{escape(', '.join(r.get('diff') or []))}</b></div>"
-                      f'<pre>real vllm {escape(r["release"])}: {escape(json.dumps(r.get("real")))}\n'
-                      f'spec {escape(r["variant"])}: {escape(json.dumps(r.get("spec")))}</pre>')
-            out.append(drawn_case(case, {v: plan_load(case, v)}, caption=head) + detail)
+            case = case_of(r.case, f"{where}.cases[{records.index(r)}].case")
+            detail = html("<div>differs in: <b>{}</b></div><pre>real vllm {}: {}\nspec {}: {}</pre>",
+                          ", ".join(r.extra.get("diff") or []), r.release, json.dumps(r.real), r.variant,
+                          json.dumps(r.spec))
+            out.append(drawn_case(case, {Variant(r.variant): plan_load(case, Variant(r.variant))}, caption=head) + detail)
         if len(bad) > MAX_DRAWN:
-            out.append(f"<p>{len(bad) - MAX_DRAWN} more: see {escape('the JSON file')}</p>")
-    sec.body = "".join(out)
+            out.append(html("<p>{} more: see the JSON file</p>", len(bad) - MAX_DRAWN))
+    sec.body = join(out)
     return sec
 
 
 def _variant_of(version: str) -> str:
+    from kvbound.errors import UnsupportedVersion
     from kvbound.spec import variant_for_version
 
     try:
         return variant_for_version(version).value
-    except Exception:  # an unknown release string in the file: show it, do not fail the page
+    except UnsupportedVersion:  # an unknown release string in the file: show it, do not fail the page
         return "?"
-
-
-MAX_DRAWN = 12

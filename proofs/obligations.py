@@ -354,6 +354,29 @@ def _keys_from_all_tokens(knobs):
 TAIL = ("n-aligned", "fresh-after-nulls", "keys-cover-hit", "hit-a-chunk", "partial-tail-lookup")
 
 
+def _window_retained_before_031(knobs):
+    """0.28-0.30: the allocator retains extra_retained_tokens below the window, the connector's
+    window in chunks does not count them (cdiv(w, tpc))."""
+    w = World(GroupKind.SLIDING_WINDOW)
+    p = w.plan(Knobs(window_counts_retained=False))
+    window_ok = dict(p.checks)[FAIL_CODE[AssertName.WINDOW_BOUND]]
+    return Problem(w.base() + [NOT(w.sync_load)], window_ok, w,
+                   witness=lambda m: w.to_case(m, "witness-window-bound.retained-before-0.31"),
+                   shaping=w.small(max_len=8, max_tokens=128) + [w.b == 16, w.bpc == 1, w.extra >= 1, w.extra <= 3,
+                                                                 w.span % 16 == 0, w.span <= 32])
+
+
+def _replay_retained(case):
+    from kvbound.spec import plan_for_version
+
+    old, new = plan_for_version(case, "0.30.0"), plan_for_version(case, "0.31.0")
+    if old.ok or old.assertion.name is not AssertName.WINDOW_BOUND:
+        return f"spec 0.30 gives {old.assertion.name.value if old.assertion else 'ok'}, expected window_bound"
+    if not new.ok:
+        return f"spec 0.31 fails too: {new.assertion.name.value}"
+    return None
+
+
 def _partial_tail_loads(kind):
     """A partial tail loads the chunks below the boundary's chunk plus one boundary key, at the
     position the lookup confirmed (``_lookup_partial_tail`` keys boundary + margin with the same
@@ -608,6 +631,17 @@ OBLIGATIONS: list[Obligation] = [
         "window in chunks max(cdiv(w, tpc), cdiv(w - 1 + extra, tpc)).",
         "[0, ⌊max(0, T−w+1−extra)/b⌋) null ∧ [f, j) null ∧ [j, k) fresh  ⟹  pending ≤ window·bpc + 1",
         "the window's skipped blocks are null", PROVED, _window_nulls(GroupKind.SLIDING_WINDOW), FIXED,
+        premises=ALLOC + ("window-skipped-null",)),
+    Obligation(
+        "window-bound.retained-before-0.31",
+        "On allocator-built tables of a sliding window with extra_retained_tokens (multi-module MTP), 0.28 - "
+        "0.30's window assert can fire: the allocator keeps the retained tokens' blocks, the connector's window "
+        "(cdiv(w, tpc)) does not count them; 0.31 counts them. Whether 0.28 - 0.30's lookup returns such a T "
+        "is not modelled here (its T is a chunk multiple or num_tokens - 1, and the gap then needs "
+        "extra_retained_tokens comparable to a block).",
+        "∃ allocator table, extra > 0: pending > ⌈w/tpc⌉·bpc + 1",
+        "the window in chunks counts extra_retained_tokens (0.31+)", REFUTED, _window_retained_before_031,
+        FIXED, reproduce=_replay_retained, mutable=False, about=Knobs(window_counts_retained=False),
         premises=ALLOC + ("window-skipped-null",)),
     Obligation(
         "window-bound.chunked-local",

@@ -53,6 +53,7 @@ class World:
         self.constraints = []  # what the plans encoded so far pin (their scans)
 
     tail = False  # no partial tail (TailWorld has one)
+    window_counts_retained = True  # set by plan() from the knobs (premise window-skipped-null reads it)
 
     def inputs(self) -> GroupInputs:
         return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load, self.table)
@@ -97,6 +98,12 @@ class World:
         sync = z3.is_true(model.eval(self.sync_load, model_completion=True)) if sync_load is None else sync_load
         blocks = table_from_model(self.table, model, group_index=0)
         cfg = config_for(self.kind, b, bpc, None if self.window is None else v(self.window))
+        if self.span is not None and v(self.span) >= 1:  # the model's own window, when it derives the window var
+            field = "sliding_window" if self.kind is GroupKind.SLIDING_WINDOW else "attention_chunk_size"
+            extra = v(self.extra) if self.kind is GroupKind.SLIDING_WINDOW else 0
+            own = replace(cfg, **{field: v(self.span)}, extra_retained_tokens=max(extra, 0))
+            if extra >= 0 and own.sliding_window_size_in_chunks(bpc, self.window_counts_retained) == v(self.window):
+                cfg = own
         return Case(name=name, blocks_per_chunk=bpc, tokens_per_hash=b,
                     num_prompt_tokens=v(self.num_keys) * b * bpc, num_locally_computed_tokens=N,
                     num_external_tokens=M, groups=(Group(cfg, blocks),), sync_load=sync)

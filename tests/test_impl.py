@@ -287,3 +287,20 @@ def test_case_format_v2_agrees_every_family():
     keys = [k for c in cs for p in to_load_plans(batch_from_cases([c]), plan_batch(batch_from_cases([c]), "fixed-sync"))
             for k in p.keys if len(k) == 3]
     assert keys and all(k[1] == "boundary" for k in keys)
+
+
+def test_every_impl_mutant_of_the_one_table_is_planted_and_killed():
+    """kvbound.proofs.mutants names the faults; the impl plants each at runtime (its
+    source untouched, restored after) and the differential kills every one."""
+    from kvbound.impl import plan as P
+    from kvbound.impl.mutants import IMPL_MUTANTS, applied, kill_run, mutant_chunks
+    from kvbound.proofs.mutants import applicable, score
+
+    assert set(IMPL_MUTANTS) == {m.name for m in applicable("impl")}
+    before = {name: getattr(P, name) for name in dir(P)}
+    killed = kill_run(mutant_chunks(seed=0, files=load_case_paths([EXAMPLES])))
+    assert {name: getattr(P, name) for name in dir(P)} == before  # every patch undone
+    result = score("impl", killed)
+    assert result["survivors"] == [] and result["percent"] == 100.0, result
+    with applied("pending+1"):  # while planted, the impl really is wrong
+        assert not agrees_with_spec(load_cases(EXAMPLES / "pr_case.json")[0], Variant.FIXED)

@@ -92,9 +92,12 @@ def test_conform_disagreement_is_drawn_and_counted():
 
 @pytest.mark.parametrize("flag,content,needle", [
     ("--conform", "{not json", "not JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
-    ("--conform", json.dumps({"releases": {}, "cases": []}), "conform JSON: missing field 'matrix'"),
-    ("--conform", json.dumps({"releases": {}, "matrix": {}, "blocking": 0, "cases": [{"name": "x"}]}),
+    ("--conform", json.dumps({"releases": {}, "not_prepared": [], "cases": []}), "conform JSON: missing field 'matrix'"),
+    ("--conform", json.dumps({"releases": {}, "not_prepared": [], "matrix": {}, "blocking": 0, "witness_note": None,
+                              "cases": [{"name": "x"}]}),
      "conform JSON.cases[0]: missing field 'release'"),
+    ("--prove", json.dumps({"obligations": [{"id": "boundary"}]}), "prove JSON.obligations[0]: missing field 'statement'"),
+    ("--diff", json.dumps({"cases": "many"}), "diff JSON.cases: expected int, found str"),
 ])
 def test_malformed_input_is_one_line_and_a_red_box(tmp_path, flag, content, needle):
     bad = tmp_path / "bad.json"
@@ -142,18 +145,13 @@ def test_page_renders_in_headless_chromium(tmp_path):
 
 
 def _prove_json(ids):
-    """The shape `kvbound prove --json` writes, from the real runner."""
+    """The file `kvbound prove --json` writes, from the real runner, for these obligations."""
     from kvbound.proofs.obligations import OBLIGATIONS
     from kvbound.proofs.runner import run_obligation
-    from kvbound.spec import case_to_dict
+    from kvbound.records import ObligationRecord, ProveRecord
 
-    out = []
-    for o in (o for o in OBLIGATIONS if o.id in ids):
-        r = run_obligation(o)
-        out.append({"id": o.id, "statement": o.statement, "expected": o.expected, "verdict": r.verdict,
-                    "seconds": r.seconds, "bound": o.bound, "replay": r.replay,
-                    "witness": None if r.witness is None else case_to_dict(r.witness)})
-    return {"obligations": out}
+    obs = [ObligationRecord.of(run_obligation(o)) for o in OBLIGATIONS if o.id in ids]
+    return ProveRecord(obs, None, None, 0.0, all(o.met for o in obs)).to_json()
 
 
 def test_obligations_table_and_witness_drawn():
@@ -170,6 +168,9 @@ def test_missed_verdict_and_malformed_obligation():
 
     data = _prove_json({"boundary"})
     data["obligations"][0]["verdict"] = "unknown"
+    with pytest.raises(ReportInputError, match=r"obligations\[0\].met: true, but verdict unknown"):
+        prove_section(data)
+    data["obligations"][0]["met"] = False  # as the runner writes an unknown
     sec = prove_section(data)
     assert sec.failed and "0/1 obligations met" in sec.summary and "1 unknown" in sec.summary
     del data["obligations"][0]["verdict"]
@@ -185,3 +186,35 @@ def test_conform_summary_counts_every_verdict_including_refused_configs():
     data["cases"][0]["verdict"] = "agreed"
     with pytest.raises(ReportInputError, match=r"conform JSON.cases\[0\].verdict: 'agreed' is not one of"):
         conform_section(data)
+
+
+def test_text_from_a_json_file_reaches_the_page_escaped(tmp_path):
+    data = json.loads((DATA / "conform_pr.json").read_text())
+    evil = "<script>alert(1)</script>"
+    data["witness_note"] = evil
+    data["cases"][0]["name"] = evil
+    data["cases"][0]["row"] = "example"
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(data))
+    html, sections = build_report(conform=p, title="<b>title</b>")
+    assert not sections[0].error, sections[0].error
+    assert "<script" not in html and "<b>title</b>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;b&gt;title&lt;/b&gt;" in html
+
+
+def test_the_files_the_commands_write_read_back_through_the_same_records(tmp_path):
+    from kvbound.records import ConformRecord, DiffRecord, ProveRecord
+
+    prove = tmp_path / "prove.json"
+    assert kvbound("prove", "--only", "legacy-refuted", "--json", prove).returncode == 0
+    rec = ProveRecord.from_json(json.loads(prove.read_text()))
+    assert rec.obligations[0].id == "legacy-refuted" and rec.obligations[0].witness is not None
+    assert ProveRecord.from_json(rec.to_json()) == rec
+    diff = tmp_path / "diff.json"
+    assert kvbound("diff", "--cases", "50", "--symbolic-cases", "5", "--no-save", "--json", diff).returncode == 0
+    d = DiffRecord.from_json(json.loads(diff.read_text()))
+    assert d.cases == 50 and d.result == "agree" and DiffRecord.from_json(d.to_json()) == d
+    c = ConformRecord.from_json(json.loads((DATA / "conform_pr.json").read_text()))
+    assert ConformRecord.from_json(c.to_json()) == c
+    html, sections = build_report(prove=prove, diff=diff)
+    assert not any(s.error for s in sections) and "legacy-refuted" in html

@@ -180,13 +180,17 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
 @pytest.mark.parametrize("name,site", [
     ("0-26-0-mamba-vllm-exception-build-store-jobs-1req.json", "_build_store_jobs"),
     ("0-26-0-mamba-vllm-exception-update-state-after-alloc-5req.json", "update_state_after_alloc"),
+    ("0-33-0-mamba-block-sync-vllm-exception-get-new-blocks-8req.json", "get_new_blocks"),
+    ("0-33-0-mamba-block-sync-lifecycle-allocation-exceeds-reservation-3req.json", None),
 ])
-def test_saved_026_findings_replay(name, site, workers):
-    """The shrunk reproducers in docs/trace-findings still crash real vLLM 0.26.0."""
+def test_saved_findings_replay(name, site, workers):
+    """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""
     f = TF.load(FINDINGS / name)
     env, w = workers(f.release)
     got = [g for g in R.rerun(w, env.version, f, f.segment["requests"]) if g.key() == f.key()]
-    assert got and got[0].detail["assert_site"]["function"] == site
+    assert got
+    if site:
+        assert got[0].detail["assert_site"]["function"] == site
 
 
 def test_engine_overrides_are_checked(capsys):

@@ -16,6 +16,7 @@ from kvbound.conform.prepare import cache_dir, prepare_release
 from kvbound.conform.runner import current_env, run_release
 from kvbound.draw import draw_case
 from kvbound.spec.strategies import ADVERSARIAL_FAMILIES
+from kvbound.records import ConformCase, ConformRecord
 from kvbound.spec import Case, case_to_dict, load_case_paths, plan_for_version, variant_for_version
 from kvbound.spec.verdicts import CONFORM_VERDICTS
 
@@ -149,12 +150,13 @@ def run(args) -> int:
         _print_mutation(mutation)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(
-            {"command": "kvbound conform " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["conform"] else sys.argv[1:]),
-             "releases": hellos, "not_prepared": failed, "matrix": m, "blocking": len(blocking),
-             "undriven_blocking": sum(r["verdict"] == C.UNDRIVEN for r in blocking),
-             "spec_mutant": args.spec_mutant, "spec_mutation": mutation,
-             "witness_note": witness_note, "cases": records}, indent=1) + "\n")
+        record = ConformRecord(
+            command="kvbound conform " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["conform"] else sys.argv[1:]),
+            releases=hellos, not_prepared=failed, matrix=m, blocking=len(blocking),
+            undriven_blocking=sum(r["verdict"] == C.UNDRIVEN for r in blocking),
+            spec_mutant=args.spec_mutant, spec_mutation=mutation,
+            witness_note=witness_note, cases=[ConformCase.from_dict(r) for r in records])
+        Path(args.json).write_text(json.dumps(record.to_json(), indent=1) + "\n")
     count = {v: sum(r["verdict"] == v for r in records) for v in CONFORM_VERDICTS}
     print(f"\nsummary: {count[C.AGREE]} agree, {count[C.DISAGREE]} disagree, {count[C.FAULT]} fault,"
           f" {count[C.UNDRIVEN]} not driven, {count[C.UNSUPPORTED]} refused by the release's config;"

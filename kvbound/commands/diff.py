@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
+from kvbound.records import DiffDisagreement, DiffRecord
 from kvbound.draw import draw_case
 from kvbound.spec import GroupKind, case_to_dict, dump_cases, load_case_paths
 from kvbound.spec.strategies import ALL_FAMILIES, FAMILIES, family_of, random_cases
@@ -70,6 +71,10 @@ def register(sub):
     p.add_argument("--no-save", action="store_true", help="do not shrink or save disagreements")
     p.add_argument("--show", type=int, default=3, metavar="K", help="draw at most K disagreements")
     p.add_argument("--json", metavar="FILE", help="write counts, rates and every disagreement as JSON")
+    p.add_argument("--mutants", action="store_true",
+                   help="also plant each mutant of kvbound.proofs.mutants in the impl (at runtime) and check it is "
+                   "killed (a disagreement with the spec) on the case files, 3000 cases of every family, 3000 "
+                   "tensor-generated and a small exhaustive scope; the score goes in the JSON; exit 1 on a survivor")
     add_variant_args(p)
     p.set_defaults(func=run)
     return p
@@ -216,6 +221,7 @@ def run(args) -> int:
             pass
     elapsed = time.perf_counter() - t0
 
+    mutation = _mutation_run(args, files, device, variants) if args.mutants else None
     saved = [] if args.no_save else _save_shrunk(stats.disagreements, Path(args.corpus))
     _print_report(args, stats, variants, against, sym, unknowns, kinds_per_family, elapsed, timings, workers)
     for d in stats.disagreements[: args.show]:
@@ -226,14 +232,35 @@ def run(args) -> int:
     for path in saved:
         print(f"saved shrunk case: {path}")
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            _json_report(args, stats, variants, against, sym, unknowns, kinds_per_family, elapsed, timings, saved,
-                         workers, scope), indent=2) + "\n")
-    if stats.disagreements:
+        report = _json_report(args, stats, variants, against, sym, unknowns, kinds_per_family, elapsed, timings, saved,
+                              workers, scope)
+        if mutation is not None:
+            report["mutants"] = mutation
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if stats.disagreements or (mutation is not None and mutation["survivors"]):
         return EXIT_FAIL
     if unknowns:
         return EXIT_INPUT
     return EXIT_OK
+
+
+def _mutation_run(args, files, device, variants) -> dict:
+    """Every impl mutant of the one table, each planted and checked against the spec."""
+    from kvbound.impl.mutants import IMPL_MUTANTS, kill_run, mutant_chunks
+    from kvbound.proofs.mutants import applicable, score
+
+    wanted = [m.name for m in applicable("impl")]
+    missing = sorted(set(wanted) - set(IMPL_MUTANTS))
+    t = time.perf_counter()
+    chunks = mutant_chunks(args.seed, files, device)
+    killed = kill_run(chunks, [n for n in wanted if n in IMPL_MUTANTS], variants)
+    killed.update({n: None for n in missing})  # a mutant the impl cannot plant survives, by name
+    result = score("impl", killed)
+    n_cases = sum(ch.batch.shape[0] for ch in chunks)
+    print(f"impl mutants: {result['killed']}/{result['total']} killed on {n_cases:,} cases in "
+          f"{time.perf_counter() - t:.1f} s" + (f"; SURVIVED: {', '.join(result['survivors'])}" if result["survivors"]
+                                                else ""))
+    return result
 
 
 def _symbolic(cases, variants, device, timeout_s, stats, sym, unknowns) -> None:
@@ -372,13 +399,13 @@ def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t
                  scope) -> dict:
     n_checks = sum(stats.checks.values())
     t_spec = timings.wall if timings else 0.0
-    return {
-        "cases": stats.cases,
-        "seed": args.seed,
-        "device": args.device_used,
-        "against": list(against),
-        "families": fams,
-        "variants": {
+    return DiffRecord(
+        cases=stats.cases,
+        seed=args.seed,
+        device=args.device_used,
+        against=list(against),
+        families=fams,
+        variants={
             v.value: {
                 "checks": stats.checks.get(v, 0),
                 "outcomes": {c: stats.outcomes.get((v, c), 0) for c in _outcome_cols(variants)},
@@ -387,26 +414,26 @@ def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t
             }
             for v in variants
         },
-        "generator": args.generator,
-        "workers": workers,
-        "exhaustive": None if scope is None else {"scope": scope.describe(), "cases": scope.size},
-        "timings": timings.as_dict() if timings else None,
-        "spec_seconds": round(t_spec, 3),
-        "spec_checks_per_min": round(n_checks / t_spec * 60) if t_spec else None,
-        "symbolic": dict(sym, seconds=round(sym["seconds"], 3)),
-        "inconclusive": [{"case": c.name, "variant": v.value, "detail": det} for c, v, det in unknowns],
-        "disagreements": [
-            {
-                "case": case_to_dict(d.case),
-                "variant": d.variant.value,
-                "against": d.against,
-                "spec": d.expected.to_json(d.case.name) if d.expected is not None else None,
-                "impl": d.impl.to_json(d.case.name),
-                "detail": d.detail,
-            }
+        generator=args.generator,
+        workers=workers,
+        exhaustive=None if scope is None else {"scope": scope.describe(), "cases": scope.size},
+        timings=timings.as_dict() if timings else None,
+        spec_seconds=round(t_spec, 3),
+        spec_checks_per_min=round(n_checks / t_spec * 60) if t_spec else None,
+        symbolic=dict(sym, seconds=round(sym["seconds"], 3)),
+        inconclusive=[{"case": c.name, "variant": v.value, "detail": det} for c, v, det in unknowns],
+        disagreements=[
+            DiffDisagreement(
+                case=case_to_dict(d.case),
+                variant=d.variant.value,
+                against=d.against,
+                spec=d.expected.to_json(d.case.name) if d.expected is not None else None,
+                impl=d.impl.to_json(d.case.name),
+                detail=d.detail,
+            )
             for d in stats.disagreements
         ],
-        "saved": saved,
-        "elapsed_s": round(elapsed, 3),
-        "result": "disagreement" if stats.disagreements else ("inconclusive" if unknowns else "agree"),
-    }
+        saved=saved,
+        elapsed_s=round(elapsed, 3),
+        result="disagreement" if stats.disagreements else ("inconclusive" if unknowns else "agree"),
+    ).to_json()

@@ -14,7 +14,10 @@ def register(sub):
         "plan",
         help="print the load plan of each case as one JSON line",
         description="Run the executable spec on case files (.json / .jsonl / directories) and print one "
-        "JSON line per case: name, outcome, assertion, dst_block_ids, group_sizes, block_indices, keys.",
+        "JSON line per case: name, outcome (ok, assertion_error or unsupported, with a reason), assertion, "
+        "dst_block_ids, group_sizes, block_indices, keys ([group_idx, chunk_idx]; a partial tail's "
+        "[group_idx, \"boundary\", key_tokens]). --vllm-version X plans as that release (scan, asserts, "
+        "case-format-v2 features); --variant V as its last release (legacy 0.29, fixed 0.32, fixed-sync 0.33).",
     )
     p.add_argument("cases", nargs="+", metavar="CASE", help="case file (.json, .jsonl) or directory")
     add_variant_args(p)

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from kvbound.draw import draw_case
 from kvbound.errors import UsageError
 from kvbound.proofs.mutants import score as mutation_score
-from kvbound.spec import case_to_dict
+from kvbound.records import ObligationRecord, ProveRecord
 
 
 
@@ -133,29 +133,18 @@ def _problem(r) -> str:
     return f"the spec does not reproduce the witness: {r.replay}" if r.replay else r.detail
 
 
-def _entry(r) -> dict:
-    o = r.obligation
-    return {
-        "id": o.id, "statement": o.statement, "math": o.math, "premise": o.premise,
-        "expected": o.expected, "verdict": r.verdict, "met": r.met, "seconds": round(r.seconds, 4),
-        "bound": o.bound.to_json(), "premises": list(o.premises), "vacuity": r.vacuity or None, "replay_failure": r.replay,
-        "witness": None if r.witness is None else case_to_dict(r.witness),
-    }
-
-
 def _write_json(path, report, total) -> None:
-    score = report.mutation_score
-    data = {
-        "obligations": [_entry(r) for r in report.results],
-        "mutants": report.mutants,
+    data = ProveRecord(
+        obligations=[ObligationRecord.of(r) for r in report.results],
+        mutants=report.mutants,
         # the one mutant table's score for this checker (kvbound.proofs.mutants): survivors by name, and
         # the mutants the encoding cannot express, each with why
-        "mutation_score": None if report.mutants is None else mutation_score("encoding", report.mutants),
-        "total_seconds": round(total, 3),
-        "ok": report.ok,
-    }
+        mutation_score=None if report.mutants is None else mutation_score("encoding", report.mutants),
+        total_seconds=round(total, 3),
+        ok=report.ok,
+    )
     with open(path, "w") as f:
-        json.dump(data, f, indent=2)
+        json.dump(data.to_json(), f, indent=2)
         f.write("\n")
 
 

@@ -153,6 +153,8 @@ def run(args) -> int:
 def _summary_json(s) -> dict:
     return {"layout": s.layout, **s.stats, "captured_calls": s.cases, "spec_agree": s.agree,
             "not_judged": s.undriven, "findings": s.findings, "seconds": round(s.seconds, 2),
+            "cpu_seconds": round(s.cpu_seconds, 2),
+            "requests_per_cpu_second": round(s.stats["requests"] / s.cpu_seconds, 1) if s.cpu_seconds else None,
             "first_finding_requests": s.first_finding_requests,
             "first_finding_seconds": None if s.first_finding_seconds is None else round(s.first_finding_seconds, 2)}
 
@@ -165,9 +167,10 @@ COLUMNS = ("requests", "steps", "loads", "partial_hits", "partial_tails", "store
 
 
 def render_table(summaries) -> str:
-    head = ["layout", *COLUMNS, "calls", "spec=", "findings", "s"]
+    head = ["layout", *COLUMNS, "calls", "spec=", "findings", "s", "req/cpu-s"]
     rows = [[s.layout, *(str(s.stats[c]) for c in COLUMNS), str(s.cases), str(s.agree), str(s.findings),
-             f"{s.seconds:.1f}"] for s in summaries]
+             f"{s.seconds:.1f}", f"{s.stats['requests'] / s.cpu_seconds:,.0f}" if s.cpu_seconds else "-"]
+            for s in summaries]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)])

@@ -32,6 +32,11 @@ LAYOUTS = {
     # Hybrid Mamba with a realistic page: 528 tokens per block (a Mamba2 state page
     # matched by the attention block size), hashed every 16 tokens.
     "mamba528": {"groups": [_g(FA, 528), _g(MAMBA, 528)], "blocks_per_chunk": 1, "prefix_match_unit": 16},
+    # 0.33 sync loads (a per-step byte budget: hits that fit load within the step,
+    # into blocks hashed at allocation): sliding-window and Mamba hybrids.
+    "swa-sync": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=128)], "blocks_per_chunk": 1},
+    "mamba-sync": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1, "prefix_match_unit": 16},
+    "mamba-block-sync": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1},
     # Two GPU blocks per offloaded chunk.
     "bpc2": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 2},
 }
@@ -48,6 +53,10 @@ ENGINE = {
     "mamba-block": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba528": dict(_BASE, num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
     "bpc2": dict(_BASE),
+    "swa-sync": dict(_BASE, sync_load_budget_bytes=1 << 16),
+    "mamba-block-sync": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512,
+                             sync_load_budget_bytes=1 << 18),
+    "mamba-sync": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512, sync_load_budget_bytes=1 << 18),
 }
 DEFAULT_LAYOUTS = ("full", "swa", "mamba")
 

@@ -93,6 +93,7 @@ class LayoutSummary:
     undriven: int = 0
     findings: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the worker's CPU time stepping (one core), without vLLM's import
     first_finding_requests: int | None = None
     first_finding_seconds: float | None = None
 
@@ -180,6 +181,7 @@ def run_trace(env: ReleaseEnv, layouts, n_requests: int, seed: int = 0, segment:
                 res = w.job(job)
                 got, tally = check_result(env.version, name, job, res)
                 s.add(res.get("stats", {}))
+                s.cpu_seconds += float(res.get("cpu_seconds", 0.0))
                 s.cases += tally["cases"]
                 s.agree += tally["agree"]
                 s.undriven += tally["undriven"]

@@ -402,6 +402,35 @@ class Engine:
                             " not answered HIT by this request's lookup" % (len(unconfirmed), len(keys)))
             return orig_prepare_load(keys, *a, **k)
 
+        # Every allocation takes no more blocks from the pool than the admission check
+        # reserved (get_num_blocks_to_allocate): else a request admitted with exactly
+        # that many free blocks crashes get_new_blocks.
+        kvm = self.sched.kv_cache_manager
+        coord = kvm.coordinator
+        orig_alloc, orig_count = kvm.allocate_slots, coord.get_num_blocks_to_allocate
+        counted = []
+
+        def get_num_blocks_to_allocate(*a, **k):
+            n = orig_count(*a, **k)
+            if not k.get("apply_admission_cap"):
+                counted.append(n)
+            return n
+
+        def allocate_slots(request, *a, **k):
+            del counted[:]
+            free = kvm.block_pool.get_num_free_blocks()
+            out = orig_alloc(request, *a, **k)
+            taken = free - kvm.block_pool.get_num_free_blocks()
+            if out is not None and counted and taken > counted[-1]:
+                eng.violate("allocation_exceeds_reservation", request.request_id,
+                            "allocate_slots took %d blocks from the pool, get_num_blocks_to_allocate"
+                            " reserved %d (num_external_computed_tokens=%s, num_new_tokens=%s)"
+                            % (taken, counted[-1], k.get("num_external_computed_tokens"),
+                               a[0] if a else k.get("num_new_tokens")))
+            return out
+
+        kvm.allocate_slots = allocate_slots
+        coord.get_num_blocks_to_allocate = get_num_blocks_to_allocate
         cs.get_num_new_matched_tokens = get_num_new_matched_tokens
         cs.update_state_after_alloc = update_state_after_alloc
         mgr.prepare_load = prepare_load
@@ -428,7 +457,7 @@ class Engine:
         tail's, keyed by the hash of its first key_tokens tokens)."""
         ob = self.rel.obase
         hashes = list(request.block_hashes)
-        tph = self.csched.config.tokens_per_hash
+        tph = self.rel.capture._tokens_per_hash(self.csched.config)
         where = {}
         for pos, g in enumerate(self.csched.config.kv_group_configs):
             gi = getattr(g, "group_idx", pos)
@@ -578,7 +607,7 @@ class Engine:
 
 
 def run_job(rel, job):
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     eng = rel.build(job["layout"], job["params"])
     res = {"ok": True}
     try:
@@ -587,7 +616,7 @@ def run_job(rel, job):
         res = {"ok": False, "error": "%s: %s" % (type(e).__name__, e), "assert_site": rel.assert_site(e),
                "traceback": traceback.format_exc()[-4000:], "step": eng.step_no}
     res.update(stats=eng.stats, cases=eng.cases, violations=eng.violations,
-               seconds=time.monotonic() - t0)
+               seconds=time.monotonic() - t0, cpu_seconds=time.process_time() - c0)
     return res
 
 
