@@ -63,7 +63,8 @@ def _tokens_per_hash(cfg):
     if hasattr(cfg, "tokens_per_hash"):
         return cfg.tokens_per_hash
     g = cfg.kv_group_configs[0]
-    return g.tokens_per_chunk // g.hashes_per_chunk
+    return (_first(g, "tokens_per_chunk", "offloaded_block_size")
+            // _first(g, "hashes_per_chunk", "hash_block_size_factor"))
 
 
 def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cache_config=None):

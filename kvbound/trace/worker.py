@@ -339,7 +339,7 @@ class Engine:
                         "trace-s%d-%s" % (eng.step_no, request.request_id),
                         kv_cache_config=eng.kv_cache_config)
                 except Exception as e:  # noqa: BLE001
-                    eng.violations.append({"check": "capture", "step": eng.step_no,
+                    eng.violations.append({"check": "harness-capture", "step": eng.step_no,
                                            "request": request.request_id,
                                            "error": "%s: %s" % (type(e).__name__, e)})
             jobs_before = set(getattr(cs, "_current_batch_load_jobs", {}) or {})
@@ -461,7 +461,7 @@ class Engine:
         where = {}
         for pos, g in enumerate(self.csched.config.kv_group_configs):
             gi = getattr(g, "group_idx", pos)
-            hpc = g.hashes_per_chunk
+            hpc = self.rel.capture._first(g, "hashes_per_chunk", "hash_block_size_factor")
             for j in range(len(hashes) // hpc):
                 where[ob.make_offload_key(hashes[(j + 1) * hpc - 1], gi)] = [gi, j]
             for i, h in enumerate(hashes):
