@@ -60,22 +60,6 @@ def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def witness_items() -> tuple[list, str | None]:
-    """(witness cases, note); the proofs layer may not ship ``witness_cases`` yet."""
-    try:
-        from kvbound.proofs import witness_cases
-    except ImportError:
-        return [], "kvbound.proofs.witness_cases is not available: no witness replayed"
-    out = []
-    for w in witness_cases():
-        case = w if isinstance(w, Case) else getattr(w, "case", None)
-        if case is None and isinstance(w, tuple):
-            case = next((x for x in w if isinstance(x, Case)), None)
-        if case is not None:
-            out.append(case)
-    return out, None
-
-
 def gather(args) -> list[tuple[Case, str, str]]:
     """(case, origin, family) for files, generated cases and witnesses."""
     items = []
@@ -102,10 +86,10 @@ def run(args) -> int:
     for r in releases:
         variant_for_version(r)  # UnsupportedVersion -> one line, exit 2
     items = gather(args)
-    witness_note = None
     if not args.no_witnesses:
-        ws, witness_note = witness_items()
-        items += [(c, "witness", "witness") for c in ws]
+        from kvbound.proofs import witness_cases
+
+        items += [(c, "witness", "witness") for c in witness_cases()]
     if not items:
         raise UsageError("nothing to replay: give case files/directories, --cases N, or keep the witnesses")
     cases = [c for c, _, _ in items]
@@ -140,8 +124,6 @@ def run(args) -> int:
     if records:
         print(f"== version matrix: {len(cases)} cases x {len(done)} release(s) ==")
         print(C.render_matrix(m, done))
-    if witness_note:
-        print(f"note: {witness_note}")
     _print_witnesses(records, done)
     _print_disagreements(items, records, args.show)
     mutation = None
@@ -155,7 +137,7 @@ def run(args) -> int:
             releases=hellos, not_prepared=failed, matrix=m, blocking=len(blocking),
             undriven_blocking=sum(r["verdict"] == C.UNDRIVEN for r in blocking),
             spec_mutant=args.spec_mutant, spec_mutation=mutation,
-            witness_note=witness_note, cases=[ConformCase.from_dict(r) for r in records])
+            cases=[ConformCase.from_dict(r) for r in records])
         Path(args.json).write_text(json.dumps(record.to_json(), indent=1) + "\n")
     count = {v: sum(r["verdict"] == v for r in records) for v in CONFORM_VERDICTS}
     print(f"\nsummary: {count[C.AGREE]} agree, {count[C.DISAGREE]} disagree, {count[C.FAULT]} fault,"
