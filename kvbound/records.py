@@ -242,7 +242,6 @@ class ConformRecord:
     not_prepared: list  # releases that could not be prepared or started
     matrix: dict  # compare.matrix: row -> release -> counts
     blocking: int  # non-adversarial disagreements and faults, failed witnesses
-    witness_note: str | None
     cases: list[ConformCase]
     command: str = ""  # the command line that wrote the file
     undriven_blocking: int = 0  # of the blocking ones, cases the harness could not drive
@@ -259,7 +258,6 @@ class ConformRecord:
         return cls(
             releases=need(d, "releases", where, dict), not_prepared=_list(d, "not_prepared", where),
             matrix=need(d, "matrix", where, dict), blocking=need(d, "blocking", where, int),
-            witness_note=need(d, "witness_note", where, _OPT_STR),
             cases=[ConformCase.from_json(r, f"{where}.cases[{i}]") for i, r in enumerate(_list(d, "cases", where))],
             # fields newer than some committed files: absent means the default
             command=_optional(d, "command", where, str, ""),

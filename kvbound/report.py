@@ -372,8 +372,6 @@ def conform_section(data) -> Section:
                                      not bad if row != "adversarial" else (None if bad else True)), outs))
         mrows.append(cells)
     out.append(_table(["family"] + [f"vllm {r} ({_variant_of(r)})" for r in rels], mrows))
-    if rec.witness_note:
-        out.append(html('<p class="small">note: {}</p>', rec.witness_note))
     named = [r for r in records if r.row in NAMED_ROWS]
     if named:
         out.append(Markup("<h3>Case files and proof witnesses: real outcome vs the spec, per release</h3>"))

@@ -14,7 +14,7 @@ from kvbound.conform import compare as C
 from kvbound.conform import prepare, runner
 from kvbound.spec import load_cases
 
-from conftest import DATA, EXAMPLES
+from conftest import DATA, EXAMPLES, ROOT
 
 FACTS_CASE = EXAMPLES / "facts_fa_mamba_run.json"
 SCHED = "/x/vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
@@ -172,7 +172,7 @@ def test_one_crashing_case_never_stops_the_run(tmp_path, monkeypatch):
 
 def _env(version):
     if not prepare.is_prepared(version):
-        if os.environ.get("CI") == "true":  # CI prepares them first (.ci/conform): a skip there hides a gap
+        if os.environ.get("CI"):  # CI prepares them first (.ci/conform): a skip there hides a gap
             pytest.fail(f"vllm {version} is not prepared under {prepare.cache_dir()} in CI; .ci/conform"
                         " must run before the tests")
         pytest.skip(f"vllm {version} is not prepared under {prepare.cache_dir()}: run"
@@ -330,6 +330,32 @@ def test_issue9_spec_gives_the_recorded_real_outputs():
         assert C.config_mismatches(c, rel, r["worker"]["real_config"]) == {}
 
 
+def test_issue9_impl_gives_the_recorded_real_outputs():
+    from kvbound.impl import batch_from_cases, plan_batch, to_load_plans
+    from kvbound.spec import variant_for_version
+
+    _, recs = issue9()
+    for c, rel, r in recs:
+        batch = batch_from_cases([c])
+        (plan,) = to_load_plans(batch, plan_batch(batch, variant_for_version(rel)))
+        assert C.diff_fields(r["real"], plan.to_json(c.name)) == [], (c.name, rel)
+
+
+def test_issue9_z3_model_forces_exactly_the_recorded_real_outputs():
+    """check_plan: the encoding of the release's variant admits the real output and no
+    other; a real output with one key changed is not forced (the check can fail)."""
+    from kvbound.proofs.symbolic import check_plan
+    from kvbound.spec import variant_for_version
+    from kvbound.spec.verdicts import Verdict
+
+    _, recs = issue9()
+    for c, rel, r in recs:
+        assert check_plan(c, variant_for_version(rel), r["real"]).verdict == Verdict.FORCED, (c.name, rel)
+    c, rel, r = next(x for x in recs if x[0].name == "partial-tail-fa-mamba-45-tail-44")
+    wrong = dict(r["real"], block_indices=[1, 1])
+    assert check_plan(c, variant_for_version(rel), wrong).verdict == Verdict.NOT_FORCED
+
+
 def test_issue9_replayed_on_the_real_releases_gives_the_recording():
     _, recs = issue9()
     for version in ("0.29.0", "0.33.0"):
@@ -433,3 +459,20 @@ def test_mutation_score_against_recorded_real_results():
     assert score["killed_by"]["group-iteration"] is None and "group-iteration" in score["survivors"]
     assert "group-iteration" in score["unexplained_survivors"]
     assert score["killed"] == score["total"] - len(score["survivors"]) and 0 < score["percent"] < 100
+
+
+def test_conform_cli_fails_with_a_planted_spec_mutant(tmp_path):
+    """End to end: the same real run passes with the spec and fails (exit 1, the
+    differing fields named) with a spec mutant planted at runtime."""
+    from conftest import kvbound
+
+    _env("0.33.0")
+    args = ("conform", "--vllm", "0.33.0", ROOT / "tests" / "cases_v2" / "partial_tail_fa_mamba.json",
+            "--no-witnesses")
+    ok = kvbound(*args, "--json", tmp_path / "ok.json", timeout=600)
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
+    bad = kvbound(*args, "--spec-mutant", "partial-tail-chunk", "--json", tmp_path / "bad.json", timeout=600)
+    assert bad.returncode == 1, bad.stdout[-2000:]
+    assert "differs in: outcome, assertion" in bad.stdout  # the mutant's extra chunk key runs out of keys
+    rec = json.loads((tmp_path / "bad.json").read_text())
+    assert rec["spec_mutant"] == "partial-tail-chunk" and rec["cases"][0]["verdict"] == "disagree"

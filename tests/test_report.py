@@ -93,7 +93,7 @@ def test_conform_disagreement_is_drawn_and_counted():
 @pytest.mark.parametrize("flag,content,needle", [
     ("--conform", "{not json", "not JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
     ("--conform", json.dumps({"releases": {}, "not_prepared": [], "cases": []}), "conform JSON: missing field 'matrix'"),
-    ("--conform", json.dumps({"releases": {}, "not_prepared": [], "matrix": {}, "blocking": 0, "witness_note": None,
+    ("--conform", json.dumps({"releases": {}, "not_prepared": [], "matrix": {}, "blocking": 0,
                               "cases": [{"name": "x"}]}),
      "conform JSON.cases[0]: missing field 'release'"),
     ("--prove", json.dumps({"obligations": [{"id": "boundary"}]}), "prove JSON.obligations[0]: missing field 'statement'"),
@@ -191,7 +191,7 @@ def test_conform_summary_counts_every_verdict_including_refused_configs():
 def test_text_from_a_json_file_reaches_the_page_escaped(tmp_path):
     data = json.loads((DATA / "conform_pr.json").read_text())
     evil = "<script>alert(1)</script>"
-    data["witness_note"] = evil
+    data["releases"]["0.29.0"]["python"] = evil
     data["cases"][0]["name"] = evil
     data["cases"][0]["row"] = "example"
     p = tmp_path / "c.json"

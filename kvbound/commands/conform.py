@@ -15,6 +15,7 @@ from kvbound.conform.mutants import SPEC_MUTANTS
 from kvbound.conform.prepare import cache_dir, prepare_release
 from kvbound.conform.runner import current_env, run_release
 from kvbound.draw import draw_case
+from kvbound.spec.strategies import ADVERSARIAL_FAMILIES
 from kvbound.records import ConformCase, ConformRecord
 from kvbound.spec import Case, case_to_dict, load_case_paths, plan_for_version, variant_for_version
 from kvbound.spec.verdicts import CONFORM_VERDICTS
@@ -34,7 +35,11 @@ def register(sub):
     p.add_argument("paths", nargs="*", metavar="CASE_FILE_OR_DIR", help="case files (.json, .jsonl) or directories")
     p.add_argument("--vllm", action="append", metavar="X", default=[],
                    help="a vLLM release, e.g. 0.29.0 (repeatable); default: the vllm importable here")
-    p.add_argument("--cases", type=int, default=0, metavar="N", help="also replay N generated cases")
+    p.add_argument("--cases", type=int, default=0, metavar="N",
+                   help="also replay N generated cases of each family (--family)")
+    p.add_argument("--family", action="append", metavar="F", default=[],
+                   help="a generator family (kvbound.spec.strategies.ALL_FAMILIES; repeatable);"
+                   " default: every family")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the generated cases")
     p.add_argument("--no-witnesses", action="store_true", help="skip the replay of kvbound prove's witnesses")
     p.add_argument("--json", metavar="FILE", help="write every case's record, the matrix and the releases")
@@ -55,22 +60,6 @@ def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def witness_items() -> tuple[list, str | None]:
-    """(witness cases, note); the proofs layer may not ship ``witness_cases`` yet."""
-    try:
-        from kvbound.proofs import witness_cases
-    except ImportError:
-        return [], "kvbound.proofs.witness_cases is not available: no witness replayed"
-    out = []
-    for w in witness_cases():
-        case = w if isinstance(w, Case) else getattr(w, "case", None)
-        if case is None and isinstance(w, tuple):
-            case = next((x for x in w if isinstance(x, Case)), None)
-        if case is not None:
-            out.append(case)
-    return out, None
-
-
 def gather(args) -> list[tuple[Case, str, str]]:
     """(case, origin, family) for files, generated cases and witnesses."""
     items = []
@@ -81,9 +70,14 @@ def gather(args) -> list[tuple[Case, str, str]]:
     if args.cases:
         if args.cases < 0:
             raise UsageError("--cases must be >= 0")
-        from kvbound.spec.strategies import family_of, random_cases
+        from kvbound.spec.strategies import ALL_FAMILIES, random_cases
 
-        items += [(c, "generated", family_of(c)) for c in random_cases(args.cases, args.seed)]
+        families = list(dict.fromkeys(args.family)) or list(ALL_FAMILIES)
+        bad = [f for f in families if f not in ALL_FAMILIES]
+        if bad:
+            raise UsageError(f"--family {bad[0]!r} is not a generator family; one of {', '.join(ALL_FAMILIES)}")
+        for fam in families:  # each family from its own seed stream: adding one changes no other
+            items += [(c, "generated", fam) for c in random_cases(args.cases, args.seed, family=fam)]
     return items
 
 
@@ -92,10 +86,10 @@ def run(args) -> int:
     for r in releases:
         variant_for_version(r)  # UnsupportedVersion -> one line, exit 2
     items = gather(args)
-    witness_note = None
     if not args.no_witnesses:
-        ws, witness_note = witness_items()
-        items += [(c, "witness", "witness") for c in ws]
+        from kvbound.proofs import witness_cases
+
+        items += [(c, "witness", "witness") for c in witness_cases()]
     if not items:
         raise UsageError("nothing to replay: give case files/directories, --cases N, or keep the witnesses")
     cases = [c for c, _, _ in items]
@@ -130,8 +124,6 @@ def run(args) -> int:
     if records:
         print(f"== version matrix: {len(cases)} cases x {len(done)} release(s) ==")
         print(C.render_matrix(m, done))
-    if witness_note:
-        print(f"note: {witness_note}")
     _print_witnesses(records, done)
     _print_disagreements(items, records, args.show)
     mutation = None
@@ -145,7 +137,7 @@ def run(args) -> int:
             releases=hellos, not_prepared=failed, matrix=m, blocking=len(blocking),
             undriven_blocking=sum(r["verdict"] == C.UNDRIVEN for r in blocking),
             spec_mutant=args.spec_mutant, spec_mutation=mutation,
-            witness_note=witness_note, cases=[ConformCase.from_dict(r) for r in records])
+            cases=[ConformCase.from_dict(r) for r in records])
         Path(args.json).write_text(json.dumps(record.to_json(), indent=1) + "\n")
     count = {v: sum(r["verdict"] == v for r in records) for v in CONFORM_VERDICTS}
     print(f"\nsummary: {count[C.AGREE]} agree, {count[C.DISAGREE]} disagree, {count[C.FAULT]} fault,"
@@ -200,7 +192,7 @@ def _print_disagreements(items, records, show_adversarial: int) -> None:
         return
     print(f"\n== {len(bad)} disagreement(s)/fault(s) ==")
     for r in bad:
-        if r["row"] == "adversarial":
+        if r["row"] in ADVERSARIAL_FAMILIES:
             shown_adv += 1
             if shown_adv > show_adversarial:
                 continue

@@ -22,11 +22,14 @@ from kvbound.records import DiffDisagreement, DiffRecord
 from kvbound.draw import draw_case
 from kvbound.spec import GroupKind, case_to_dict, dump_cases, load_case_paths
 from kvbound.spec.strategies import ALL_FAMILIES, FAMILIES, family_of, random_cases
-from kvbound.spec.verdicts import Verdict
+from kvbound.spec.verdicts import PLAN_CHECK_VERDICTS, Verdict
 
 from . import add_variant_args, selected_variants
 
 DEFAULT_CORPUS = "corpus"
+DEFAULT_CASES = 1000  # generated cases when neither case files nor --exhaustive are given
+DEFAULT_SYMBOLIC_CASES = 2000
+DEFAULT_BATCH = 10_000
 AGAINST = ("spec", "symbolic")
 
 
@@ -42,7 +45,7 @@ def register(sub):
     )
     p.add_argument("paths", nargs="*", metavar="CASE_FILE_OR_DIR", help="also diff these case files / directories")
     p.add_argument("--cases", type=int, default=None, metavar="N",
-                   help="generated cases (default 1000, or 0 when case files or --exhaustive are given)")
+                   help=f"generated cases (default {DEFAULT_CASES}, or 0 when case files or --exhaustive are given)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the generated cases")
     p.add_argument("--family", choices=ALL_FAMILIES + ("all",),
                    help=f"generate one family only, or all (every family in turn); default: the v1 families "
@@ -61,11 +64,12 @@ def register(sub):
                    help="processes running the spec (default: the CPU count; 0 runs it in this process)")
     p.add_argument("--against", default="spec,symbolic", metavar="LIST",
                    help="comma list of references: spec, symbolic (default both)")
-    p.add_argument("--symbolic-cases", type=int, default=2000, metavar="K",
-                   help="check only the first K cases against the symbolic model (default 2000)")
+    p.add_argument("--symbolic-cases", type=int, default=DEFAULT_SYMBOLIC_CASES, metavar="K",
+                   help="check only the first K cases against the symbolic model (default %(default)s)")
     p.add_argument("--timeout", type=float, metavar="S",
                    help="Z3 timeout per symbolic check, seconds (default: kvbound.proofs.options.PLAN_CHECK's)")
-    p.add_argument("--batch", type=int, default=10000, metavar="B", help="cases per impl batch")
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="B",
+                   help="cases per impl batch (default %(default)s)")
     p.add_argument("--corpus", default=DEFAULT_CORPUS, metavar="DIR",
                    help=f"save shrunk disagreements here (default {DEFAULT_CORPUS}/)")
     p.add_argument("--no-save", action="store_true", help="do not shrink or save disagreements")
@@ -83,11 +87,15 @@ def register(sub):
 class Progress:
     """A bar on a terminal, a line per 10% otherwise; silent on short runs."""
 
+    MIN_TOTAL = 2000  # shorter runs print no progress
+    BAR_WIDTH = 25  # characters: one per 4%
+    LINE_EVERY_PCT = 10  # off a terminal: a line per 10%
+
     def __init__(self, total: int, label: str):
         self.total, self.label, self.done, self.t0 = total, label, 0, time.perf_counter()
         self.tty = sys.stderr.isatty()
-        self.shown = self.total >= 2000
-        self.next_pct = 10
+        self.shown = self.total >= self.MIN_TOTAL
+        self.next_pct = self.LINE_EVERY_PCT
 
     def step(self, n: int) -> None:
         self.done += n
@@ -96,13 +104,14 @@ class Progress:
         pct = 100 * self.done // self.total
         rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
         if self.tty:
-            bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+            filled = pct * self.BAR_WIDTH // 100
+            bar = "#" * filled + "." * (self.BAR_WIDTH - filled)
             print(f"\r{self.label} [{bar}] {self.done}/{self.total} {rate:,.0f}/s", end="", file=sys.stderr, flush=True)
             if self.done >= self.total:
                 print(file=sys.stderr)
         elif pct >= self.next_pct:
             print(f"{self.label}: {self.done}/{self.total} ({pct}%) {rate:,.0f}/s", file=sys.stderr, flush=True)
-            self.next_pct = pct // 10 * 10 + 10
+            self.next_pct = pct // self.LINE_EVERY_PCT * self.LINE_EVERY_PCT + self.LINE_EVERY_PCT
 
 
 def _parse_against(text: str) -> tuple:
@@ -167,7 +176,7 @@ def run(args) -> int:
         except ScopeError as e:
             raise UsageError(f"--exhaustive: {e}") from None
     files = load_case_paths(args.paths) if args.paths else []
-    n_gen = args.cases if args.cases is not None else (0 if files or scope else 1000)
+    n_gen = args.cases if args.cases is not None else (0 if files or scope else DEFAULT_CASES)
     if n_gen < 0:
         raise UsageError("--cases: must be non-negative")
     total = len(files) + n_gen + (scope.size if scope else 0)
@@ -187,7 +196,7 @@ def run(args) -> int:
             yield from scope_chunks(scope, args.batch, device)
 
     kinds_per_family: dict = {}
-    sym = {"checked": 0, "forced": 0, "not_forced": 0, "unknown": 0, "seconds": 0.0}
+    sym = {"checked": 0, **{v.value: 0 for v in PLAN_CHECK_VERDICTS}, "seconds": 0.0}
     unknowns = []
     stats = DiffStats()
     sym_left = args.symbolic_cases if "symbolic" in against else 0

@@ -7,6 +7,8 @@ from kvbound.spec import load_case_paths
 
 from . import add_variant_args, selected_variants
 
+SEPARATOR_WIDTH = 100  # the rule between two cases' drawings
+
 
 def register(sub):
     p = sub.add_parser(
@@ -26,6 +28,6 @@ def run(args) -> int:
     variants = selected_variants(args)
     for i, case in enumerate(load_case_paths(args.cases)):
         if i:
-            print("\n" + "=" * 100 + "\n")
+            print("\n" + "=" * SEPARATOR_WIDTH + "\n")
         print(explain_case(case, variants, args.vllm_version))
     return 0

@@ -12,6 +12,7 @@ import re
 from kvbound.spec import (
     AssertName, Case, GroupKind, Variant, plan_for_version, release_features, variant_for_version,
 )
+from kvbound.spec.strategies import ADVERSARIAL_FAMILIES, V2_FAMILIES
 from kvbound.spec.verdicts import Verdict
 
 # The fields ``kvbound plan`` prints, compared one by one.
@@ -218,7 +219,9 @@ def row_of(case: Case, origin: str, family: str) -> str:
 
 
 ROW_ORDER = ("realistic/full_attention", "realistic/sliding_window", "realistic/chunked_local",
-             "realistic/mamba", "recurrent_state", "pr_case", "example", "witness", "adversarial")
+             "realistic/mamba", "recurrent_state",
+             *(f for f in V2_FAMILIES if f not in ADVERSARIAL_FAMILIES), "pr_case", "example", "witness",
+             *ADVERSARIAL_FAMILIES)
 
 
 def outcome_label(rec: dict) -> str:
@@ -240,7 +243,7 @@ def is_blocking(rec: dict, row: str) -> bool:
     """What fails CI: a disagreement, fault or undriven case outside the adversarial row
     (a non-adversarial case the real lookup cannot be made to drive is a generator or
     adapter bug, not a pass)."""
-    return row != "adversarial" and rec["verdict"] in (DISAGREE, FAULT, UNDRIVEN)
+    return row not in ADVERSARIAL_FAMILIES and rec["verdict"] in (DISAGREE, FAULT, UNDRIVEN)
 
 
 def matrix(records: list[dict], releases: list[str]) -> dict:
