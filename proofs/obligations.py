@@ -614,7 +614,7 @@ OBLIGATIONS: list[Obligation] = [
         "⌊start/bpc⌋ ≥ ⌊N/(b·bpc)⌋",
         "the scan starts at f = cdiv(N, b)", PROVED, _keys_from_lookup_start, FIXED),
     Obligation(
-        "keys-in-lookup-range.count",
+        "keys-count-matches-worker",
         "Per group the key count equals cdiv(pending + start % bpc, bpc), as vLLM's worker requires.",
         "pending > 0 ∧ keys ≥ ⌈T/tpc⌉  ⟹  end_chunk − start_chunk = ⌈(pending + start mod bpc)/bpc⌉",
         "keys are chunks [start // bpc, cdiv(T, tpc))", PROVED, _keys_count, FIXED),

@@ -14,7 +14,7 @@ from kvbound.conform import compare as C
 from kvbound.conform import prepare, runner
 from kvbound.spec import load_cases
 
-from conftest import DATA, EXAMPLES
+from conftest import DATA, EXAMPLES, ROOT
 
 FACTS_CASE = EXAMPLES / "facts_fa_mamba_run.json"
 SCHED = "/x/vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
@@ -459,3 +459,20 @@ def test_mutation_score_against_recorded_real_results():
     assert score["killed_by"]["group-iteration"] is None and "group-iteration" in score["survivors"]
     assert "group-iteration" in score["unexplained_survivors"]
     assert score["killed"] == score["total"] - len(score["survivors"]) and 0 < score["percent"] < 100
+
+
+def test_conform_cli_fails_with_a_planted_spec_mutant(tmp_path):
+    """End to end: the same real run passes with the spec and fails (exit 1, the
+    differing fields named) with a spec mutant planted at runtime."""
+    from conftest import kvbound
+
+    _env("0.33.0")
+    args = ("conform", "--vllm", "0.33.0", ROOT / "tests" / "cases_v2" / "partial_tail_fa_mamba.json",
+            "--no-witnesses")
+    ok = kvbound(*args, "--json", tmp_path / "ok.json", timeout=600)
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
+    bad = kvbound(*args, "--spec-mutant", "partial-tail-chunk", "--json", tmp_path / "bad.json", timeout=600)
+    assert bad.returncode == 1, bad.stdout[-2000:]
+    assert "differs in: outcome, assertion" in bad.stdout  # the mutant's extra chunk key runs out of keys
+    rec = json.loads((tmp_path / "bad.json").read_text())
+    assert rec["spec_mutant"] == "partial-tail-chunk" and rec["cases"][0]["verdict"] == "disagree"

@@ -196,3 +196,14 @@ def test_saved_findings_replay(name, site, workers):
 def test_engine_overrides_are_checked(capsys):
     assert main(["trace", "--vllm", "0.33.0", "--engine", "bogus=1"]) == 2
     assert "num_gpu_blocks" in capsys.readouterr().err
+
+
+def test_vllm_src_runs_a_checkout(tmp_path):
+    """--vllm-src DIR runs a checkout's vllm/ (here the prepared 0.33.0 tree), judged by --vllm's spec."""
+    env = _env("0.33.0")
+    out = tmp_path / "t.json"
+    rc = main(["trace", "--vllm-src", env.tree, "--vllm", "0.33.0", "--layout", "full", "--requests", "40",
+               "--quiet", "--json", str(out), "--out", str(tmp_path / "f")])
+    doc = json.loads(out.read_text())
+    assert rc == 0 and doc["layouts"][0]["requests"] == 40 and doc["layouts"][0]["loads"] >= 0
+    assert main(["trace", "--vllm-src", str(tmp_path), "--vllm", "0.33.0"]) == 2  # no vllm/ there
