@@ -30,6 +30,7 @@ class Mutant:
     cls: str  # the mutant class of issue 11: scan, assert, sync, keys, partial-tail, groups, plan
     encoding: dict | None = None  # Knobs changes; None: see not_for["encoding"]
     not_for: dict = field(default_factory=dict)  # checker -> why it cannot express this mutant
+    killer: str | None = None  # the obligation expected to kill it in the encoding (tried first; prove checks it)
 
 
 _GROUPS = ("the encoding states one group's plan; which table a group reads (blocks.blocks[group_idx]) "
@@ -49,34 +50,34 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("loop-to-k+1", "range(f, k + 1)", "scan", dict(hi_offset=1)),
     # the asserts
     Mutant("assert-order", "the window bound is checked before the alignment assert (fixed variants)", "assert",
-           dict(window_before_scan_assert=True)),
+           dict(window_before_scan_assert=True), killer="assert-order"),
     Mutant("window-slack", "the window bound loses its + 1 (pending <= window * bpc)", "assert",
-           dict(window_slack=0)),
+           dict(window_slack=0), killer="window-bound.window-nulls"),
     Mutant("window-retained", "the window in chunks ignores extra_retained_tokens (0.31+ count them)", "assert",
-           dict(window_counts_retained=False)),
+           dict(window_counts_retained=False), killer="window-bound.window-nulls"),
     Mutant("alignment-dropped", "the fixed variants' alignment assert N % b == 0 is gone", "assert",
-           dict(alignment_assert=False)),
+           dict(alignment_assert=False), killer="assert-order"),
     Mutant("boundary-dropped", "the legacy boundary assert N <= start * b is gone", "assert",
-           dict(boundary_assert=False)),
+           dict(boundary_assert=False), killer="legacy-guarded"),
     # the sync rule
     Mutant("sync-rule", "a 0.33 sync load no longer matches hashed blocks by position", "sync",
-           dict(match_hashed_on_sync=False)),
+           dict(match_hashed_on_sync=False), killer="fixed-sync"),
     # the keys slice and the group size
     Mutant("keys-slice-start", "keys start at cdiv(start, bpc) instead of start // bpc", "keys",
-           dict(key_start_ceil=True)),
-    Mutant("keys-from-start//bpc+1", "keys start one chunk late", "keys", dict(key_start_offset=1)),
-    Mutant("keys-slice-end", "keys end at T // tpc instead of cdiv(T, tpc)", "keys", dict(end_chunk_floor=True)),
+           dict(key_start_ceil=True), killer="keys-in-lookup-range"),
+    Mutant("keys-from-start//bpc+1", "keys start one chunk late", "keys", dict(key_start_offset=1), killer="keys-in-lookup-range"),
+    Mutant("keys-slice-end", "keys end at T // tpc instead of cdiv(T, tpc)", "keys", dict(end_chunk_floor=True), killer="keys-in-lookup-range"),
     Mutant("keys-prompt-only", "offload keys counted from the prompt, not from all num_tokens", "keys",
-           dict(keys_from_prompt=True)),
-    Mutant("pending+1", "group size k - start + 1", "plan", dict(pending_offset=1)),
-    Mutant("pending-1", "group size k - start - 1", "plan", dict(pending_offset=-1)),
+           dict(keys_from_prompt=True), killer="keys-from-all-tokens"),
+    Mutant("pending+1", "group size k - start + 1", "plan", dict(pending_offset=1), killer="destinations-exact"),
+    Mutant("pending-1", "group size k - start - 1", "plan", dict(pending_offset=-1), killer="destinations-exact"),
     # partial tails
     Mutant("partial-tail-chunk", "a partial tail also loads its boundary's chunk as a chunk key", "partial-tail",
-           dict(tail_chunk_dropped=False)),
+           dict(tail_chunk_dropped=False), killer="partial-tail.full-attention"),
     Mutant("partial-tail-margin", "a partial tail's key ignores the EAGLE proof margin", "partial-tail",
-           dict(tail_margin=False)),
+           dict(tail_margin=False), killer="partial-tail.full-attention"),
     Mutant("partial-tail-assert", "the request-level partial_tail assert (boundary == T) is gone", "partial-tail",
-           dict(tail_assert=False)),
+           dict(tail_assert=False), killer="partial-tail.guard"),
     # group iteration
     Mutant("group-iteration", "groups iterated by position, not by their group_idx (non-offloaded groups)",
            "groups", not_for={"encoding": _GROUPS}),

@@ -333,3 +333,11 @@ def test_check_plan_models_case_format_v2(family):
                 rejected += 1
     if family in ("partial_tail", "short_prompt"):
         assert rejected
+
+
+def test_every_mutant_killer_hint_names_a_proved_obligation():
+    from kvbound.proofs.mutants import MUTANTS as TABLE
+
+    proved = {o.id for o in OBLIGATIONS if o.expected == PROVED and o.mutable}
+    for m in TABLE:
+        assert m.killer is None or m.killer in proved, (m.name, m.killer)

@@ -6,5 +6,8 @@ Directory ``kvbound/conform/``, part of the tool (layer 2): the real vLLM ↔ sp
 ``prepare`` builds (once, cached) what a release needs to import on a CPU-only
 machine; ``worker`` is the adapter that runs inside that environment (vLLM and
 the standard library only); ``runner`` feeds it cases; ``compare`` judges each
-result against ``kvbound.spec.plan_load`` and builds the version matrix.
+result against ``kvbound.spec.plan_load`` and builds the version matrix;
+``mutants`` plants the mutant table's spec mutants at runtime for
+``--spec-mutants``; ``capture`` (vLLM and the standard library only) dumps the case
+of every loading call from a running engine.
 """
