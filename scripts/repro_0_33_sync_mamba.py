@@ -1,0 +1,234 @@
+"""Standalone reproducer: a sync KV-connector load on a full-attention + Mamba(align)
+hybrid takes one block more than vLLM's own admission check reserved.
+
+Drives vLLM's real ``KVCacheManager`` (coordinator, single-type managers, block pool)
+with exactly the arguments ``Scheduler.schedule()`` passes for a request whose
+connector hit loads synchronously (0.33.0 ``v1/core/sched/scheduler.py:1435-1451``:
+``load_kv_async`` False, so ``num_new_tokens`` > 0 together with
+``num_external_computed_tokens`` > 0). Nothing of vLLM is faked or patched; the
+KVCacheConfig is the two-group hybrid vLLM's own tests build (one shared pool, both
+groups at the same block size, Mamba in ``align`` mode).
+
+Run it in a release's import venv (kvbound is not needed):
+
+    PYTHONPATH=~/.cache/kvbound/vllm-0.33.0 ~/.cache/kvbound/deps-*/bin/python \\
+        scripts/repro_0_33_sync_mamba.py [--json] [--plant-fix]
+
+One request, one ``allocate_slots`` call: prompt P = 320 tokens, no local hit (N = 0),
+M = 64 tokens from the connector, the remaining 256 scheduled in the same step.
+Pass 1 (roomy pool) measures what admission reserved and what allocation took;
+pass 2 gives the pool exactly the reserved number of free blocks, as memory pressure
+does, and the allocation raises ``ValueError: Cannot get 1 free blocks from the pool``.
+
+``--plant-fix`` wraps ``MambaManager.get_num_blocks_to_allocate`` at runtime so that it
+also counts the loaded-state block (the suggested fix direction); the reproducer
+must then report reserved == taken and no exception (how tests/test_finding_0_33.py
+shows its check can fail).
+"""
+
+import argparse
+import json
+import sys
+
+B = 64  # tokens_per_block of both groups (== hash block size)
+P, N, M = 320, 0, 64  # prompt, local hit, connector hit
+NEW = P - N - M  # tokens scheduled in the same step as the sync load
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _call(fn, *a, **kw):
+    """fn with only the keyword arguments this release's signature has (prefill_end,
+    full_sequence_must_fit and has_scheduled_reqs are newer than 0.30)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        kw = {k: x for k, x in kw.items() if k in params}
+    return fn(*a, **kw)
+
+
+def _imports():
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core import kv_cache_utils as kcu
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
+                                            KVCacheGroupSpec, MambaSpec)
+    from vllm.v1.request import Request
+
+    try:
+        from vllm.utils.hashing import sha256
+    except ImportError:  # older layout
+        from vllm.utils import sha256
+    kcu.init_none_hash(sha256)
+    return locals()
+
+
+def plant_fix(v):
+    """Runtime-only planted fix: a first allocation that adopts connector tokens AND
+    schedules new ones past the loaded-state block gets one more Mamba block."""
+    MambaManager = v["MambaManager"]
+    orig = MambaManager.get_num_blocks_to_allocate
+
+    def fixed(self, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+              num_local_computed_tokens, num_tokens_main_model, *a, **k):
+        n = orig(self, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+                 num_local_computed_tokens, num_tokens_main_model, *a, **k)
+        first = len(self.req_to_blocks.get(request_id, ())) == 0
+        external = total_computed_tokens > num_local_computed_tokens
+        past = _cdiv(num_tokens_main_model, self.block_size) > _cdiv(total_computed_tokens, self.block_size)
+        if (getattr(self, "mamba_cache_mode", "align") == "align" and first and external and past
+                and n <= self.block_pool.num_gpu_blocks):
+            n += 1
+        return n
+
+    MambaManager.get_num_blocks_to_allocate = fixed
+
+
+def build(v, num_blocks):
+    t = v["torch"].float32
+    fa = v["FullAttentionSpec"](block_size=B, num_kv_heads=1, head_size=8, dtype=t)
+    mamba = v["MambaSpec"](block_size=B, shapes=((64,),), dtypes=(t,), mamba_cache_mode="align")
+    cfg = v["KVCacheConfig"](
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],  # the manager never reads them (vLLM's tests pass [] too)
+        kv_cache_groups=[v["KVCacheGroupSpec"](["attn"], fa), v["KVCacheGroupSpec"](["mamba"], mamba)],
+    )
+    for field, val in (("hash_block_size", B), ("cache_hit_alignment_tokens", B)):
+        if hasattr(cfg, field):
+            setattr(cfg, field, val)
+    return v["KVCacheManager"](cfg, max_model_len=8192, scheduler_block_size=B, hash_block_size=B,
+                               enable_caching=True)
+
+
+def request(v):
+    hasher = v["kcu"].get_request_block_hasher(B, v["sha256"])
+    return v["Request"](request_id="C", prompt_token_ids=list(range(1000, 1000 + P)),
+                        sampling_params=v["SamplingParams"](max_tokens=8), pooling_params=None,
+                        block_hasher=hasher)
+
+
+def table(mgr, req_id):
+    rows = []
+    for m in mgr.coordinator.single_type_managers:
+        rows.append([None if b.is_null else b.block_id for b in m.req_to_blocks.get(req_id, [])])
+    return rows
+
+
+def one_pass(v, num_blocks=None):
+    """Returns dict(reserved, taken, free_before, error, tables)."""
+    mgr = build(v, num_blocks or 64)
+    req = request(v)
+    empty = mgr.empty_kv_cache_blocks
+    # What admission computes for this call (the same call allocate_slots makes,
+    # kv_cache_manager.py: get_num_blocks_to_allocate before the free-block check).
+    reserved = _call(mgr.coordinator.get_num_blocks_to_allocate,
+        request_id=req.request_id, num_tokens=N + M + NEW, new_computed_blocks=empty.blocks,
+        num_encoder_tokens=0, total_computed_tokens=N + M, num_local_computed_tokens=N,
+        num_tokens_main_model=N + M + NEW, prefill_end=P)
+    per_group = [_call(m.get_num_blocks_to_allocate, req.request_id, N + M + NEW, (), N + M, N, N + M + NEW,
+                                              prefill_end=P)
+                 for m in mgr.coordinator.single_type_managers]
+    if num_blocks is None:  # pass 2: exactly `reserved` free blocks (+1 null block)
+        mgr = build(v, reserved + 1)
+        req = request(v)
+        empty = mgr.empty_kv_cache_blocks
+    free_before = mgr.block_pool.get_num_free_blocks()
+    err = None
+    got = "not called"
+    try:
+        # The scheduler's call for a sync load (scheduler.py:1435-1451 in 0.33.0).
+        out = _call(mgr.allocate_slots, req, NEW, num_new_computed_tokens=N, new_computed_blocks=empty,
+                                 num_external_computed_tokens=M, delay_cache_blocks=False,
+                                 full_sequence_must_fit=True, has_scheduled_reqs=False)
+        got = "None (not admitted)" if out is None else "blocks"
+    except ValueError as e:
+        import traceback
+
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if "/vllm/" in f.filename]
+        where = " -> ".join("%s:%d %s" % (f.filename.split("/vllm/", 1)[1], f.lineno, f.name)
+                            for f in frames)
+        err = "ValueError: %s   [%s]" % (e, where)
+    taken = free_before - mgr.block_pool.get_num_free_blocks()
+    return dict(reserved=reserved, reserved_per_group=per_group, free_before=free_before,
+                taken=taken, result=got, error=err, tables=table(mgr, req.request_id))
+
+
+def async_control(v):
+    """The same hit loaded asynchronously (what the connector does with sync loads off):
+    step 1 adopts the M tokens with num_new_tokens = 0, step 2 computes the rest.
+    Returns [(reserved, taken), (reserved, taken)]: equal on every release."""
+    mgr = build(v, 64)
+    req = request(v)
+    empty = mgr.empty_kv_cache_blocks
+    out = []
+    for new, ext, comp in ((0, M, N), (NEW, 0, N + M)):
+        req.num_computed_tokens = comp
+        reserved = _call(mgr.coordinator.get_num_blocks_to_allocate,
+            request_id=req.request_id, num_tokens=comp + ext + new, new_computed_blocks=empty.blocks,
+            num_encoder_tokens=0, total_computed_tokens=comp + ext, num_local_computed_tokens=comp,
+            num_tokens_main_model=comp + ext + new, prefill_end=P)
+        free = mgr.block_pool.get_num_free_blocks()
+        _call(mgr.allocate_slots, req, new, num_new_computed_tokens=0, new_computed_blocks=empty,
+                           num_external_computed_tokens=ext, delay_cache_blocks=(new == 0),
+                           full_sequence_must_fit=False, has_scheduled_reqs=False)
+        out.append((reserved, free - mgr.block_pool.get_num_free_blocks()))
+    return out
+
+
+def draw(tables):
+    f = _cdiv(N + M, B)  # first fresh block (first block past the loaded prefix)
+    lines = []
+    for name, row in zip(("group 0 full_attention", "group 1 mamba(align)"), tables):
+        cells = []
+        for i, b in enumerate(row):
+            if b is None:
+                cells.append("[·]")
+            elif i < _cdiv(N, B):
+                cells.append("[H]")
+            elif i < f:
+                cells.append("[L]")
+            else:
+                cells.append("[F]")
+        lines.append("  %-24s %s" % (name, "".join(cells)))
+    lines.append("  %-24s %s^ f = cdiv(N+M, b) = %d   (N=%d, M=%d, new=%d, b=%d)"
+                 % ("", "   " * f, f, N, M, NEW, B))
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plant-fix", action="store_true")
+    args = ap.parse_args()
+    v = _imports()
+    import vllm
+
+    if args.plant_fix:
+        plant_fix(v)
+    roomy = one_pass(v, 64)
+    tight = one_pass(v, None)
+    ctrl = async_control(v)
+    res = dict(vllm=getattr(vllm, "__version__", "?"), planted_fix=args.plant_fix, async_control=ctrl,
+               P=P, N=N, M=M, new=NEW, block_size=B, roomy=roomy, tight=tight,
+               over_allocation=roomy["taken"] - roomy["reserved"])
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print("vllm %s  FA(64) + Mamba(64, align), one request: P=%d N=%d M=%d (sync load) new=%d"
+          % (res["vllm"], P, N, M, NEW))
+    print("pass 1 (64-block pool): reserved %d (per group %s), taken %d  -> over by %d"
+          % (roomy["reserved"], roomy["reserved_per_group"], roomy["taken"], res["over_allocation"]))
+    print(draw(roomy["tables"]))
+    print("control, same hit loaded async (step 1: adopt M, step 2: compute new): "
+          "reserved/taken %d/%d, %d/%d" % (ctrl[0] + ctrl[1]))
+    print("pass 2 (pool with exactly %d free): %s" % (tight["free_before"], tight["error"] or tight["result"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
