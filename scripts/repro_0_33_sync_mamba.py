@@ -181,30 +181,36 @@ def async_control(v):
 
 
 def draw(tables):
-    f = _cdiv(N + M, B)  # first fresh block (first block past the loaded prefix)
+    """kvbound's block-table style: [H] hashed (local hit), [·] null, [F] fresh (at/after
+    the first fresh block f = cdiv(N, b)); the load region and where each Mamba block
+    came from are marked underneath."""
+    f = _cdiv(N, B)
+    k = _cdiv(N + M, B)  # end of the load region
     lines = []
     for name, row in zip(("group 0 full_attention", "group 1 mamba(align)"), tables):
-        cells = []
-        for i, b in enumerate(row):
-            if b is None:
-                cells.append("[·]")
-            elif i < _cdiv(N, B):
-                cells.append("[H]")
-            elif i < f:
-                cells.append("[L]")
-            else:
-                cells.append("[F]")
-        lines.append("  %-24s %s" % (name, "".join(cells)))
-    lines.append("  %-24s %s^ f = cdiv(N+M, b) = %d   (N=%d, M=%d, new=%d, b=%d)"
-                 % ("", "   " * f, f, N, M, NEW, B))
+        cells = "".join("[·]" if b is None else "[H]" if i < f else "[F]" for i, b in enumerate(row))
+        lines.append("  %-24s %s" % (name, cells))
+    pad = " " * 27
+    lines.append(pad + "   " * f + "^ f = cdiv(N=%d, b=%d) = %d" % (N, B, f))
+    lines.append(pad + "   " * f + "L" * (3 * (k - f)) + " load region [f, cdiv(N+M, b) = %d)" % k)
+    last = len(tables[1]) - 1
+    lines.append(pad + "mamba: idx %d from allocate_external_computed_blocks (loaded state), "
+                 "idx %d from allocate_new_blocks (running state)" % (k - 1, last))
     return "\n".join(lines)
 
 
 def main():
+    global B, P, M, NEW
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plant-fix", action="store_true")
+    ap.add_argument("--block-size", type=int, default=B,
+                    help="tokens_per_block of both groups (default 64; e.g. 528, a Mamba2-sized page); "
+                         "the prompt scales with it: P = 5 b, M = b, N = 0")
     args = ap.parse_args()
+    if args.block_size != B:
+        B, P, M = args.block_size, 5 * args.block_size, args.block_size
+        NEW = P - N - M
     v = _imports()
     import vllm
 
@@ -219,9 +225,9 @@ def main():
     if args.json:
         print(json.dumps(res))
         return 0
-    print("vllm %s  FA(64) + Mamba(64, align), one request: P=%d N=%d M=%d (sync load) new=%d"
-          % (res["vllm"], P, N, M, NEW))
-    print("pass 1 (64-block pool): reserved %d (per group %s), taken %d  -> over by %d"
+    print("vllm %s  FA(%d) + Mamba(%d, align), one request: P=%d N=%d M=%d (sync load) new=%d"
+          % (res["vllm"], B, B, P, N, M, NEW))
+    print("pass 1 (roomy pool): reserved %d (per group %s), taken %d  -> over by %d"
           % (roomy["reserved"], roomy["reserved_per_group"], roomy["taken"], res["over_allocation"]))
     print(draw(roomy["tables"]))
     print("control, same hit loaded async (step 1: adopt M, step 2: compute new): "

@@ -279,14 +279,22 @@ def test_mutant_table_covers_every_class_and_scores_by_name():
         score("encoding", {"no-such-mutant": None})
 
 
-def test_keys_prompt_only_is_killed_by_keys_from_all_tokens_alone():
-    """issue 9: the keys-from-all-tokens obligation is the one that sees keys counted from the prompt."""
+@pytest.mark.parametrize("mutant, killers", [
+    ("keys-prompt-only", ["keys-from-all-tokens"]),
+    ("window-retained", ["window-bound.window-nulls"]),
+    ("partial-tail-chunk", ["partial-tail.full-attention", "partial-tail.mamba"]),
+    ("partial-tail-margin", ["partial-tail.full-attention"]),
+    ("partial-tail-assert", ["partial-tail.guard"]),
+])
+def test_issue9_obligations_each_kill_their_own_mutant(mutant, killers):
+    """issue 9: each new obligation is the one-group obligation that sees its mutant (the
+    safe-load.* hybrids see some of them too)."""
     from kvbound.proofs.runner import kills
 
-    change = MUTANTS["keys-prompt-only"]
-    killers = [o.id for o in OBLIGATIONS if o.expected == PROVED and o.mutable and o.bound.groups == 1
-               and kills(o, dataclasses.replace(o.knobs, **change), OPTIONS)]
-    assert killers == ["keys-from-all-tokens"]
+    change = MUTANTS[mutant]
+    got = [o.id for o in OBLIGATIONS if o.expected == PROVED and o.mutable and o.bound.groups == 1
+           and kills(o, dataclasses.replace(o.knobs, **change), OPTIONS)]
+    assert got == killers
 
 
 def test_solver_options_own_the_timeout_and_unknown_is_never_an_answer():

@@ -131,7 +131,7 @@ def run(args) -> int:
           f"(kvbound.impl.generate, seed {args.seed}, v1 families in turn)")
     rows = []
     print()
-    print(f"{'request-groups':>14}{'cases':>9}{'cells':>9}{'slots R*G*L':>13}{'convert s':>11}{'impl s':>10}"
+    print(f"{'request-groups':>14}{'cases':>10}{'cells':>11}{'slots R*G*L':>13}{'convert s':>11}{'impl s':>10}"
           f"{'spec s':>10}{'compare s':>11}{'ratio':>9}")
     for n in sizes:
         batch, pieces, total = _prefix(gens, n)
@@ -170,7 +170,7 @@ def run(args) -> int:
             "request_groups_per_s": total * len(variants) / t_impl,
         }
         rows.append(row)
-        print(f"{total:>14,}{len(cases):>9,}{cells:>9,}{R * G * L:>13,}{t_convert:>11.3f}{t_impl:>10.4f}"
+        print(f"{total:>14,}{len(cases):>10,}{cells:>11,}{R * G * L:>13,}{t_convert:>11.3f}{t_impl:>10.4f}"
               f"{t_spec:>10.2f}{t_compare:>11.2f}{t_spec / t_impl:>8.0f}x")
         del batch, cases, outs
     print("(impl s: best of repeats, plan_variants on the padded batch for all variants, compaction to the "
