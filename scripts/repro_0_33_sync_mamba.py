@@ -158,6 +158,36 @@ def one_pass(v, num_blocks=None):
                 taken=taken, result=got, error=err, tables=table(mgr, req.request_id))
 
 
+def local_hit_pass(v, keep_running):
+    """A sync load on top of a local hit: request A computes the first 2 blocks; C shares
+    them (N = 2b), loads M = 2b more and computes the rest of a 7-block prompt in the
+    same step. keep_running: A still holds its blocks (a shared prefix in use), else A
+    is freed and its blocks wait, cached, in the free queue. Returns (N, reserved, taken)."""
+    mgr = build(v, 64)
+    hasher = v["kcu"].get_request_block_hasher(B, v["sha256"])
+    mk = lambda rid, n: v["Request"](request_id=rid, prompt_token_ids=list(range(1000, 1000 + n)),  # noqa: E731
+                                     sampling_params=v["SamplingParams"](max_tokens=1), pooling_params=None,
+                                     block_hasher=hasher)
+    a = mk("A", 2 * B)
+    _call(mgr.allocate_slots, a, 2 * B)
+    a.num_computed_tokens = 2 * B
+    if not keep_running:
+        mgr.free(a)
+    mgr.new_step_starts()  # Mamba refuses hits on blocks cached in the same step
+    c, p = mk("C2", 7 * B), 7 * B
+    hit, n = mgr.get_computed_blocks(c)[:2]
+    m = 2 * B
+    new = p - n - m
+    reserved = _call(mgr.coordinator.get_num_blocks_to_allocate,
+                     request_id=c.request_id, num_tokens=p, new_computed_blocks=hit.blocks,
+                     num_encoder_tokens=0, total_computed_tokens=n + m, num_local_computed_tokens=n,
+                     num_tokens_main_model=p, prefill_end=p)
+    free = mgr.block_pool.get_num_free_blocks()
+    _call(mgr.allocate_slots, c, new, num_new_computed_tokens=n, new_computed_blocks=hit,
+          num_external_computed_tokens=m, full_sequence_must_fit=True, has_scheduled_reqs=False)
+    return n, reserved, free - mgr.block_pool.get_num_free_blocks()
+
+
 def async_control(v):
     """The same hit loaded asynchronously (what the connector does with sync loads off):
     step 1 adopts the M tokens with num_new_tokens = 0, step 2 computes the rest.
@@ -219,7 +249,9 @@ def main():
     roomy = one_pass(v, 64)
     tight = one_pass(v, None)
     ctrl = async_control(v)
+    local = {"running": local_hit_pass(v, True), "evictable": local_hit_pass(v, False)}
     res = dict(vllm=getattr(vllm, "__version__", "?"), planted_fix=args.plant_fix, async_control=ctrl,
+               local_hit=local,
                P=P, N=N, M=M, new=NEW, block_size=B, roomy=roomy, tight=tight,
                over_allocation=roomy["taken"] - roomy["reserved"])
     if args.json:
@@ -232,6 +264,9 @@ def main():
     print(draw(roomy["tables"]))
     print("control, same hit loaded async (step 1: adopt M, step 2: compute new): "
           "reserved/taken %d/%d, %d/%d" % (ctrl[0] + ctrl[1]))
+    for kind, (n, r, t) in local.items():
+        print("with a local hit (N=%d, M=%d, prompt %d), the hit's owner %s: reserved %d, taken %d"
+              % (n, 2 * B, 7 * B, "still running" if kind == "running" else "freed (blocks evictable)", r, t))
     print("pass 2 (pool with exactly %d free): %s" % (tight["free_before"], tight["error"] or tight["result"]))
     return 0
 

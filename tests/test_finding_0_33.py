@@ -42,6 +42,9 @@ def over_allocation_problems(res: dict) -> list[str]:
     roomy, tight = res["roomy"], res["tight"]
     if not (roomy["taken"] == roomy["reserved"] + 1 == 7):
         problems.append("roomy pool: reserved %d, taken %d (expected 6, 7)" % (roomy["reserved"], roomy["taken"]))
+    n, reserved, taken = res["local_hit"]["running"]
+    if not (n == 128 and taken == reserved + 1):
+        problems.append("local hit held by a running request: reserved %d, taken %d" % (reserved, taken))
     if roomy["reserved_per_group"] != [5, 1]:
         problems.append("per-group reservation %s (expected FA 5, Mamba 1)" % roomy["reserved_per_group"])
     err = tight["error"] or ""
@@ -59,6 +62,9 @@ def test_sync_load_on_mamba_hybrid_over_allocates_on_real_0_33():
     assert "single_type_kv_cache_manager.py:1879 allocate_new_blocks" in res["tight"]["error"]
     # control: the same hit loaded asynchronously is reserved exactly (2 then 5 blocks)
     assert [tuple(x) for x in res["async_control"]] == [(2, 2), (5, 5)]
+    # with the local Mamba hit block evictable, admission counts that block although the
+    # load skips past it: the count comes out right by accident (9 = 9)
+    assert res["local_hit"]["evictable"] == [128, 9, 9]
 
 
 def test_the_check_flips_when_the_fix_is_planted():
@@ -68,4 +74,5 @@ def test_the_check_flips_when_the_fix_is_planted():
     assert res["planted_fix"] is True
     assert res["roomy"]["reserved"] == res["roomy"]["taken"] == 7
     assert res["tight"]["error"] is None and res["tight"]["result"] == "blocks"
-    assert len(over_allocation_problems(res)) == 3
+    assert res["local_hit"]["running"] == [128, 7, 7]
+    assert len(over_allocation_problems(res)) == 4

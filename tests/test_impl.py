@@ -304,3 +304,11 @@ def test_every_impl_mutant_of_the_one_table_is_planted_and_killed():
     assert result["survivors"] == [] and result["percent"] == 100.0, result
     with applied("pending+1"):  # while planted, the impl really is wrong
         assert not agrees_with_spec(load_cases(EXAMPLES / "pr_case.json")[0], Variant.FIXED)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(family="all"))
+def test_hypothesis_cases_of_every_family_agree(case):
+    for v in Variant:
+        assert agrees_with_spec(case, v), (case.name, v)
+        assert agrees_with_spec(case, v, asserts=False), (case.name, v, "python -O")
