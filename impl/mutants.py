@@ -59,23 +59,15 @@ def _scan_words(extra=None, nonnull_only=False, sync=True):
     return make
 
 
-def _geometry(change):
+def _then(change):
+    """A step ``orig(arg)`` followed by ``change(arg, result)`` in place (a geometry or
+    cells field replaced)."""
     def make(orig):
-        def group_geometry(cells):
-            geo = orig(cells)
-            change(cells, geo)
-            return geo
-        return group_geometry
-    return make
-
-
-def _cells(change):
-    def make(orig):
-        def real_cells(batch):
-            cells = orig(batch)
-            change(batch, cells)
-            return cells
-        return real_cells
+        def step(arg):
+            out = orig(arg)
+            change(arg, out)
+            return out
+        return step
     return make
 
 
@@ -175,7 +167,7 @@ def _tail_assert_dropped(orig):
 IMPL_MUTANTS = {
     "scan-from-zero": [("load_start", lambda orig: lambda c, g, v, w: orig(c, g, Variant.LEGACY, w))],
     "scan-nulls": [("scan_words", _scan_words(extra=lambda c: c.state == STATE_N))],
-    "floor-f": [("group_geometry", _geometry(_floor_f))],
+    "floor-f": [("group_geometry", _then(_floor_f))],
     "unhashed-test-dropped": [("scan_words", _scan_words(nonnull_only=True))],
     "start-equals-f": [("load_start", lambda orig: lambda c, g, v, w: torch.minimum(g.f, g.k))],
     "loop-from-f+1": [("load_start", lambda orig: _start_in(lo_offset=1))],
@@ -190,14 +182,14 @@ IMPL_MUTANTS = {
     "sync-rule": [("scan_words", _scan_words(sync=False))],
     "keys-slice-start": [("offload_key_chunks", _key_start(lambda c: c.bpc - 1))],  # floor((s+bpc-1)/bpc)
     "keys-from-start//bpc+1": [("offload_key_chunks", _key_start(lambda c: c.bpc))],
-    "keys-slice-end": [("group_geometry", _geometry(_floor_end))],
-    "keys-prompt-only": [("real_cells", _cells(_keys_from_prompt))],
+    "keys-slice-end": [("group_geometry", _then(_floor_end))],
+    "keys-prompt-only": [("real_cells", _then(_keys_from_prompt))],
     "pending+1": [("pending_blocks", _pending(1))],
     "pending-1": [("pending_blocks", _pending(-1))],
-    "partial-tail-chunk": [("group_geometry", _geometry(_tail_chunk_kept))],
-    "partial-tail-margin": [("real_cells", _cells(_no_margin))],
+    "partial-tail-chunk": [("group_geometry", _then(_tail_chunk_kept))],
+    "partial-tail-margin": [("real_cells", _then(_no_margin))],
     "partial-tail-assert": [("request_outcome", _tail_assert_dropped)],
-    "group-iteration": [("real_cells", _cells(_by_position))],
+    "group-iteration": [("real_cells", _then(_by_position))],
 }
 
 

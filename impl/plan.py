@@ -24,16 +24,15 @@ from dataclasses import dataclass
 import torch
 
 from kvbound.spec import Assertion, AssertName, GroupPlan, LoadPlan, ReleaseFeatures, Variant, variant_features
+from kvbound.spec.asserts import ASSERT_CODE, ASSERT_OF_CODE, ASSERTS, NO_ASSERT
 
 from .batch import (KIND_FULL, KIND_MAMBA, KIND_SLIDING, MAMBA_MODE_CODES, STATE_H, STATE_N, STATE_U,
                     PlanBatch)
 
 assert (STATE_N, STATE_H, STATE_U) == (0, 1, 2), "the scan's bit tricks assume these codes"
 
-CODE_OK = 0
-# Codes in vLLM's per-group order; the spec's AssertName order is the same.
-ASSERT_CODES = {name: i + 1 for i, name in enumerate(AssertName)}
-ASSERT_NAMES = {c: n for n, c in ASSERT_CODES.items()}
+# Outcome codes, names and reported values: spec/asserts.py's table (vLLM's per-group order).
+CODE_OK, ASSERT_CODES, ASSERT_NAMES = NO_ASSERT, ASSERT_CODE, ASSERT_OF_CODE
 CODE_UNSUPPORTED = len(ASSERT_CODES) + 1  # request outcome "unsupported": the release lacks a v2 feature
 
 # An Assertion's ``values`` key -> the BatchPlan field that holds it, so the impl's
@@ -54,17 +53,7 @@ ASSERTION_VALUE_FIELDS = {
     "num_cached_tokens": "num_cached_tokens",
 }
 # Which values each assertion reports (the spec's Assertion.values keys).
-ASSERTION_VALUES = {
-    AssertName.TABLE_LENGTH: ("table_length", "num_gpu_blocks"),
-    AssertName.BOUNDARY: ("num_locally_computed_tokens", "load_start_gpu_block_idx", "tokens_per_block",
-                          "first_fresh_gpu_block_idx"),
-    AssertName.ALIGNMENT: ("num_locally_computed_tokens", "tokens_per_block", "load_start_gpu_block_idx"),
-    AssertName.WINDOW_BOUND: ("num_pending_gpu_blocks", "sliding_window_size_in_chunks", "blocks_per_chunk",
-                              "load_start_gpu_block_idx"),
-    AssertName.KEYS_LENGTH: ("num_offload_keys", "end_chunk_idx", "load_start_gpu_block_idx"),
-    AssertName.PARTIAL_TAIL: ("partial_tail_boundary", "num_cached_tokens"),
-}
-REQUEST_ASSERTS = (AssertName.PARTIAL_TAIL,)  # fired before any group: Assertion.group_index is None
+ASSERTION_VALUES = {row.name: row.values for row in ASSERTS}
 # The per-cell outputs compared with the spec's GroupPlan fields of the same name.
 GROUP_FIELDS = ("group_index", "num_gpu_blocks", "first_fresh_gpu_block_idx", "load_start_gpu_block_idx",
                 "num_pending_gpu_blocks", "start_chunk_idx", "end_chunk_idx", "boundary_key_tokens")

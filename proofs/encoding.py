@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 
 import z3
 
-from kvbound.spec import AssertName, Variant
+from kvbound.spec import LATEST_ASSERTS, AssertName, Variant
+from kvbound.spec.asserts import ASSERT_CODE, ASSERT_OF_CODE, NO_ASSERT
 
 from .terms import AND, CDIV, FLOORDIV, IF, MAX, MIN, MOD, NOT, OR, Sx
 
@@ -25,17 +26,8 @@ from .terms import AND, CDIV, FLOORDIV, IF, MAX, MIN, MOD, NOT, OR, Sx
 NUL, HSH, UNH = 0, 1, 2
 STATE_CODE = {"N": NUL, "H": HSH, "U": UNH}
 
-# Outcome codes: 0 the group plans; otherwise the assert that fires first.
-OK = 0
-FAIL_CODE = {
-    AssertName.TABLE_LENGTH: 1,
-    AssertName.BOUNDARY: 2,
-    AssertName.ALIGNMENT: 3,
-    AssertName.WINDOW_BOUND: 4,
-    AssertName.KEYS_LENGTH: 5,
-    AssertName.PARTIAL_TAIL: 6,
-}
-CODE_FAIL = {v: k for k, v in FAIL_CODE.items()}
+# Outcome codes: OK the group plans; otherwise the assert that fires first (spec/asserts.py's table).
+OK, FAIL_CODE, CODE_FAIL = NO_ASSERT, ASSERT_CODE, ASSERT_OF_CODE
 
 
 @dataclass(frozen=True)
@@ -58,7 +50,7 @@ class Knobs:
     alignment_assert: bool = True  # mutant: the fixed variants' alignment assert is gone
     boundary_assert: bool = True  # mutant: the legacy boundary assert is gone
     window_before_scan_assert: bool = False  # mutant: the window bound is checked first
-    window_slack: int = 1  # pending <= window*bpc + slack (0.27+: 1)
+    window_slack: int = LATEST_ASSERTS.window_slack  # pending <= window*bpc + slack (ReleaseAsserts; 0.27+: 1)
     key_start_ceil: bool = False  # mutant: keys from cdiv(start, bpc)
     window_counts_retained: bool = True  # 0.31+: the window in chunks counts extra_retained_tokens
     keys_from_prompt: bool = False  # mutant: offload keys counted from the prompt, not all num_tokens

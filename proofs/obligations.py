@@ -281,7 +281,7 @@ def _window_bound(knobs):
     t = w.table
     below_f = t.forall(0, w.f, lambda i: t.state(i) != UNH)  # local blocks: hashed, or null when skipped
     prem = w.base() + [below_f, NOT(w.sync_load)]
-    return Problem(prem, p.pending <= w.window * w.bpc + 1, w,
+    return Problem(prem, p.pending <= w.window * w.bpc + knobs.window_slack, w,
                    witness=lambda m: w.to_case(m, "witness-window-bound"), shaping=w.small(max_len=8))
 
 

@@ -7,6 +7,7 @@ compare outcomes; ``asserts=False`` models ``python -O``.
 
 from __future__ import annotations
 
+from .asserts import ROW
 from .vocab import (
     AssertName,
     Assertion,
@@ -83,6 +84,7 @@ def plan_load(
     planned: list[GroupPlan] = []
 
     def fail(name: AssertName, gi: int | None, message: str, **values: int) -> LoadPlan:
+        assert tuple(values) == ROW[name].values, f"{name.value} must report spec/asserts.py's {ROW[name].values}"
         return LoadPlan(variant, tuple(planned), Assertion(name, gi, message, values), asserts)
 
     if asserts and tail and boundary != T:

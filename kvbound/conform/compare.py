@@ -13,6 +13,7 @@ from kvbound.spec import (
     AssertName, Case, GroupKind, Variant, plan_for_version, release_features, variant_for_version,
 )
 from kvbound.spec.strategies import ADVERSARIAL_FAMILIES, V2_FAMILIES
+from kvbound.spec.asserts import ASSERTS
 from kvbound.spec.verdicts import Verdict
 
 # The fields ``kvbound plan`` prints, compared one by one.
@@ -21,16 +22,7 @@ PLAN_FIELDS = ("outcome", "assertion", "dst_block_ids", "group_sizes", "block_in
 # Asserts of update_state_after_alloc, recognised by their source statement, across
 # the field renames (0.20-0.24 gpu_block_size/block_size_factor; 0.26+
 # tokens_per_block/blocks_per_chunk).  Order matters: first match names it.
-_BLOCK = r"(?:tokens_per_block|gpu_block_size|block_size)"
-_ASSERT_PATTERNS = (
-    (AssertName.TABLE_LENGTH, re.compile(r"^assert len\(\w*blocks\w*\) >= \w+$")),
-    (AssertName.BOUNDARY, re.compile(rf"^assert num_locally_computed_tokens <= \w+ \* \w*{_BLOCK}\w*$")),
-    (AssertName.ALIGNMENT, re.compile(rf"^assert num_locally_computed_tokens % \w*{_BLOCK}\w* == 0$")),
-    # 0.29+ allow one block more than the window (``+ 1``); 0.26 did not.
-    (AssertName.WINDOW_BOUND, re.compile(r"^assert \w+ <= [\w.]*sliding_window_size_in_chunks \* [\w.]+( \+ 1)?$")),
-    (AssertName.KEYS_LENGTH, re.compile(r"^assert len\(\w*offload_keys\w*\) >= \w+$")),
-    (AssertName.PARTIAL_TAIL, re.compile(r"^assert partial_tail_boundary == num_cached_tokens$")),
-)
+_ASSERT_PATTERNS = tuple((row.name, re.compile(row.source)) for row in ASSERTS)  # spec/asserts.py
 TARGET_FUNCTION = "update_state_after_alloc"
 
 
