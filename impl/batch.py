@@ -304,7 +304,12 @@ def concat_batches(batches) -> PlanBatch:
             parts.append(t)
         out[name] = torch.cat(parts, 0)
     names = None if any(b.names is None for b in batches) else [n for b in batches for n in b.names]
-    return PlanBatch(**out, names=names)
+    words = None
+    if all(b.slot_words is not None for b in batches):  # padded groups and words are null slots: zeros
+        W = num_slot_words(L)
+        words = torch.cat([torch.nn.functional.pad(b.slot_words, (0, W - b.slot_words.shape[3], 0, 0, 0, G - b.shape[1]))
+                           for b in batches], 0)
+    return PlanBatch(**out, names=names, slot_words=words)
 
 
 def resolve_device(device=None) -> torch.device:
