@@ -180,7 +180,8 @@ def test_real_trace_eagle_drafter_layouts(workers):
     drafter's tokens are scheduled and accepted, and on the Mamba hybrid partial tails
     load the drafter group at its proof margin; every check holds."""
     env, w = workers("0.33.0")
-    summaries, findings = R.run_trace(env, ["eagle", "mamba-eagle"], 120, seed=1, segment=60, worker=w)
+    summaries, findings = R.run_trace(env, ["eagle", "mamba-eagle", "mamba-eagle-untagged"], 120, seed=1,
+                                      segment=60, worker=w)
     assert findings == [], [f.key() for f in findings]
     by = {s.layout: s for s in summaries}
     for s in summaries:

@@ -47,6 +47,13 @@ LAYOUTS = {
     # tokens_per_hash 16 < block 64, so partial tails carry EAGLE proof margins.
     "mamba-eagle": {"groups": [_g(FA, 64), _g(MAMBA, 64), _g(FA, 64, eagle=True)], "blocks_per_chunk": 1,
                     "prefix_match_unit": 16, "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    # Speculative decoding on but no group tagged as the drafter's (a KV-sharing drafter,
+    # or a runner that does not tag draft layers): the connector then treats every group
+    # as non-draft (0.33 offloading/scheduler.py:218-232, the fix of #52735) while the
+    # core coordinator drops the last block of every group (kv_cache_coordinator.py:133-134).
+    "mamba-eagle-untagged": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1,
+                             "prefix_match_unit": 16,
+                             "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
     # Two GPU blocks per offloaded chunk.
     "bpc2": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 2},
 }
@@ -64,6 +71,7 @@ ENGINE = {
     "mamba528": dict(_BASE, num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
     "bpc2": dict(_BASE),
     "eagle": dict(_BASE),
+    "mamba-eagle-untagged": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba-eagle": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512),
     "swa-sync": dict(_BASE, sync_load_budget_bytes=1 << 16),
     "mamba-block-sync": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512,
