@@ -20,7 +20,7 @@ from pathlib import Path
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
 from kvbound.records import DiffDisagreement, DiffRecord
 from kvbound.draw import draw_case
-from kvbound.spec import GroupKind, case_to_dict, dump_cases, load_case_paths
+from kvbound.spec import AssertName, GroupKind, case_to_dict, dump_cases, load_case_paths
 from kvbound.spec.strategies import ALL_FAMILIES, FAMILIES, family_of, random_cases
 from kvbound.spec.verdicts import PLAN_CHECK_VERDICTS, Verdict
 
@@ -329,8 +329,7 @@ def _save_shrunk(disagreements, corpus: Path, limit: int = 10) -> list:
 
 
 def _outcome_cols(variants):
-    return ["ok", "table_length", "boundary", "alignment", "window_bound", "keys_length", "partial_tail",
-            "unsupported"]
+    return ["ok", *(name.value for name in AssertName), "unsupported"]
 
 
 def _print_report(args, stats, variants, against, sym, unknowns, fams, elapsed, timings, workers) -> None:
