@@ -242,9 +242,7 @@ def run(args) -> int:
         print(f"saved shrunk case: {path}")
     if args.json:
         report = _json_report(args, stats, variants, against, sym, unknowns, kinds_per_family, elapsed, timings, saved,
-                              workers, scope)
-        if mutation is not None:
-            report["mutants"] = mutation
+                              workers, scope, mutation)
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     if stats.disagreements or (mutation is not None and mutation["survivors"]):
         return EXIT_FAIL
@@ -404,7 +402,7 @@ def _draw_disagreement(d) -> None:
 
 
 def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, timings, saved, workers,
-                 scope) -> dict:
+                 scope, mutation=None) -> dict:
     n_checks = sum(stats.checks.values())
     t_spec = timings.wall if timings else 0.0
     return DiffRecord(
@@ -444,4 +442,5 @@ def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t
         saved=saved,
         elapsed_s=round(elapsed, 3),
         result="disagreement" if stats.disagreements else ("inconclusive" if unknowns else "agree"),
+        mutants=mutation,
     ).to_json()
