@@ -244,6 +244,10 @@ def _build_tail(rng, family: str, name: str) -> Case:
         kw["num_prompt_tokens"] = P = max(P, boundary + margin)
         if _coin(rng, 0.2):
             kw["partial_tail_boundary"] = None  # an EAGLE config loading whole chunks
+            # whole chunks: the EAGLE group queries one chunk past the hit and pops it, the query
+            # capped at len(offload_keys) * tpc (0.33 scheduler.py:936-942, pop :984-985), so a hit
+            # of T needs the chunk past T among the keys: keys ≥ T/b + 1, i.e. the prompt ≥ T + b
+            kw["num_prompt_tokens"] = P = max(P, N + max(b, (boundary - N) // b * b) + b)
     if family != "short_prompt" and _coin(rng, 0.25):
         kw["num_tokens"] = P + rng.randint(1, 2 * b)  # resumed: its output is hashed too
     kw.setdefault("partial_tail_boundary", boundary)

@@ -191,8 +191,8 @@ def test_premises_hold_on_allocator_shaped_cases_and_each_fails_somewhere():
     """The realistic and recurrent_state families build tables as vLLM's allocator does:
     every premise holds there. Adversarial cases break each premise at least once, so no
     predicate is a check that cannot fail."""
-    for family in ("realistic", "recurrent_state", "partial_tail", "short_prompt", "retained_window", "resumed",
-                   "group_subset"):
+    for family in ("realistic", "recurrent_state", "partial_tail", "short_prompt", "eagle", "retained_window",
+                   "resumed", "group_subset"):
         for case in random_cases(80, seed=21, family=family):
             bad = [(c.premise.id, c.group_index, c.detail) for c in evaluate(case) if not c.holds]
             assert not bad, (case.name, bad)

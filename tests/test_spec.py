@@ -205,6 +205,28 @@ def test_fixed_variants_never_assert_on_calls_that_meet_the_allocator_premises()
     assert kept >= 400 and legacy_boundary >= 50, (kept, legacy_boundary)
 
 
+def _premises_broken(case):
+    from kvbound.proofs.premises import evaluate
+    return [(c.premise.id, c.group_index, c.detail) for c in evaluate(case) if not c.holds]
+
+
+def test_eagle_cases_are_hits_the_lookup_can_return():
+    """An EAGLE group pops the chunk it queried past the hit (0.33 scheduler.py:936-942, 984-985):
+    every ``eagle`` case, whole chunks or a partial tail, meets every premise (keys-cover-hit above all)."""
+    bad = [(c.name, b) for c in random_cases(2000, seed=11, family="eagle") if (b := _premises_broken(c))]
+    assert not bad, bad[:3]
+    whole = [c for c in random_cases(2000, seed=11, family="eagle") if c.partial_tail_boundary is None]
+    assert len(whole) >= 200  # the whole-chunk EAGLE cases are drawn, and each has the chunk past T
+    assert all(c.num_offload_keys(0) * c.blocks_per_chunk * c.groups[0].config.tokens_per_block
+               >= c.num_cached_tokens + c.groups[0].config.tokens_per_block for c in whole)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases(family="eagle"))
+def test_eagle_cases_meet_every_premise_hypothesis(case):
+    assert not _premises_broken(case), case
+
+
 def test_fixed_and_fixed_sync_agree_without_sync_load():
     for case in random_cases(300, seed=3):
         if not case.sync_load:
