@@ -200,9 +200,27 @@ def test_real_trace_eagle_drafter_layouts(workers):
         assert ([2, "boundary", b + 16] in c["keys"] or [2, (b + 16) // 64 - 1] in c["keys"])
 
 
+def test_real_trace_scripted_tier(workers):
+    """0.33.0 with the scripted tier loaded by vLLM's spec factory (spec_name /
+    spec_module_path): lookups answered HIT_PENDING and RETRY, chunks a lookup confirmed
+    evicted before the request's next step; every check holds and loads still happen."""
+    env, w = workers("0.33.0")
+    summaries, findings = R.run_trace(env, ["full-scripted", "mamba-eagle-scripted"], 120, seed=1,
+                                      segment=60, worker=w)
+    assert findings == [], [f.key() for f in findings]
+    for s in summaries:
+        assert s.stats["requests"] == 120 and s.stats["loads"] > 0
+        assert min(s.stats["tier_pending"], s.stats["tier_retry"], s.stats["tier_evicted"]) > 0
+        assert s.agree + s.undriven == s.cases
+    plain, _ = R.run_trace(env, ["full"], 60, seed=1, segment=60, worker=w)
+    assert plain[0].stats["tier_pending"] == plain[0].stats["tier_evicted"] == 0  # off unless scripted
+
+
 @pytest.mark.parametrize("mutant,kinds", [
     ("dst_off_by_one", {"spec-disagreement", "lifecycle:load_into_foreign_block"}),
     ("lost_store", {"lifecycle:not_drained"}),
+    # a tier that evicts a chunk right after answering HIT for it (through the spec factory)
+    ("evict_at_lookup", {"lifecycle:load_key_not_confirmed", "vllm-exception"}),
 ])
 def test_real_trace_reports_a_planted_defect(mutant, kinds, workers):
     env, w = workers("0.33.0")

@@ -54,6 +54,13 @@ LAYOUTS = {
     "mamba-eagle-untagged": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1,
                              "prefix_match_unit": 16,
                              "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    # The scripted tier (ENGINE pending_p/retry_p/evict_p): vLLM's CPU tier loaded through
+    # the spec factory's out-of-tree path, answering HIT_PENDING/RETRY and evicting
+    # chunks a lookup just confirmed (worker._install_scripted_tier).
+    "full-scripted": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
+    "mamba-eagle-scripted": {"groups": [_g(FA, 64), _g(MAMBA, 64), _g(FA, 64, eagle=True)],
+                             "blocks_per_chunk": 1, "prefix_match_unit": 16,
+                             "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
     # Two GPU blocks per offloaded chunk.
     "bpc2": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 2},
 }
@@ -71,6 +78,9 @@ ENGINE = {
     "mamba528": dict(_BASE, num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
     "bpc2": dict(_BASE),
     "eagle": dict(_BASE),
+    "full-scripted": dict(_BASE, pending_p=0.05, retry_p=0.02, evict_p=0.1),
+    "mamba-eagle-scripted": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512,
+                                 pending_p=0.05, retry_p=0.02, evict_p=0.1),
     "mamba-eagle-untagged": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba-eagle": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512),
     "swa-sync": dict(_BASE, sync_load_budget_bytes=1 << 16),

@@ -28,7 +28,7 @@ from .workload import workload
 SCRIPT = Path(__file__).with_name("worker.py")
 JOB_TIMEOUT_S = 600
 STAT_KEYS = ("requests", "steps", "lookups", "loads", "partial_hits", "partial_tails", "stores",
-             "preemptions", "aborts", "drafts", "accepted")
+             "preemptions", "aborts", "drafts", "accepted", "tier_pending", "tier_retry", "tier_evicted")
 
 
 # Premises about whole-chunk hits, which a 0.33 partial-tail hit does not claim.
