@@ -155,6 +155,8 @@ class Release:
                 raise NotImplementedError
 
         ModelRegistry.register_model("LlamaForCausalLM", KvboundTraceModel)
+        # the EAGLE drafter a speculative config names (SpeculativeConfig inspects its class)
+        ModelRegistry.register_model("EagleLlamaForCausalLM", KvboundTraceModel)
 
     # -- one engine --------------------------------------------------------------------
     def build(self, lay, par):
@@ -181,7 +183,13 @@ class Release:
                               dtypes=(t,), mamba_cache_mode="align")
             else:
                 raise ValueError(kind)
-            groups.append(self.kci.KVCacheGroupSpec(["layer.%d" % gi], spec))
+            gs = self.kci.KVCacheGroupSpec(["layer.%d" % gi], spec)
+            if g.get("eagle"):  # the drafter's layers: vLLM's planner tags them (kv_cache_planning)
+                if not hasattr(gs, "is_eagle_group"):
+                    raise ValueError("vllm %s has no KVCacheGroupSpec.is_eagle_group (EAGLE layouts"
+                                     " need 0.33 or later)" % self.version)
+                gs.is_eagle_group = True
+            groups.append(gs)
             page_bytes.append(spec.page_size_bytes)
         nb = par["num_gpu_blocks"]
         kv_cache_config = _build(
@@ -213,7 +221,17 @@ class Release:
                            max_model_len=par.get("max_model_len", 8192),
                            enable_chunked_prefill=True, async_scheduling=bool(par.get("async")),
                            is_encoder_decoder=False)
+        spec_kw = {}
+        if lay.get("speculative"):
+            from vllm.config import SpeculativeConfig
+
+            sp = lay["speculative"]
+            spec_kw["speculative_config"] = SpeculativeConfig(
+                method=sp["method"], model=self.model_dir,
+                num_speculative_tokens=sp["num_speculative_tokens"],
+                target_model_config=model_config, target_parallel_config=ParallelConfig())
         vllm_config = VllmConfig(
+            **spec_kw,
             model_config=model_config, cache_config=cache_config, scheduler_config=sched_cfg,
             parallel_config=ParallelConfig(), device_config=DeviceConfig(device="cpu"),
             kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
@@ -313,7 +331,10 @@ class Engine:
         self.cases = []
         self.violations = []
         self.stats = dict(requests=0, steps=0, lookups=0, loads=0, partial_hits=0, partial_tails=0,
-                          stores=0, preemptions=0, aborts=0, failed_loads=0)
+                          stores=0, preemptions=0, aborts=0, failed_loads=0, drafts=0, accepted=0)
+        sp = lay.get("speculative")
+        self.num_spec = sp["num_speculative_tokens"] if sp else 0
+        self.accept_p = sp.get("accept_p", 0.7) if sp else 0.0
         self._wrap()
 
     # -- connector calls seen -----------------------------------------------------------
@@ -530,7 +551,16 @@ class Engine:
             if req is not None and req.num_computed_tokens >= req.num_tokens:
                 # async: this step's token is already counted as a placeholder
                 idx = req.num_output_tokens + max(0, getattr(req, "num_output_placeholders", 0) - 1)
-                sampled.append([out_tok(int(rid), idx)])
+                # speculative decoding: the drafts the fake model would have sampled are
+                # accepted up to the first wrong one, plus one bonus token
+                drafts = (getattr(so, "scheduled_spec_decode_tokens", None) or {}).get(rid, ())
+                toks = []
+                for d in drafts:
+                    if d != out_tok(int(rid), idx + len(toks)):
+                        break
+                    toks.append(d)
+                self.stats["accepted"] += len(toks)
+                sampled.append(toks + [out_tok(int(rid), idx + len(toks))])
             else:
                 sampled.append([])
         return self.rel.vout.ModelRunnerOutput(
@@ -580,7 +610,28 @@ class Engine:
                 continue  # idle until the next arrival
             so, mro = queue.pop()
             sched.update_from_output(so, mro)
+            if self.num_spec and not is_async:
+                self.propose_drafts(so)
         self.check_drained()
+
+    def propose_drafts(self, so):
+        """The drafter's proposals after a sync step (the engine core's
+        ``take_draft_token_ids`` -> ``update_draft_token_ids``): ``num_speculative_tokens``
+        per request that sampled, each right with probability ``accept_p``."""
+        ids, drafts = [], []
+        for rid in so.num_scheduled_tokens:
+            req = self.sched.requests.get(rid)
+            if req is None or req.is_finished() or req.num_computed_tokens < req.num_tokens - 1:
+                continue
+            d = []
+            for i in range(self.num_spec):
+                t = out_tok(int(rid), req.num_output_tokens + i)
+                d.append(t if self.rng.random() < self.accept_p else 1 + (t % 59999))
+            ids.append(rid)
+            drafts.append(d)
+            self.stats["drafts"] += len(d)
+        if ids:
+            self.sched.update_draft_token_ids(self.rel.vout.DraftTokenIds(req_ids=ids, draft_token_ids=drafts))
 
     def engine_busy(self):
         """The engine core's own loop condition (``has_requests``: unfinished requests,
