@@ -18,7 +18,7 @@ from pathlib import Path
 from kvbound.conform.compare import AGREE, DISAGREE, judge
 from kvbound.conform.prepare import ReleaseEnv
 from kvbound.conform.runner import Worker
-from kvbound.errors import KvboundError, WorkerError
+from kvbound.errors import TraceError, WorkerError
 from kvbound.proofs.premises import evaluate as evaluate_premises
 from kvbound.spec import case_from_dict
 
@@ -33,10 +33,6 @@ STAT_KEYS = ("requests", "steps", "lookups", "loads", "partial_hits", "partial_t
 
 # Premises about whole-chunk hits, which a 0.33 partial-tail hit does not claim.
 WHOLE_CHUNK_PREMISES = ("keys-cover-hit", "hit-a-chunk")
-
-
-class TraceError(KvboundError, RuntimeError):
-    """The harness (not vLLM) failed: the message says where (exit 2)."""
 
 
 class TraceWorker(Worker):
