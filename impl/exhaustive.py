@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from kvbound.errors import ScopeError
 from kvbound.spec import Case, GroupKind
 
 from .batch import KIND_CODES, STATE_H, STATE_N, STATE_U, PlanBatch, cases_from_batch, resolve_device
@@ -28,10 +29,6 @@ from .batch import KIND_CODES, STATE_H, STATE_N, STATE_U, PlanBatch, cases_from_
 _KIND_LETTERS = {"F": GroupKind.FULL_ATTENTION, "S": GroupKind.SLIDING_WINDOW, "C": GroupKind.CHUNKED_LOCAL,
                  "M": GroupKind.MAMBA}
 DEFAULT_SCOPE = "groups=1,len=4,b=4,bpc=1|2,step=2,prompt=-1|0,sync=0|1,kinds=FSCM"
-
-
-class ScopeError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,10 @@ class BatchError(InputError):
         super().__init__(f"PlanBatch.{field}: {rule}")
 
 
+class ScopeError(InputError):
+    """An ``kvbound diff --exhaustive`` scope that does not parse: which key, what was expected."""
+
+
 class ReportInputError(InputError):
     """A JSON file without the shape its report section reads: which file, where, what was expected."""
 
@@ -63,6 +67,14 @@ class PrepareError(KvboundError, RuntimeError):
 
 class WorkerError(KvboundError, RuntimeError):
     """A release's conformance worker could not start; the message says what to do."""
+
+
+class TraceError(KvboundError, RuntimeError):
+    """The trace harness (not vLLM) failed: the message says where."""
+
+
+class MutantError(KvboundError, RuntimeError):
+    """A spec mutant that cannot be applied to the current spec (its text is gone)."""
 
 
 class SolverUnknown(KvboundError):

@@ -169,6 +169,7 @@ class DiffRecord:
     saved: list  # corpus paths of the shrunk disagreements
     elapsed_s: float
     result: str  # "agree" | "disagreement" | "inconclusive"
+    mutants: dict | None = None  # --mutants: the impl mutation score (proofs.mutants.score)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -187,7 +188,7 @@ class DiffRecord:
             disagreements=[DiffDisagreement.from_json(x, f"{where}.disagreements[{i}]")
                            for i, x in enumerate(_list(d, "disagreements", where))],
             saved=_list(d, "saved", where), elapsed_s=need(d, "elapsed_s", where, _NUMBER),
-            result=need(d, "result", where, str))
+            result=need(d, "result", where, str), mutants=_optional(d, "mutants", where, _OPT_DICT, None))
 
 
 # --------------------------------------------------------------------------- conform

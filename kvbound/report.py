@@ -272,9 +272,13 @@ def diff_section(data) -> Section:
     rec = DiffRecord.from_json(data)
     where = "diff JSON"
     sec = Section("diff", "")
-    sec.failed = bool(rec.disagreements) or rec.result != "agree"
+    survivors = (rec.mutants or {}).get("survivors") or []
+    sec.failed = bool(rec.disagreements) or rec.result != "agree" or bool(survivors)
     sec.summary = (f"{len(rec.disagreements)} disagreement(s), {len(rec.inconclusive)} inconclusive over "
                    f"{rec.cases} cases (seed {rec.seed}, {rec.device}, against {', '.join(rec.against)}): {rec.result}")
+    if rec.mutants is not None:
+        sec.summary += (f"; impl mutation score {rec.mutants.get('killed')}/{rec.mutants.get('total')}"
+                        + (f", SURVIVED: {', '.join(survivors)}" if survivors else ""))
     figures = [("cases", rec.cases), ("seed", rec.seed), ("device", rec.device), ("against", ", ".join(rec.against)),
                ("spec checks per minute", rec.spec_checks_per_min), ("elapsed", f"{rec.elapsed_s:.1f} s"),
                ("result", rec.result)]

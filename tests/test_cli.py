@@ -70,8 +70,13 @@ def test_every_deliberate_error_is_a_kvbound_error_with_an_exit_code():
     import kvbound.spec
     from kvbound import errors
 
+    import kvbound.conform.mutants
+    import kvbound.impl.exhaustive
+    import kvbound.trace.runner
+
     for cls in (kvbound.spec.CaseError, kvbound.spec.UnsupportedVersion, kvbound.impl.BatchError,
                 kvbound.report.ReportInputError, kvbound.conform.prepare.PrepareError,
-                kvbound.conform.runner.WorkerError, errors.UsageError):
+                kvbound.conform.runner.WorkerError, errors.UsageError, kvbound.impl.exhaustive.ScopeError,
+                kvbound.trace.runner.TraceError, kvbound.conform.mutants.MutantError, errors.SolverUnknown):
         assert issubclass(cls, errors.KvboundError) and cls.__module__ == "kvbound.errors", cls
         assert cls.exit_code == errors.EXIT_INPUT

@@ -81,6 +81,19 @@ def test_check_result_reports_disagreement_premise_lifecycle_and_exception():
             "premise:computed-hashed"} <= kinds
 
 
+def test_a_chunk_aligned_boundary_key_is_that_chunks_key():
+    """An EAGLE group's partial-tail proof key at 192 tokens (block 64) is the hash of the
+    first 192 tokens: chunk 2's key. Names that differ only so are one key; others are not."""
+    case = {"blocks_per_chunk": 1, "groups": [{"tokens_per_block": 64}] * 3}
+    assert R.same_keys(case, [[0, "boundary", 176], [2, 2]], [[0, "boundary", 176], [2, "boundary", 192]])
+    assert not R.same_keys(case, [[2, 1]], [[2, "boundary", 192]])
+    assert not R.same_keys(case, [[2, 2]], [[2, "boundary", 176]])
+    assert not R.same_keys(case, [[2, 2]], [[2, 2], [2, 3]])
+    real = {"dst_block_ids": [30], "group_sizes": [1], "block_indices": [2], "keys": [[0, 2]]}
+    res = _res(GOOD, **dict(real, keys=[[0, 1]]))  # GOOD's keys are chunks 2 and 3: a real disagreement
+    assert [f.kind for f in R.check_result("0.33.0", "full", JOB, res)[0]] == ["spec-disagreement"]
+
+
 def test_setup_error_is_a_harness_error_not_a_finding():
     with pytest.raises(R.TraceError, match="could not be built"):
         R.check_result("0.33.0", "full", JOB, {"ok": False, "setup_error": "TypeError: x"})
@@ -162,9 +175,52 @@ def test_real_trace_is_clean_and_loads(version, workers):
     assert sum(s.stats["partial_hits"] for s in summaries) > 0
 
 
+def test_real_trace_eagle_drafter_layouts(workers):
+    """0.33.0 with an EAGLE drafter group (is_eagle_group, a speculative config): the fake
+    drafter's tokens are scheduled and accepted, and on the Mamba hybrid partial tails
+    load the drafter group at its proof margin; every check holds."""
+    env, w = workers("0.33.0")
+    summaries, findings = R.run_trace(env, ["eagle", "mamba-eagle", "mamba-eagle-untagged"], 120, seed=1,
+                                      segment=60, worker=w)
+    assert findings == [], [f.key() for f in findings]
+    by = {s.layout: s for s in summaries}
+    for s in summaries:
+        assert s.stats["requests"] == 120 and s.stats["loads"] > 0
+        assert 0 < s.stats["accepted"] < s.stats["drafts"]
+        assert s.agree + s.undriven == s.cases
+    assert by["mamba-eagle"].stats["partial_tails"] > 0
+    # the drafter group (2) of a partial tail is loaded by its proof key, past the boundary
+    job = R.make_job("mamba-eagle", (1, "sync"), 120, 0, "sync")
+    res = w.job(job)
+    tails = [c for c in res["cases"] if c["partial_tail_boundary"] is not None and c.get("keys")]
+    assert tails
+    for c in tails:
+        b = c["partial_tail_boundary"]
+        assert [0, "boundary", b] in c["keys"] and [1, "boundary", b] in c["keys"]
+        assert ([2, "boundary", b + 16] in c["keys"] or [2, (b + 16) // 64 - 1] in c["keys"])
+
+
+def test_real_trace_scripted_tier(workers):
+    """0.33.0 with the scripted tier loaded by vLLM's spec factory (spec_name /
+    spec_module_path): lookups answered HIT_PENDING and RETRY, chunks a lookup confirmed
+    evicted before the request's next step; every check holds and loads still happen."""
+    env, w = workers("0.33.0")
+    summaries, findings = R.run_trace(env, ["full-scripted", "mamba-eagle-scripted"], 120, seed=1,
+                                      segment=60, worker=w)
+    assert findings == [], [f.key() for f in findings]
+    for s in summaries:
+        assert s.stats["requests"] == 120 and s.stats["loads"] > 0
+        assert min(s.stats["tier_pending"], s.stats["tier_retry"], s.stats["tier_evicted"]) > 0
+        assert s.agree + s.undriven == s.cases
+    plain, _ = R.run_trace(env, ["full"], 60, seed=1, segment=60, worker=w)
+    assert plain[0].stats["tier_pending"] == plain[0].stats["tier_evicted"] == 0  # off unless scripted
+
+
 @pytest.mark.parametrize("mutant,kinds", [
     ("dst_off_by_one", {"spec-disagreement", "lifecycle:load_into_foreign_block"}),
     ("lost_store", {"lifecycle:not_drained"}),
+    # a tier that evicts a chunk right after answering HIT for it (through the spec factory)
+    ("evict_at_lookup", {"lifecycle:load_key_not_confirmed", "vllm-exception"}),
 ])
 def test_real_trace_reports_a_planted_defect(mutant, kinds, workers):
     env, w = workers("0.33.0")

@@ -20,7 +20,7 @@ from pathlib import Path
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
 from kvbound.records import DiffDisagreement, DiffRecord
 from kvbound.draw import draw_case
-from kvbound.spec import GroupKind, case_to_dict, dump_cases, load_case_paths
+from kvbound.spec import AssertName, GroupKind, case_to_dict, dump_cases, load_case_paths
 from kvbound.spec.strategies import ALL_FAMILIES, FAMILIES, family_of, random_cases
 from kvbound.spec.verdicts import PLAN_CHECK_VERDICTS, Verdict
 
@@ -242,9 +242,7 @@ def run(args) -> int:
         print(f"saved shrunk case: {path}")
     if args.json:
         report = _json_report(args, stats, variants, against, sym, unknowns, kinds_per_family, elapsed, timings, saved,
-                              workers, scope)
-        if mutation is not None:
-            report["mutants"] = mutation
+                              workers, scope, mutation)
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     if stats.disagreements or (mutation is not None and mutation["survivors"]):
         return EXIT_FAIL
@@ -329,8 +327,7 @@ def _save_shrunk(disagreements, corpus: Path, limit: int = 10) -> list:
 
 
 def _outcome_cols(variants):
-    return ["ok", "table_length", "boundary", "alignment", "window_bound", "keys_length", "partial_tail",
-            "unsupported"]
+    return ["ok", *(name.value for name in AssertName), "unsupported"]
 
 
 def _print_report(args, stats, variants, against, sym, unknowns, fams, elapsed, timings, workers) -> None:
@@ -405,7 +402,7 @@ def _draw_disagreement(d) -> None:
 
 
 def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, timings, saved, workers,
-                 scope) -> dict:
+                 scope, mutation=None) -> dict:
     n_checks = sum(stats.checks.values())
     t_spec = timings.wall if timings else 0.0
     return DiffRecord(
@@ -445,4 +442,5 @@ def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t
         saved=saved,
         elapsed_s=round(elapsed, 3),
         result="disagreement" if stats.disagreements else ("inconclusive" if unknowns else "agree"),
+        mutants=mutation,
     ).to_json()

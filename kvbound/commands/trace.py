@@ -41,7 +41,8 @@ def register(sub):
                    help="Scheduler, AsyncScheduler, or alternate segments (default)")
     p.add_argument("--engine", action="append", default=[], metavar="K=V",
                    help="override an engine setting of every layout (num_gpu_blocks, cpu_chunks, max_num_seqs,"
-                        " max_num_batched_tokens, max_delay, abort_p), e.g. --engine abort_p=0")
+                        " max_num_batched_tokens, max_delay, abort_p; pending_p, retry_p, evict_p script"
+                        " the offload tier: see docs/trace.md), e.g. --engine abort_p=0")
     p.add_argument("--stop-on-first", action="store_true", help="stop a layout at its first finding")
     p.add_argument("--no-shrink", action="store_true", help="save findings unshrunk")
     p.add_argument("--shrink-budget", type=int, default=150, metavar="R", help="reruns per shrink")
@@ -71,7 +72,7 @@ def _env(args) -> ReleaseEnv:
 
 
 ENGINE_KEYS = {"num_gpu_blocks": int, "cpu_chunks": int, "max_num_seqs": int, "max_num_batched_tokens": int,
-               "max_delay": int, "abort_p": float}
+               "max_delay": int, "abort_p": float, "pending_p": float, "retry_p": float, "evict_p": float}
 
 
 def _overrides(items) -> dict:

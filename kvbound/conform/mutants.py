@@ -23,14 +23,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FunctionType
 
-from kvbound.errors import KvboundError
+from kvbound.errors import MutantError
 from kvbound.proofs.mutants import BY_NAME as CATALOGUE
 from kvbound.proofs.mutants import applicable
 from kvbound.proofs.mutants import score as catalogue_score
-
-
-class MutantError(KvboundError, RuntimeError):
-    """A mutant that cannot be applied to the current spec (its text is gone): exit 2."""
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,30 @@ LAYOUTS = {
     "swa-sync": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=128)], "blocks_per_chunk": 1},
     "mamba-sync": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1, "prefix_match_unit": 16},
     "mamba-block-sync": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1},
+    # 0.33+: an EAGLE drafter's attention layers in their own group (vLLM's planner
+    # sets KVCacheGroupSpec.is_eagle_group; the connector then drops the group's
+    # volatile trailing chunk and, with partial tails, keys it at a proof margin).
+    # Sync scheduling: the fake drafter proposes num_speculative_tokens per step.
+    "eagle": {"groups": [_g(FA, 16), _g(FA, 16, eagle=True)], "blocks_per_chunk": 1,
+              "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    # A hybrid Mamba model with an MTP-style attention drafter (Qwen3-Next shape):
+    # tokens_per_hash 16 < block 64, so partial tails carry EAGLE proof margins.
+    "mamba-eagle": {"groups": [_g(FA, 64), _g(MAMBA, 64), _g(FA, 64, eagle=True)], "blocks_per_chunk": 1,
+                    "prefix_match_unit": 16, "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    # Speculative decoding on but no group tagged as the drafter's (a KV-sharing drafter,
+    # or a runner that does not tag draft layers): the connector then treats every group
+    # as non-draft (0.33 offloading/scheduler.py:218-232, the fix of #52735) while the
+    # core coordinator drops the last block of every group (kv_cache_coordinator.py:133-134).
+    "mamba-eagle-untagged": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1,
+                             "prefix_match_unit": 16,
+                             "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    # The scripted tier (ENGINE pending_p/retry_p/evict_p): vLLM's CPU tier loaded through
+    # the spec factory's out-of-tree path, answering HIT_PENDING/RETRY and evicting
+    # chunks a lookup just confirmed (worker._install_scripted_tier).
+    "full-scripted": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
+    "mamba-eagle-scripted": {"groups": [_g(FA, 64), _g(MAMBA, 64), _g(FA, 64, eagle=True)],
+                             "blocks_per_chunk": 1, "prefix_match_unit": 16,
+                             "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
     # Two GPU blocks per offloaded chunk.
     "bpc2": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 2},
 }
@@ -53,6 +77,12 @@ ENGINE = {
     "mamba-block": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba528": dict(_BASE, num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
     "bpc2": dict(_BASE),
+    "eagle": dict(_BASE),
+    "full-scripted": dict(_BASE, pending_p=0.05, retry_p=0.02, evict_p=0.1),
+    "mamba-eagle-scripted": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512,
+                                 pending_p=0.05, retry_p=0.02, evict_p=0.1),
+    "mamba-eagle-untagged": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
+    "mamba-eagle": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512),
     "swa-sync": dict(_BASE, sync_load_budget_bytes=1 << 16),
     "mamba-block-sync": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512,
                              sync_load_budget_bytes=1 << 18),

@@ -155,6 +155,8 @@ class Release:
                 raise NotImplementedError
 
         ModelRegistry.register_model("LlamaForCausalLM", KvboundTraceModel)
+        # the EAGLE drafter a speculative config names (SpeculativeConfig inspects its class)
+        ModelRegistry.register_model("EagleLlamaForCausalLM", KvboundTraceModel)
 
     # -- one engine --------------------------------------------------------------------
     def build(self, lay, par):
@@ -181,7 +183,13 @@ class Release:
                               dtypes=(t,), mamba_cache_mode="align")
             else:
                 raise ValueError(kind)
-            groups.append(self.kci.KVCacheGroupSpec(["layer.%d" % gi], spec))
+            gs = self.kci.KVCacheGroupSpec(["layer.%d" % gi], spec)
+            if g.get("eagle"):  # the drafter's layers: vLLM's planner tags them (kv_cache_planning)
+                if not hasattr(gs, "is_eagle_group"):
+                    raise ValueError("vllm %s has no KVCacheGroupSpec.is_eagle_group (EAGLE layouts"
+                                     " need 0.33 or later)" % self.version)
+                gs.is_eagle_group = True
+            groups.append(gs)
             page_bytes.append(spec.page_size_bytes)
         nb = par["num_gpu_blocks"]
         kv_cache_config = _build(
@@ -198,6 +206,13 @@ class Release:
                  + 4096 * 64, "blocks_per_chunk": lay.get("blocks_per_chunk", 1)}
         if par.get("sync_load_budget_bytes"):
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
+        script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p") if par.get(k)}
+        if par.get("mutant") == "evict_at_lookup":  # planted: the tier evicts what it just answered HIT
+            script["evict_at_lookup"] = True
+        if script:  # the scripted tier, through vLLM's spec factory (out-of-tree path)
+            _install_scripted_tier(self.obase)
+            extra.update(spec_name="KvboundScriptedSpec", spec_module_path=TIER_MODULE,
+                         kvbound_script=dict(script, seed=par.get("seed", 0)))
         model_config = ModelConfig(model=self.model_dir, tokenizer=self.model_dir, skip_tokenizer_init=True,
                                    max_model_len=par.get("max_model_len", 8192), dtype="float32",
                                    enforce_eager=True)
@@ -213,7 +228,17 @@ class Release:
                            max_model_len=par.get("max_model_len", 8192),
                            enable_chunked_prefill=True, async_scheduling=bool(par.get("async")),
                            is_encoder_decoder=False)
+        spec_kw = {}
+        if lay.get("speculative"):
+            from vllm.config import SpeculativeConfig
+
+            sp = lay["speculative"]
+            spec_kw["speculative_config"] = SpeculativeConfig(
+                method=sp["method"], model=self.model_dir,
+                num_speculative_tokens=sp["num_speculative_tokens"],
+                target_model_config=model_config, target_parallel_config=ParallelConfig())
         vllm_config = VllmConfig(
+            **spec_kw,
             model_config=model_config, cache_config=cache_config, scheduler_config=sched_cfg,
             parallel_config=ParallelConfig(), device_config=DeviceConfig(device="cpu"),
             kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
@@ -254,6 +279,94 @@ def _build(cls, **kw):
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in kw.items() if k in names}
     return cls(**kw)
+
+
+TIER_MODULE = "kvbound_trace_tier"
+
+
+def _install_scripted_tier(obase):
+    """An out-of-tree offload tier for vLLM's spec factory (``kv_connector_extra_config``
+    ``spec_name``/``spec_module_path``, ``v1/kv_offload/factory.py``): vLLM's own CPU tier
+    with a script (extra config ``kvbound_script``) that makes it adversarial:
+    ``pending_p``: a lookup that would HIT answers HIT_PENDING once (not yet readable),
+    ``retry_p``: ... answers RETRY once (location unknown), and ``evict_p``: at each
+    schedule end, every idle ready chunk some lookup answered HIT in that step is evicted
+    with this probability (between a lookup and a later ``prepare_load``)."""
+    if TIER_MODULE in sys.modules:
+        return
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    LR = obase.LookupResult
+
+    class KvboundScriptedSpec(CPUOffloadingSpec):
+        def get_manager(self):
+            m = super().get_manager()
+            if not getattr(m, "_kvbound_script", None):
+                _script_manager(m, dict(self.extra_config.get("kvbound_script") or {}), LR)
+            return m
+
+    mod = types.ModuleType(TIER_MODULE)
+    mod.KvboundScriptedSpec = KvboundScriptedSpec
+    sys.modules[TIER_MODULE] = mod
+
+
+def _script_manager(m, script, LR):
+    rng = random.Random(script.get("seed", 0))
+    pending_p, retry_p, evict_p = (float(script.get(k, 0.0)) for k in ("pending_p", "retry_p", "evict_p"))
+    m._kvbound_script = script
+    m.kvbound_evicted = []  # keys the script evicted, in order (the harness reads them)
+    m.kvbound_counts = {"pending": 0, "retry": 0, "evicted": 0}
+    delayed = set()  # (request id, key) answered PENDING/RETRY once already
+    hit_now = []
+    orig_lookup, orig_end = m.lookup, m.on_schedule_end
+
+    def evict(keys):
+        evicted = []
+        for key in dict.fromkeys(keys):
+            chunk = m._policy.get(key)
+            if chunk is None or not chunk.is_ready or chunk.ref_cnt != 0:
+                continue
+            m._policy.remove(key)
+            m._num_evictable_cache_chunks -= 1
+            m._free_chunk(chunk)
+            evicted.append(key)
+        if evicted:
+            m.kvbound_evicted.extend(evicted)
+            m.kvbound_counts["evicted"] += len(evicted)
+            if m.events is not None:
+                m.events.append(_evict_event(m, evicted))
+
+    def lookup(key, req_context):
+        r = orig_lookup(key, req_context)
+        if r is LR.HIT:
+            hit_now.append(key)
+            tag = (getattr(req_context, "req_id", None), key)
+            if tag not in delayed:
+                x = rng.random()
+                if script.get("evict_at_lookup"):  # tests only: a tier that breaks its contract
+                    evict([key])
+                if x < pending_p:
+                    delayed.add(tag)
+                    m.kvbound_counts["pending"] += 1
+                    return LR.HIT_PENDING
+                if x < pending_p + retry_p:
+                    delayed.add(tag)
+                    m.kvbound_counts["retry"] += 1
+                    return LR.RETRY
+        return r
+
+    def on_schedule_end(context):
+        orig_end(context)
+        evict([key for key in hit_now if rng.random() < evict_p])
+        del hit_now[:]
+
+    m.lookup, m.on_schedule_end = lookup, on_schedule_end
+
+
+def _evict_event(m, keys):
+    from vllm.v1.kv_offload.base import OffloadingEvent
+
+    return OffloadingEvent(keys=keys, medium=m.medium, removed=True)
 
 
 def _fake_worker_class(obase):
@@ -313,7 +426,10 @@ class Engine:
         self.cases = []
         self.violations = []
         self.stats = dict(requests=0, steps=0, lookups=0, loads=0, partial_hits=0, partial_tails=0,
-                          stores=0, preemptions=0, aborts=0, failed_loads=0)
+                          stores=0, preemptions=0, aborts=0, failed_loads=0, drafts=0, accepted=0)
+        sp = lay.get("speculative")
+        self.num_spec = sp["num_speculative_tokens"] if sp else 0
+        self.accept_p = sp.get("accept_p", 0.7) if sp else 0.0
         self._wrap()
 
     # -- connector calls seen -----------------------------------------------------------
@@ -386,7 +502,13 @@ class Engine:
             ctx = a[0] if a else k.get("req_context")
             return getattr(ctx, "req_id", None)
 
+        def sync_evictions():  # the scripted tier's evictions (read at every tier call)
+            ev = getattr(mgr, "kvbound_evicted", ())
+            eng.forget(ev[eng.evictions_seen:])
+            eng.evictions_seen = len(ev)
+
         def lookup(key, *a, **k):
+            sync_evictions()
             r = orig_mgr_lookup(key, *a, **k)
             if r == hit:
                 eng.confirmed.setdefault(_rid(a, k), set()).add(key)
@@ -394,12 +516,14 @@ class Engine:
 
         def prepare_load(keys, *a, **k):
             keys = list(keys)
+            sync_evictions()
             eng.loaded_keys.append(keys)
             rid = _rid(a, k)
             unconfirmed = [x for x in keys if x not in eng.confirmed.get(rid, ())]
             if unconfirmed:
                 eng.violate("load_key_not_confirmed", rid, "%d of %d keys passed to prepare_load were"
-                            " not answered HIT by this request's lookup" % (len(unconfirmed), len(keys)))
+                            " not answered HIT by this request's lookup, or were evicted since"
+                            % (len(unconfirmed), len(keys)))
             return orig_prepare_load(keys, *a, **k)
 
         # Every allocation takes no more blocks from the pool than the admission check
@@ -435,9 +559,27 @@ class Engine:
         cs.update_state_after_alloc = update_state_after_alloc
         mgr.prepare_load = prepare_load
         mgr.lookup = lookup
-        self.confirmed = {}  # request id -> keys the tier answered HIT
+        self.confirmed = {}  # request id -> keys the tier answered HIT (and not evicted since)
+        policy = getattr(mgr, "_policy", None)  # vLLM's CPU tier: its own LRU evictions too
+        if policy is not None and hasattr(policy, "evict"):
+            orig_evict = policy.evict
+
+            def evict(*a, **k):
+                out = orig_evict(*a, **k)
+                eng.forget([key for key, _ in out or ()])
+                return out
+            policy.evict = evict
+        self.evictions_seen = 0
         self.last_lookup = {}
         self.loaded_keys = []
+
+    def forget(self, keys):
+        """Evicted keys are no longer confirmed for any request: a later prepare_load of
+        one without a new HIT is a load of an evicted key."""
+        if keys:
+            gone = set(keys)
+            for s in self.confirmed.values():
+                s -= gone
 
     def call_context(self, request):
         """What the lookup answered for this request, beside the captured case."""
@@ -530,7 +672,16 @@ class Engine:
             if req is not None and req.num_computed_tokens >= req.num_tokens:
                 # async: this step's token is already counted as a placeholder
                 idx = req.num_output_tokens + max(0, getattr(req, "num_output_placeholders", 0) - 1)
-                sampled.append([out_tok(int(rid), idx)])
+                # speculative decoding: the drafts the fake model would have sampled are
+                # accepted up to the first wrong one, plus one bonus token
+                drafts = (getattr(so, "scheduled_spec_decode_tokens", None) or {}).get(rid, ())
+                toks = []
+                for d in drafts:
+                    if d != out_tok(int(rid), idx + len(toks)):
+                        break
+                    toks.append(d)
+                self.stats["accepted"] += len(toks)
+                sampled.append(toks + [out_tok(int(rid), idx + len(toks))])
             else:
                 sampled.append([])
         return self.rel.vout.ModelRunnerOutput(
@@ -580,7 +731,28 @@ class Engine:
                 continue  # idle until the next arrival
             so, mro = queue.pop()
             sched.update_from_output(so, mro)
+            if self.num_spec and not is_async:
+                self.propose_drafts(so)
         self.check_drained()
+
+    def propose_drafts(self, so):
+        """The drafter's proposals after a sync step (the engine core's
+        ``take_draft_token_ids`` -> ``update_draft_token_ids``): ``num_speculative_tokens``
+        per request that sampled, each right with probability ``accept_p``."""
+        ids, drafts = [], []
+        for rid in so.num_scheduled_tokens:
+            req = self.sched.requests.get(rid)
+            if req is None or req.is_finished() or req.num_computed_tokens < req.num_tokens - 1:
+                continue
+            d = []
+            for i in range(self.num_spec):
+                t = out_tok(int(rid), req.num_output_tokens + i)
+                d.append(t if self.rng.random() < self.accept_p else 1 + (t % 59999))
+            ids.append(rid)
+            drafts.append(d)
+            self.stats["drafts"] += len(d)
+        if ids:
+            self.sched.update_draft_token_ids(self.rel.vout.DraftTokenIds(req_ids=ids, draft_token_ids=drafts))
 
     def engine_busy(self):
         """The engine core's own loop condition (``has_requests``: unfinished requests,
@@ -615,6 +787,9 @@ def run_job(rel, job):
     except Exception as e:  # noqa: BLE001 - an exception inside vLLM is a finding
         res = {"ok": False, "error": "%s: %s" % (type(e).__name__, e), "assert_site": rel.assert_site(e),
                "traceback": traceback.format_exc()[-4000:], "step": eng.step_no}
+    counts = getattr(eng.csched.manager, "kvbound_counts", None)
+    if counts:
+        eng.stats.update(("tier_" + k, v) for k, v in counts.items())
     res.update(stats=eng.stats, cases=eng.cases, violations=eng.violations,
                seconds=time.monotonic() - t0, cpu_seconds=time.process_time() - c0)
     return res
