@@ -9,7 +9,6 @@ as case files.
 from __future__ import annotations
 
 import gc
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -439,27 +438,11 @@ def _v2_case_fields(t: dict, j: int) -> dict:
                 decode_context_parallel_size=t["decode_context_parallel_size"][j])
 
 
-@contextmanager
-def _rows_trusted():
-    """``Case`` built without its per-block re-validation (``validate_case`` a no-op for
-    the block): the derived fields still come from ``Case`` itself. Only for rows a
-    generator built by the rules or a batch whose cases were validated before (the
-    tests put every generator's rows through the validating constructor); it halves
-    the spec side's cost in a million-case run."""
-    from kvbound.spec import cases as spec_cases
-
-    real = spec_cases.validate_case
-    spec_cases.validate_case = lambda case: None
-    try:
-        yield
-    finally:
-        spec_cases.validate_case = real
-
-
 def cases_from_batch(batch: PlanBatch, rows=None, validate: bool = True) -> list[Case]:
     """Back to spec ``Case``s, e.g. to run the spec or save case files. ``validate``
     checks the tensors and has ``Case`` validate every case; ``validate=False`` is for
-    trusted rows (``_rows_trusted``)."""
+    trusted rows (``Case.trusted``: generator rows, validated cases); it halves the spec
+    side's cost in a million-case run."""
     if validate:
         batch.check_values()
     R = batch.shape[0]
@@ -474,14 +457,13 @@ def cases_from_batch(batch: PlanBatch, rows=None, validate: bool = True) -> list
     gc_was = gc.isenabled()
     gc.disable()  # many small objects, none cyclic: the collector would only rescan them
     try:
-        with nullcontext() if validate else _rows_trusted():
-            return _build_cases(batch, rows, t, blocks_flat)
+        return _build_cases(batch, rows, t, blocks_flat, Case if validate else Case.trusted)
     finally:
         if gc_was:
             gc.enable()
 
 
-def _build_cases(batch, rows, t, blocks_flat) -> list:
+def _build_cases(batch, rows, t, blocks_flat, make_case) -> list:
     out = []
     at = 0
     for j, r in enumerate(rows):
@@ -495,7 +477,7 @@ def _build_cases(batch, rows, t, blocks_flat) -> list:
                                 tuple(blocks_flat[at:at + n])))
             at += n
         at += sum(lengths[t["num_groups"][j]:])  # padded groups hold no slots, but count them if they did
-        out.append(Case(
+        out.append(make_case(
             name=batch.names[r] if batch.names else f"batch-{r}",
             blocks_per_chunk=t["blocks_per_chunk"][j],
             tokens_per_hash=t["tokens_per_hash"][j],

@@ -145,6 +145,23 @@ def test_packed_states_give_the_same_plans_as_the_bytes():
         dataclasses.replace(b, slot_words=pack_states(b.state)[:, :1])
 
 
+def test_trusted_case_views_skip_only_the_revalidation():
+    """``cases_from_batch(validate=False)`` builds with ``Case.trusted``: the same cases,
+    and only inside that call is ``validate_case`` skipped (an invalid case still raises after)."""
+    import dataclasses
+
+    from kvbound.spec import Case, CaseError
+
+    cs = list(random_cases(100, seed=7))
+    b = batch_from_cases(cs)
+    assert cases_from_batch(b, validate=False) == cs == cases_from_batch(b)
+    fields = {f.name: getattr(cs[0], f.name) for f in dataclasses.fields(Case)}
+    bad = dict(fields, blocks_per_chunk=0)
+    assert Case.trusted(**bad).blocks_per_chunk == 0
+    with pytest.raises(CaseError, match="blocks_per_chunk"):
+        Case(**bad)
+
+
 def test_bad_tensors_are_named():
     b = batch_from_cases(list(random_cases(4, seed=1)))
     with pytest.raises(BatchError, match="PlanBatch.block_id: must have shape"):
