@@ -27,7 +27,57 @@ KIND_FULL, KIND_SLIDING, KIND_CHUNKED, KIND_MAMBA = (
 _STATES = tuple(BlockState)
 _KINDS = tuple(GroupKind)
 
+# --- block states packed into bit words ------------------------------------------
 
+SLOT_WORD = 56  # slots per packed word: 7 octets, so a sentinel bit 56 still converts to float64 exactly
+_BYTES_TO_BITS = 0x0102040810204080  # x * this >> 56: the low bits of 8 bytes (0/1 each) as 8 bits
+PLANE_UNHASHED, PLANE_NONNULL = 0, 1  # the two bit planes of ``PlanBatch.slot_words``
+
+
+def pack_slots(bits: torch.Tensor) -> torch.Tensor:
+    """[C, L] uint8 0/1 -> [W, C] int64 words, W = ceil(L/56), bit i of word w = slot 56w + i.
+
+    Each 8 slots are read as one int64 (one byte each) and multiplied by a magic
+    constant that gathers their low bits into its top byte; those bytes, 7 to a
+    little-endian word, are the word's bits. Words lead so the minimum over them is
+    plane-wise; tables up to 56 blocks take one word (and one pass over the slots).
+    """
+    C, L = bits.shape
+    if L % 8:
+        bits = torch.cat([bits, bits.new_zeros((C, -L % 8))], dim=-1)
+    n_oct = bits.shape[1] // 8
+    per_word = SLOT_WORD // 8
+    W = -(-n_oct // per_word)
+    if C == 0 or n_oct == 0:
+        return torch.zeros((max(W, 1), C), dtype=torch.int64, device=bits.device)
+    top = (bits.contiguous().view(torch.int64) * _BYTES_TO_BITS).view(torch.uint8).view(C, n_oct, 8)[:, :, 7]
+    out = torch.zeros((C, W, 8), dtype=torch.uint8, device=bits.device)  # byte 7 stays 0: the sentinel's
+    if n_oct % per_word:
+        top = torch.cat([top, top.new_zeros((C, W * per_word - n_oct))], 1)
+    out[:, :, :per_word] = top.view(C, W, per_word)
+    words = out.view(torch.int64).view(C, W)
+    return words.t().contiguous() if W > 1 else words.view(1, C)
+
+
+def num_slot_words(L: int) -> int:
+    return max(1, -(-L // SLOT_WORD))
+
+
+def pack_states(state: torch.Tensor) -> torch.Tensor:
+    """[R, G, L] state codes -> [R, G, 2, W] int64: plane PLANE_UNHASHED holds the U
+    blocks (bit 1 of the code: N=0, H=1, U=2), plane PLANE_NONNULL the non-null ones."""
+    R, G, L = state.shape
+    flat = state.reshape(R * G, L)
+    planes = [pack_slots(flat >> 1), pack_slots((flat + 1) >> 1)]  # each [W, R*G]
+    return torch.stack(planes, 0).permute(2, 0, 1).reshape(R, G, 2, num_slot_words(L)).contiguous()
+
+
+def unpack_states(words: torch.Tensor, L: int) -> torch.Tensor:
+    """[n, 2, W] packed words -> [n, L] uint8 state codes (U = unhashed + non-null = 2)."""
+    slot = torch.arange(L, device=words.device)
+    w, bit = slot // SLOT_WORD, slot % SLOT_WORD
+    bits = (words[:, :, w] >> bit) & 1  # [n, 2, L]
+    return (bits[:, PLANE_UNHASHED] + bits[:, PLANE_NONNULL]).to(torch.uint8)
 
 
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -96,6 +146,10 @@ class PlanBatch:
     mamba_cache_mode: torch.Tensor | None = None
     offloaded: torch.Tensor | None = None
     names: list | None = field(default=None, compare=False)
+    # optional [R, G, 2, W] int64: ``state`` already packed (``pack_states``), as the
+    # generators and ``batch_from_cases`` write it; the impl then gathers 16 bytes per
+    # group instead of L and packs nothing. ``check_values`` checks it equals ``state``.
+    slot_words: torch.Tensor | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.state, torch.Tensor) and self.state.dim() == 3:
@@ -151,6 +205,13 @@ class PlanBatch:
                 raise BatchError(name, f"is on {t.device} but state is on {self.state.device}; put the batch on one device")
         if self.names is not None and len(self.names) != R:
             raise BatchError("names", f"must name all {R} requests, got {len(self.names)}")
+        if self.slot_words is not None:
+            want_words = (R, G, 2, num_slot_words(L))
+            if (not isinstance(self.slot_words, torch.Tensor) or tuple(self.slot_words.shape) != want_words
+                    or self.slot_words.dtype != torch.int64 or self.slot_words.device != self.state.device):
+                got = tuple(self.slot_words.shape) if isinstance(self.slot_words, torch.Tensor) else type(self.slot_words).__name__
+                raise BatchError("slot_words", f"must be an int64 tensor {list(want_words)} on the state's device "
+                                 f"(pack_states(state)), got {got}")
 
     def check_values(self) -> None:
         """The rules ``Case`` enforces that the arithmetic relies on (positive sizes,
@@ -198,6 +259,11 @@ class PlanBatch:
             "codes are None=0, align=1, all=2, none=3, on mamba groups only")
         bad("offloaded", ((valid & self.offloaded).sum(1) == 0).unsqueeze(1).expand(R, G),
             "at least one group of every request must be offloaded")
+        if self.slot_words is not None:
+            differs = (self.slot_words != pack_states(self.state)).flatten(2).any(2)
+            if bool(differs.any()):
+                where = [int(i) for i in differs.nonzero()[0]]
+                raise BatchError("slot_words", f"must equal pack_states(state); first difference at [request, group] {where}")
 
     @property
     def uses_v2(self) -> bool:
@@ -209,10 +275,12 @@ class PlanBatch:
     def rows(self, start: int, stop: int) -> "PlanBatch":
         """Requests ``start`` .. ``stop`` (views, no copy)."""
         return PlanBatch(**{k: v[start:stop] for k, v in self.tensors().items()},
-                         names=self.names[start:stop] if self.names else None)
+                         names=self.names[start:stop] if self.names else None,
+                         slot_words=None if self.slot_words is None else self.slot_words[start:stop])
 
     def to(self, device) -> "PlanBatch":
-        return PlanBatch(**{k: v.to(device) for k, v in self.tensors().items()}, names=self.names)
+        return PlanBatch(**{k: v.to(device) for k, v in self.tensors().items()}, names=self.names,
+                         slot_words=None if self.slot_words is None else self.slot_words.to(device))
 
 
 def concat_batches(batches) -> PlanBatch:
@@ -236,7 +304,12 @@ def concat_batches(batches) -> PlanBatch:
             parts.append(t)
         out[name] = torch.cat(parts, 0)
     names = None if any(b.names is None for b in batches) else [n for b in batches for n in b.names]
-    return PlanBatch(**out, names=names)
+    words = None
+    if all(b.slot_words is not None for b in batches):  # padded groups and words are null slots: zeros
+        W = num_slot_words(L)
+        words = torch.cat([torch.nn.functional.pad(b.slot_words, (0, W - b.slot_words.shape[3], 0, 0, 0, G - b.shape[1]))
+                           for b in batches], 0)
+    return PlanBatch(**out, names=names, slot_words=words)
 
 
 def resolve_device(device=None) -> torch.device:
@@ -302,8 +375,10 @@ def batch_from_cases(cases, device=None, slots: int | None = None, groups: int |
     def per_group(values, dtype):
         return torch.tensor(values, dtype=dtype).view(R, G).to(dev)
 
+    state = state.view(R, G, L).to(dev)
     return PlanBatch(
-        state=state.view(R, G, L).to(dev),
+        state=state,
+        slot_words=pack_states(state),
         block_id=block_id.view(R, G, L).to(dev),
         table_length=table_length.to(dev),
         num_groups=torch.tensor([len(c.groups) for c in cases], dtype=torch.int64, device=dev),

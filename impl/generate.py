@@ -34,7 +34,7 @@ from kvbound.spec import Case
 from kvbound.spec.strategies import ADVERSARIAL_MUTATIONS, FAMILIES, MAX_TABLE
 
 from .batch import (KIND_CHUNKED, KIND_CODES, KIND_FULL, KIND_MAMBA, KIND_SLIDING, STATE_H, STATE_N, STATE_U,
-                    PlanBatch, cases_from_batch, resolve_device)
+                    PlanBatch, cases_from_batch, pack_states, resolve_device)
 
 FAMILY_CODES = {f: i for i, f in enumerate(FAMILIES)}
 _REALISTIC, _RECURRENT, _ADVERSARIAL = (FAMILY_CODES[f] for f in ("realistic", "recurrent_state", "adversarial"))
@@ -277,8 +277,10 @@ def generate_batch(n: int, seed: int = 0, family: str | None = None, device=None
     used = int(length.max()) if R else 1
     Lb = max(8, used + (-used % 8))
     window_tokens = torch.where(sliding | chunked, window, 0)
+    state = state[:, :, :Lb].to(torch.uint8).contiguous()
     batch = PlanBatch(
-        state=state[:, :, :Lb].to(torch.uint8).contiguous(),
+        state=state,
+        slot_words=pack_states(state),  # the form the impl reads: 16 bytes a group
         block_id=block_id[:, :, :Lb].contiguous(),
         table_length=length,
         num_groups=num_groups,

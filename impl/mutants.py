@@ -49,7 +49,7 @@ def _scan_words(extra=None, nonnull_only=False, sync=True):
     def make(orig):
         def scan_words(cells, variant, unhashed):
             if nonnull_only:
-                return P.pack_slots((cells.state != STATE_N).to(torch.uint8))
+                return cells.plane(P.PLANE_NONNULL)
             words = orig(cells, variant if sync else (Variant.FIXED if variant is Variant.FIXED_SYNC else variant),
                          unhashed)
             if extra is not None:
@@ -77,7 +77,7 @@ def _by_position(batch, cells) -> None:
     flat = cells.request * cells.G + rank
     R, G, L = batch.shape
     cells.table_flat = flat
-    cells.state = batch.state.reshape(R * G, L).index_select(0, flat)
+    cells.state, cells.words = P.cell_blocks(batch, flat)
     cells.table_length = batch.table_length.reshape(R * G).index_select(0, flat).to(cells.table_length.dtype)
 
 
@@ -166,7 +166,7 @@ def _tail_assert_dropped(orig):
 # name (kvbound.proofs.mutants) -> [(step function name in kvbound.impl.plan, make(original) -> faulty)]
 IMPL_MUTANTS = {
     "scan-from-zero": [("load_start", lambda orig: lambda c, g, v, w: orig(c, g, Variant.LEGACY, w))],
-    "scan-nulls": [("scan_words", _scan_words(extra=lambda c: c.state == STATE_N))],
+    "scan-nulls": [("scan_words", _scan_words(extra=lambda c: c.states() == STATE_N))],
     "floor-f": [("group_geometry", _then(_floor_f))],
     "unhashed-test-dropped": [("scan_words", _scan_words(nonnull_only=True))],
     "start-equals-f": [("load_start", lambda orig: lambda c, g, v, w: torch.minimum(g.f, g.k))],

@@ -26,8 +26,8 @@ import torch
 from kvbound.spec import Assertion, AssertName, GroupPlan, LoadPlan, ReleaseFeatures, Variant, variant_features
 from kvbound.spec.asserts import ASSERT_CODE, ASSERT_OF_CODE, ASSERTS, NO_ASSERT
 
-from .batch import (KIND_FULL, KIND_MAMBA, KIND_SLIDING, MAMBA_MODE_CODES, STATE_H, STATE_N, STATE_U,
-                    PlanBatch)
+from .batch import (KIND_FULL, KIND_MAMBA, KIND_SLIDING, MAMBA_MODE_CODES, PLANE_NONNULL, PLANE_UNHASHED,
+                    SLOT_WORD, STATE_H, STATE_N, STATE_U, PlanBatch, pack_slots, unpack_states)
 
 assert (STATE_N, STATE_H, STATE_U) == (0, 1, 2), "the scan's bit tricks assume these codes"
 
@@ -163,16 +163,39 @@ class Cells:
     window_tokens: torch.Tensor
     table_length: torch.Tensor
     sync_load: torch.Tensor  # [C] bool
-    state: torch.Tensor  # [C, L] uint8 block states
+    state: torch.Tensor | None  # [C, L] uint8 block states (None when the batch came packed: see ``states``)
     requests: Requests | None = None
     tail: torch.Tensor | None = None  # [C] 0/1: the request has a partial tail (None: no v2 field anywhere)
     boundary_key: torch.Tensor | None = None  # [C] boundary + the group's EAGLE proof margin
     extra_retained: torch.Tensor | None = None  # [C] extra_retained_tokens
     table_flat: torch.Tensor | None = None  # [C] request * G + the blocks.blocks index whose table the cell reads
+    words: torch.Tensor | None = None  # [C, 2, W] the batch's slot_words of each cell, when it has them
 
     @property
     def size(self) -> int:
         return int(self.request.shape[0])
+
+    def plane(self, plane: int, of: torch.Tensor | None = None) -> torch.Tensor:
+        """[W, C'] packed bits of the cells ``of`` (default all): PLANE_UNHASHED (U blocks)
+        or PLANE_NONNULL; from the batch's packed words, else packed here."""
+        if self.words is not None:
+            w = self.words[:, plane] if of is None else self.words.index_select(0, of)[:, plane]
+            return w.t().contiguous()
+        state = self.state if of is None else self.state.index_select(0, of)
+        return pack_slots(state >> 1 if plane == PLANE_UNHASHED else (state + 1) >> 1)
+
+    def states(self) -> torch.Tensor:
+        """[C, L] uint8 block states (unpacked on demand when the batch came packed)."""
+        return self.state if self.state is not None else unpack_states(self.words, self.L)
+
+
+def cell_blocks(batch: PlanBatch, flat: torch.Tensor) -> tuple:
+    """(state, words) of the tables ``flat`` (request * G + group) selects: the packed
+    words alone when the batch has them (16 bytes a group instead of L), else the bytes."""
+    R, G, L = batch.shape
+    if batch.slot_words is not None:
+        return None, batch.slot_words.reshape(R * G, -1).index_select(0, flat).view(-1, 2, batch.slot_words.shape[-1])
+    return _gather_rows(batch.state.reshape(R * G, L), flat), None
 
 
 def _int_type(batch: PlanBatch) -> torch.dtype:
@@ -225,6 +248,7 @@ def real_cells(batch: PlanBatch) -> Cells:
         return t.reshape(R * G).index_select(0, flat).to(it)
 
     N = per_request(batch.num_locally_computed_tokens)
+    state, words = cell_blocks(batch, flat)
     cells = Cells(
         R=R, G=G, L=L, request=request, group=group, start=start, count=count, planned=planned,
         N=N, T=N + per_request(batch.num_external_tokens),
@@ -233,7 +257,7 @@ def real_cells(batch: PlanBatch) -> Cells:
         kind=batch.kind.reshape(R * G).index_select(0, flat),
         window_tokens=per_group(batch.window_tokens), table_length=per_group(batch.table_length),
         sync_load=batch.sync_load.index_select(0, request),
-        state=_gather_rows(batch.state.reshape(R * G, L), flat),
+        state=state, words=words,
         requests=req, table_flat=flat,
     )
     if req is not None:
@@ -258,34 +282,8 @@ def _cdiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # --- the scan over packed block states ------------------------------------------
 
-_WORD = 56  # slots per packed word: 7 octets, so a sentinel bit 56 still converts to float64 exactly
+_WORD = SLOT_WORD
 _WORD_MASK = (1 << _WORD) - 1
-_BYTES_TO_BITS = 0x0102040810204080  # x * this >> 56: the low bits of 8 bytes (0/1 each) as 8 bits
-
-
-def pack_slots(bits: torch.Tensor) -> torch.Tensor:
-    """[C, L] uint8 0/1 -> [W, C] int64 words, W = ceil(L/56), bit i of word w = slot 56w + i.
-
-    Each 8 slots are read as one int64 (one byte each) and multiplied by a magic
-    constant that gathers their low bits into its top byte; those bytes, 7 to a
-    little-endian word, are the word's bits. Words lead so the minimum over them is
-    plane-wise; tables up to 56 blocks take one word (and one pass over the slots).
-    """
-    C, L = bits.shape
-    if L % 8:
-        bits = torch.cat([bits, bits.new_zeros((C, -L % 8))], dim=-1)
-    n_oct = bits.shape[1] // 8
-    per_word = _WORD // 8
-    W = -(-n_oct // per_word)
-    if C == 0 or n_oct == 0:
-        return torch.zeros((max(W, 1), C), dtype=torch.int64, device=bits.device)
-    top = (bits.contiguous().view(torch.int64) * _BYTES_TO_BITS).view(torch.uint8).view(C, n_oct, 8)[:, :, 7]
-    out = torch.zeros((C, W, 8), dtype=torch.uint8, device=bits.device)  # byte 7 stays 0: the sentinel's
-    if n_oct % per_word:
-        top = torch.cat([top, top.new_zeros((C, W * per_word - n_oct))], 1)
-    out[:, :, :per_word] = top.view(C, W, per_word)
-    words = out.view(torch.int64).view(C, W)
-    return words.t().contiguous() if W > 1 else words.view(1, C)
 
 
 def keep_from(scan_from: torch.Tensor, num_words: int) -> torch.Tensor:
@@ -322,7 +320,7 @@ def scan_words(cells: Cells, variant: Variant, unhashed: torch.Tensor) -> torch.
     if not len(sync):
         return unhashed
     words = unhashed.clone()
-    words[:, sync] = pack_slots((cells.state.index_select(0, sync) + 1) >> 1)
+    words[:, sync] = cells.plane(PLANE_NONNULL, sync)
     return words
 
 
@@ -644,7 +642,7 @@ def plan_variants(batch: PlanBatch, variants=tuple(Variant), asserts: bool = Tru
         batch.check_values()
     cells = real_cells(batch)
     geo = group_geometry(cells)
-    unhashed = pack_slots(cells.state >> 1)
+    unhashed = cells.plane(PLANE_UNHASHED)
     return {v: plan_cells(cells, geo, v, asserts, scan_words(cells, v, unhashed)) for v in variants}
 
 

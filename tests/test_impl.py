@@ -114,6 +114,37 @@ def test_long_tables_span_several_packed_words():
     _agree_all(cs)
 
 
+def test_packed_states_give_the_same_plans_as_the_bytes():
+    """``slot_words`` (packed from the start) and plain ``state`` bytes plan alike, also
+    across several words and after ``concat_batches``; a ``slot_words`` that differs
+    from ``state`` is a named error."""
+    import dataclasses
+
+    from kvbound.impl import concat_batches
+    from kvbound.impl.batch import pack_states, unpack_states
+    from kvbound.impl.generate import generate_batch
+
+    a = batch_from_cases(list(random_cases(150, seed=5)), slots=130)  # 136 slots: 3 words
+    b = generate_batch(400, seed=2).batch
+    for batch in (a, b, concat_batches([b.rows(0, 100), a.rows(0, 50)])):
+        assert batch.slot_words is not None
+        R, G, L = batch.shape
+        assert torch.equal(unpack_states(batch.slot_words.reshape(R * G, 2, -1), L).view(R, G, L), batch.state)
+        batch.check_values()
+        plain = dataclasses.replace(batch, slot_words=None)
+        for v, out in plan_variants(batch).items():
+            want = plan_variants(plain, (v,))[v]
+            for name in ("load_start_gpu_block_idx", "num_pending_gpu_blocks", "code", "failing_group",
+                         "start_chunk_idx", "end_chunk_idx"):
+                assert torch.equal(getattr(out, name), getattr(want, name)), (v, name)
+    off = b.slot_words.clone()
+    off[3, 0, 1, 0] ^= 1 << 2  # slot 2 of request 3, group 0 turns (non-)null in the words only
+    with pytest.raises(BatchError, match=r"slot_words: must equal pack_states\(state\); first difference at \[request, group\] \[3, 0\]"):
+        plan_batch(dataclasses.replace(b, slot_words=off), Variant.FIXED)
+    with pytest.raises(BatchError, match="PlanBatch.slot_words: must be an int64 tensor"):
+        dataclasses.replace(b, slot_words=pack_states(b.state)[:, :1])
+
+
 def test_bad_tensors_are_named():
     b = batch_from_cases(list(random_cases(4, seed=1)))
     with pytest.raises(BatchError, match="PlanBatch.block_id: must have shape"):
