@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -26,9 +23,9 @@ from kvbound.spec import (
     release_features,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import EXAMPLES, ROOT, kvbound  # noqa: E402  the one CLI runner (installed script, never the source tree)
+
 GOLDEN = ROOT / "tests" / "golden"
-EXAMPLES = ROOT / "examples"
 V2 = ROOT / "tests" / "cases_v2"  # the v2 examples; they move to examples/ once impl and proofs model v2
 # the example files of case format v1, in the order `kvbound plan examples/` read them
 V1_EXAMPLES = (
@@ -37,10 +34,6 @@ V1_EXAMPLES = (
     "vllm_partial_lookup_short_prompt.json", "vllm_recurrent_unhashed.json",
 )
 VERSIONS = ("0.20.0", "0.21.0", "0.26.0", "0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.32.0", "0.33.0")
-
-
-def kvbound(*args):
-    return subprocess.run([sys.executable, "-m", "kvbound.cli", *map(str, args)], capture_output=True, text=True, cwd=ROOT)
 
 
 # --- v1 means what it meant --------------------------------------------------------------
