@@ -108,8 +108,7 @@ def premises_section() -> str:
            "checked on concrete calls by `kvbound premises CASE...` (cases captured from a running vLLM "
            "included) with the predicate beside its Z3 term."]
     for p in PREMISES:
-        kinds = "every kind" if len(p.kinds) == 4 else ", ".join(sorted(k.value for k in p.kinds))
-        out += ["", f"<a id=\"premise-{p.id}\"></a>", f"## premise `{p.id}` ({kinds})", "", p.statement, "",
+        out += ["", f"<a id=\"premise-{p.id}\"></a>", f"## premise `{p.id}` ({p.kinds_label})", "", p.statement, "",
                 "```text", p.math, "```", "", "Read from:", "", *[f"* {src}" for src in p.sources]]
     return "\n".join(out)
 

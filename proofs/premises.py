@@ -49,6 +49,11 @@ class Premise:
     def applies(self, kind: GroupKind) -> bool:
         return kind in self.kinds
 
+    @property
+    def kinds_label(self) -> str:
+        """The kinds it is stated for, as the catalogue and ``kvbound premises --list`` print them."""
+        return "every kind" if self.kinds == frozenset(GroupKind) else ", ".join(sorted(k.value for k in self.kinds))
+
 
 class PremiseCheck(NamedTuple):
     premise: Premise

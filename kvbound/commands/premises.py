@@ -38,8 +38,7 @@ def run(args) -> int:
 
     if args.list:
         for p in PREMISES:
-            kinds = "all kinds" if len(p.kinds) == 4 else ", ".join(sorted(k.value for k in p.kinds))
-            print(f"{p.id}  ({kinds})\n  {p.statement}\n  {p.math}")
+            print(f"{p.id}  ({p.kinds_label})\n  {p.statement}\n  {p.math}")
             for src in p.sources:
                 print(f"  read from: {src}")
         return 0
