@@ -26,3 +26,22 @@ KVBOUND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-P", "-m", "
 def kvbound(*args, cwd=ROOT, timeout=300) -> subprocess.CompletedProcess:
     """Run ``kvbound ARGS...`` in a subprocess: real exit code, stdout and stderr as text."""
     return subprocess.run([*KVBOUND, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+def release_env_for(version: str):
+    """The prepared environment of a real vLLM release (``kvbound.conform.prepare``), for a test that
+    drives it. Outside CI an unprepared release skips the test with the command that prepares it; in CI
+    (``CI`` set, as .ci/run does after .ci/conform prepared the releases) it FAILS: a skip there would
+    hide a gap. Every real-vLLM test goes through here (one policy)."""
+    import pytest
+
+    from kvbound.conform import prepare
+
+    if not prepare.is_prepared(version):
+        if os.environ.get("CI"):
+            pytest.fail(f"vllm {version} is not prepared under {prepare.cache_dir()} in CI; .ci/conform must "
+                        "prepare it before the tests run")
+        pytest.skip(f"vllm {version} is not prepared under {prepare.cache_dir()}: run "
+                    f"`kvbound conform --vllm {version} examples/` once")
+    return prepare.prepare_release(version, progress=None)
+
