@@ -56,7 +56,7 @@ LAYOUTS = {
                              "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
     # The scripted tier (ENGINE pending_p/retry_p/evict_p): vLLM's CPU tier loaded through
     # the spec factory's out-of-tree path, answering HIT_PENDING/RETRY and evicting
-    # chunks a lookup just confirmed (worker._install_scripted_tier).
+    # chunks a lookup just confirmed (fakes.install_scripted_tier).
     "full-scripted": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
     "mamba-eagle-scripted": {"groups": [_g(FA, 64), _g(MAMBA, 64), _g(FA, 64, eagle=True)],
                              "blocks_per_chunk": 1, "prefix_match_unit": 16,
