@@ -25,6 +25,7 @@ WORKER = Path(__file__).with_name("worker.py")
 HELLO_TIMEOUT_S = 300  # importing vLLM on a loaded 2-core machine
 CASE_TIMEOUT_S = 120
 MAX_CRASHES_IN_A_ROW = 3
+WORKER_HASH_SEED = "0"  # PYTHONHASHSEED of every worker process
 
 
 class Worker:
@@ -39,7 +40,12 @@ class Worker:
 
     def start(self) -> dict:
         pyenv = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="ERROR",
-                     VLLM_TARGET_DEVICE="cpu", TOKENIZERS_PARALLELISM="false")
+                     VLLM_TARGET_DEVICE="cpu", TOKENIZERS_PARALLELISM="false",
+                     # vLLM keeps request ids in sets (v1/core/sched/scheduler.py:246-262 in 0.33.0)
+                     # and iterates them when it frees and reports: with string hashing randomised
+                     # per process, the same seeded run frees blocks in another order and drifts
+                     # (docs/trace.md, "Reproducible"). A fixed seed makes each run repeat itself.
+                     PYTHONHASHSEED=WORKER_HASH_SEED)
         if self.env.tree:
             pyenv["PYTHONPATH"] = self.env.tree
         # -P keeps the worker's own directory (kvbound's sources) off sys.path.
