@@ -10,7 +10,7 @@ merged document (``merge``) is the same, byte for byte, wherever it ran.
 Reproducible: the shard plan is computed from the command line alone. ``--budget`` is
 turned into requests per layout by a fixed planning rate (``PLANNING_REQUESTS_PER_S``),
 not by a clock, so two runs of one command trace the same requests; the worker runs
-with a fixed ``PYTHONHASHSEED`` (``conform.runner.WORKER_HASH_SEED``). Wall-clock
+with a fixed ``PYTHONHASHSEED`` (``kvbound.options.WORKERS.hash_seed``). Wall-clock
 figures never enter the document; they go to ``timings`` beside it.
 """
 

@@ -19,6 +19,7 @@ from kvbound.conform.compare import AGREE, DISAGREE, judge
 from kvbound.conform.prepare import ReleaseEnv
 from kvbound.conform.runner import Worker
 from kvbound.errors import TraceError, WorkerError
+from kvbound.options import WORKERS
 from kvbound.proofs.premises import evaluate as evaluate_premises
 from kvbound.spec import case_from_dict
 
@@ -26,7 +27,6 @@ from .layouts import ENGINE, LAYOUTS
 from .workload import workload
 
 SCRIPT = Path(__file__).with_name("worker.py")
-JOB_TIMEOUT_S = 600
 STAT_KEYS = ("requests", "steps", "lookups", "loads", "partial_hits", "partial_tails", "stores",
              "preemptions", "aborts", "drafts", "accepted", "tier_pending", "tier_retry", "tier_evicted")
 
@@ -50,7 +50,7 @@ class TraceWorker(Worker):
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass
-        line = self._readline(JOB_TIMEOUT_S)
+        line = self._readline(WORKERS.job_timeout_s)
         if not line:
             tail = self.stderr_tail()
             self.stop()
