@@ -107,3 +107,23 @@ def test_a_seeded_trace_writes_the_same_json_twice(tmp_path, prepared):
         docs.append(out.read_bytes())
     assert docs[0] == docs[1]
     assert json.loads(docs[0])["layouts"][0]["preemptions"] > 0  # the traffic does preempt
+
+
+def test_a_baseline_fails_only_on_new_findings():
+    from kvbound.commands.campaign import against_baseline
+
+    base = {"columns": ["0.29.0", "0.33.0"], "findings": [{"key": "a", "columns": ["0.33.0"]},
+                                                         {"key": "b", "columns": ["0.29.0"]}]}
+    now = {"columns": ["0.29.0", "0.33.0"], "findings": [{"key": "a", "columns": ["0.33.0"]},
+                                                        {"key": "c", "columns": ["0.29.0"]}]}
+    assert against_baseline(now, base) == ([("c", "0.29.0")], [("b", "0.29.0")])
+    assert against_baseline(base, base) == ([], [])
+
+
+def test_a_bad_baseline_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "b.json"
+    bad.write_text("{}")
+    from kvbound.commands.campaign import _read_baseline
+
+    with pytest.raises(UsageError, match="format"):
+        _read_baseline(bad)

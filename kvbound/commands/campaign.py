@@ -46,6 +46,8 @@ def register(sub):
     p.add_argument("--json", metavar="FILE", help="the campaign document (deterministic)")
     p.add_argument("--timings", metavar="FILE", help="wall-clock figures per shard and layout (not reproducible)")
     p.add_argument("--html", metavar="FILE", help="the matrix and the findings drawn, one HTML page")
+    p.add_argument("--baseline", metavar="FILE", help="an earlier campaign's JSON: exit 1 only on a finding"
+                   " (key, release) it does not hold, and name the ones it holds that are gone (for CI)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p
@@ -142,7 +144,37 @@ def run(args) -> int:
         Path(args.html).write_text(html_page(doc))
     if any(f["class"] == "harness" for f in doc["findings"]):
         return EXIT_INPUT
+    if args.baseline:
+        new, gone = against_baseline(doc, _read_baseline(args.baseline))
+        for key, col in gone:
+            print(f"baseline: {key} on {col} is no longer found")
+        for key, col in new:
+            print(f"NEW: {key} on {col} (not in the baseline {args.baseline})")
+        print(f"baseline: {len(new)} new finding(s), {len(gone)} gone")
+        return EXIT_FAIL if new else EXIT_OK
     return EXIT_FAIL if doc["findings"] else EXIT_OK
+
+
+def _pairs(doc) -> set:
+    return {(f["key"], c) for f in doc["findings"] for c in f["columns"]}
+
+
+def _read_baseline(path) -> dict:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"--baseline {path}: not a readable campaign JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != "kvbound-campaign/1":
+        raise UsageError(f"--baseline {path}: format: must be 'kvbound-campaign/1' (a kvbound campaign --json file)")
+    return doc
+
+
+def against_baseline(doc, baseline) -> tuple[list, list]:
+    """(new, gone): (finding key, column) pairs found now and not in the baseline, and those
+    the baseline has on a column this run covered that are no longer found."""
+    now, then = _pairs(doc), _pairs(baseline)
+    cols = set(doc["columns"])
+    return sorted(now - then), sorted(p for p in then - now if p[1] in cols)
 
 
 def _cell_text(cell) -> str:
