@@ -294,6 +294,9 @@ class ReleaseFeatures:
     extra_retained_tokens: bool = True  # 0.28+: SlidingWindowSpec has the field
     window_counts_retained: bool = True  # 0.31+: the window in chunks counts extra_retained_tokens
     group_subsets: bool = True  # 0.30+: configs carry group_idx, tables are blocks.blocks[group_idx]
+    sync_loads: bool = True  # 0.33+: the offloading connector may load synchronously (load_kv_async False)
+    allocator: str | None = "0.32.0"  # the KV-cache allocator code it runs (MambaManager align mode), by the
+    # first release of that code; None before 0.28 (not modelled). proofs/reservation.py reads it.
     release: str = "0.33.0"  # the release these facts were read from (for reasons)
 
 
