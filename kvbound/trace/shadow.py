@@ -68,6 +68,9 @@ class ShadowKV:
         self.finished = {}  # request id -> tokens computed when it finished (not aborted)
         self.refused = set()  # keys a prepare_store refused (the tier could not allocate)
         self.evicted = set()  # keys the tier evicted
+        self.ver = {}  # GPU block id -> version, bumped when a slot someone verified changes
+        self.checked_hi = {}  # GPU block id -> slots [0, hi) verified at this version (by anyone)
+        self.verified = {}  # request -> {(group, block index) -> (block id, version, lo, hi) read clean
         self.stats = {"shadow_reads": 0, "shadow_writes": 0, "shadow_copies": 0}
 
     # -- prefix identities -----------------------------------------------------------------
@@ -101,8 +104,13 @@ class ShadowKV:
             self.write_block(cp.dst_block_id, None if src is None else list(src),
                              "copied from block %d" % cp.src_block_id)
 
+    def bump(self, bid):
+        self.ver[bid] = self.ver.get(bid, 0) + 1
+        self.checked_hi.pop(bid, None)
+
     def write_block(self, bid, content, via):
         self.guard_write(bid, via)
+        self.bump(bid)
         if content is None:
             self.gpu.pop(bid, None)
         else:
@@ -147,21 +155,43 @@ class ShadowKV:
         return (0 if b.is_null else b.block_id), p % self.block_size[g]
 
     def read_check(self, req, c):
+        """Every slot the step reads holds this request's own prefix. A block read clean at
+        a version is not re-read until a slot someone verified changes (``bump``)."""
         if c <= 0:
             return
+        rid = req.request_id
+        verified = self.verified.setdefault(rid, {})
         for g, m in enumerate(self.managers):
             lo = max(0, m.get_num_skipped_tokens(c))
-            for p in range(lo, c):
-                self.stats["shadow_reads"] += 1
-                bid, off = self.slot_of(g, req, p)
-                want = self.ident(req, p)
-                if bid is None or bid == 0:
-                    self.wrong_kv(req, g, bid, p, want, None, "no block" if bid is None else "the null block")
-                    continue
-                content = self.gpu.get(bid)
-                got = content[off] if content is not None else None
-                if got is None or got[0] != g or got[1] != want:
-                    self.wrong_kv(req, g, bid, p, want, got, self.gpu_via.get(bid))
+            B = self.block_size[g]
+            blocks = m.req_to_blocks.get(rid, ())
+            for i in range(lo // B, (c - 1) // B + 1):
+                a, b = max(lo, i * B) - i * B, min(c, (i + 1) * B) - i * B
+                bid = None if i >= len(blocks) else (0 if blocks[i].is_null else blocks[i].block_id)
+                if bid:
+                    hit = verified.get((g, i))
+                    if hit is not None and hit[0] == bid and hit[1] == self.ver.get(bid, 0) \
+                            and hit[2] <= a and b <= hit[3]:
+                        continue
+                bad = False
+                for off in range(a, b):
+                    p = i * B + off
+                    self.stats["shadow_reads"] += 1
+                    want = self.ident(req, p)
+                    if not bid:
+                        self.wrong_kv(req, g, bid, p, want, None, "no block" if bid is None else "the null block")
+                        bad = True
+                        break
+                    content = self.gpu.get(bid)
+                    got = content[off] if content is not None else None
+                    if got is None or got[0] != g or got[1] != want:
+                        self.wrong_kv(req, g, bid, p, want, got, self.gpu_via.get(bid))
+                        bad = True
+                        break
+                if not bad:
+                    verified[(g, i)] = (bid, self.ver.get(bid, 0), a, b)
+                    if b > self.checked_hi.get(bid, 0):
+                        self.checked_hi[bid] = b
 
     def wrong_kv(self, req, g, bid, p, want, got, via):
         self.violate("data:wrong_kv", req.request_id, g, bid, p,
@@ -175,13 +205,21 @@ class ShadowKV:
         nt = req.num_tokens
         for g, kind in enumerate(self.kinds):
             if kind == "mamba":
-                p = end - 1
-                bid, off = self.slot_of(g, req, p)
-                if bid:
-                    content = [None] * self.block_size[g]
-                    content[off] = (g, self.draft_ident(req, p, nt, drafts), req.request_id, p)
-                    self.write_block(bid, content, None)
-                    self.stats["shadow_writes"] += 1
+                # the state after the step's last token; under spec decode also after each
+                # verified position (the runner keeps one state per draft, so the accepted
+                # one is there whichever it is)
+                for p in range(max(start, end - 1 - len(drafts)), end):
+                    bid, off = self.slot_of(g, req, p)
+                    if bid:
+                        content = self.gpu.get(bid)
+                        if content is None or p == end - 1 - len(drafts):
+                            self.guard_write(bid, "by the forward of request %s" % req.request_id)
+                            content = [None] * self.block_size[g]
+                            self.write_block(bid, content, None)
+                        elif off < self.checked_hi.get(bid, 0):
+                            self.bump(bid)
+                        content[off] = (g, self.draft_ident(req, p, nt, drafts), req.request_id, p)
+                        self.stats["shadow_writes"] += 1
                 continue
             last = None
             for p in range(start, end):
@@ -194,6 +232,8 @@ class ShadowKV:
                 content = self.gpu.get(bid)
                 if content is None:
                     content = self.gpu[bid] = [None] * self.block_size[g]
+                if off < self.checked_hi.get(bid, 0):
+                    self.bump(bid)
                 content[off] = (g, self.draft_ident(req, p, nt, drafts), req.request_id, p)
                 self.stats["shadow_writes"] += 1
 
@@ -254,6 +294,7 @@ class ShadowKV:
             else:
                 sh.finished.pop(rid, None)
             sh.seen_requests[rid] = request
+            sh.verified.pop(rid, None)
             return orig_finished(request, *a, **k)
 
         cs.request_finished = request_finished
@@ -466,8 +507,8 @@ class ShadowKV:
         mgr = eng.csched.manager
         policy = getattr(mgr, "_policy", None)
         cfg = eng.csched.config
-        if policy is None:
-            return
+        if policy is None or any(g["kind"] != "full_attention" for g in eng.lay["groups"]):
+            return  # hybrids: the release's store policy skips chunks no hit can reach
         prompt_only = getattr(cfg, "offload_prompt_only", True)
         gone = self.evicted | set(getattr(mgr, "kvbound_evicted", ()))
         ob = eng.rel.obase
