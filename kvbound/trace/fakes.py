@@ -133,32 +133,51 @@ def _evict_event(m, keys):
 
 def fake_transfer_engine_class(obase):
     class KvboundFakeTransferEngine(obase.OffloadingWorker):
-        """Copies nothing; a job finishes ``delay`` steps after submission (0..max_delay),
-        a load fails with probability ``fail_p``."""
+        """A job finishes ``delay`` steps after submission (0..max_delay), a load fails with
+        probability ``fail_p`` (``TransferResult(success=False)``, the worker API's report).
+        With shadow KV on (``eng.shadow``) it moves content: each job copies its blocks at a
+        seeded moment between submission and completion (``shadow.ShadowKV``)."""
 
         def __init__(self, rng, max_delay, fail_p, eng):
             self.rng, self.max_delay, self.fail_p, self.eng = rng, max_delay, fail_p, eng
             self.pending = {}  # job_id -> [steps_left, success, kind]
             self.submitted = {}
 
+        def _shadow(self):
+            return getattr(self.eng, "shadow", None)
+
         def submit_store(self, job_id, src_spec, dst_spec):
+            delay = None
             if self.eng.mutant != "lost_store":  # planted defect: a store that never completes
-                self.pending[job_id] = [self.rng.randint(0, self.max_delay), True, "store"]
+                delay = self.rng.randint(0, self.max_delay)
+                self.pending[job_id] = [delay, True, "store"]
             self.submitted[job_id] = "store"
             self.eng.on_submit("store", job_id, src_spec)
+            sh = self._shadow()
+            if sh is not None:
+                sh.submit("store", job_id, src_spec, dst_spec, self.max_delay if delay is None else delay, True)
             return True
 
         def submit_load(self, job_id, src_spec, dst_spec, expedited=False):
             ok = self.rng.random() >= self.fail_p
-            self.pending[job_id] = [0 if expedited else self.rng.randint(0, self.max_delay), ok, "load"]
+            delay = 0 if expedited else self.rng.randint(0, self.max_delay)
+            self.pending[job_id] = [delay, ok, "load"]
             self.submitted[job_id] = "load"
             self.eng.on_submit("load", job_id, dst_spec)
+            sh = self._shadow()
+            if sh is not None:
+                sh.submit("load", job_id, src_spec, dst_spec, delay, ok)
             return True
 
         def get_finished(self):
+            sh = self._shadow()
+            if sh is not None:
+                sh.tick()
             done = []
             for j, v in list(self.pending.items()):
                 if v[0] <= 0:
+                    if sh is not None:
+                        sh.complete(j)
                     done.append(obase.TransferResult(job_id=j, success=v[1]))
                     del self.pending[j]
                 else:
@@ -166,6 +185,9 @@ def fake_transfer_engine_class(obase):
             return done
 
         def wait(self, job_ids):
+            sh = self._shadow()
+            if sh is not None:
+                sh.flush(job_ids)
             for j in job_ids:
                 if j in self.pending:
                     self.pending[j][0] = 0
