@@ -88,7 +88,6 @@ ENGINE = {
                              sync_load_budget_bytes=1 << 18),
     "mamba-sync": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512, sync_load_budget_bytes=1 << 18),
 }
-DEFAULT_LAYOUTS = ("full", "swa", "mamba")
 
 
 def block_sizes(layout: dict) -> list[int]:
