@@ -283,7 +283,9 @@ class Engine:
                 res["keys"] = eng.describe_keys(request, keys[-1]) if keys else []
                 if jobs:
                     (job,) = jobs.values()
-                    dst = job.dst_spec
+                    # a TransferJob names its (src, dst) pair as transfer_spec before 0.25
+                    # (0.24.0 offloading/common.py:63) and dst_spec since: probed by feature
+                    dst = job.dst_spec if hasattr(job, "dst_spec") else job.transfer_spec[1]
                     ids = [int(x) for x in dst.block_ids]
                     if eng.mutant == "dst_off_by_one":  # planted defect: tests show the checks see it
                         ids = [i + 1 for i in ids]
