@@ -26,6 +26,7 @@ from kvbound.draw import case_header, describe_plan, draw_case
 from kvbound.errors import CaseError, ReportInputError
 from kvbound.records import ConformRecord, DiffRecord, ProveRecord
 from kvbound.spec import Variant, case_from_dict, plan_load
+from kvbound.spec.strategies import ADVERSARIAL_FAMILIES
 from kvbound.spec.verdicts import CONFORM_VERDICTS, Verdict
 from kvbound.svg import case_svgs, legend_svg
 
@@ -385,7 +386,7 @@ def conform_section(data) -> Section:
             outs = " ".join(f"{k}:{v}" for k, v in sorted((c.get("outcomes") or {}).items()))
             cells.append(html('{}<div class="small mono">{}</div>',
                               _badge(f"{c.get(Verdict.AGREE, 0)}/{c.get('total', 0)} agree{extra}",
-                                     not bad if row != "adversarial" else (None if bad else True)), outs))
+                                     not bad if row not in ADVERSARIAL_FAMILIES else (None if bad else True)), outs))
         mrows.append(cells)
     out.append(_table(["family"] + [f"vllm {r} ({_variant_of(r)})" for r in rels], mrows))
     named = [r for r in records if r.row in NAMED_ROWS]

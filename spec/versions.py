@@ -53,6 +53,12 @@ RELEASES: tuple = tuple(
 )
 assert RELEASES[-1][1] == replace(ReleaseFeatures(), release="0.33.0")  # the dataclass defaults are 0.33
 
+# The release of each minor version a campaign traces (``kvbound campaign --vllm A..B``):
+# the newest patch release of that minor on PyPI when it was pinned. 0.21 is the first with
+# a hybrid-capable offloading connector that kvbound drives (docs/trace.md).
+CAMPAIGN_RELEASES = ("0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.0", "0.28.0",
+                     "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
+
 # What ``plan_load(case, variant)`` models when no release is named: the variant's last release.
 REPRESENTATIVE = {Variant.LEGACY: "0.29.0", Variant.FIXED: "0.32.0", Variant.FIXED_SYNC: "0.33.0"}
 

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 CORPUS = ROOT / "corpus"
@@ -29,19 +31,18 @@ def kvbound(*args, cwd=ROOT, timeout=300) -> subprocess.CompletedProcess:
 
 
 def release_env_for(version: str):
-    """The prepared environment of a real vLLM release (``kvbound.conform.prepare``), for a test that
-    drives it. Outside CI an unprepared release skips the test with the command that prepares it; in CI
-    (``CI`` set, as .ci/run does after .ci/conform prepared the releases) it FAILS: a skip there would
-    hide a gap. Every real-vLLM test goes through here (one policy)."""
-    import pytest
+    """The prepared environment (``ReleaseEnv``) of a real vLLM release, for a test that drives it:
+    the one policy of every real-vLLM test. Outside CI a release not yet prepared skips the test
+    with the reason (``kvbound conform --vllm X`` prepares it); in CI (``CI=true``) it is prepared
+    here, so a real-vLLM test never skips there (a release that cannot be prepared fails it)."""
+    from kvbound.conform.prepare import is_prepared, prepare_release
 
-    from kvbound.conform import prepare
+    if not is_prepared(version) and not os.environ.get("CI"):
+        pytest.skip(f"vllm {version} is not prepared (kvbound conform --vllm {version} prepares it)")
+    return prepare_release(version, None)
 
-    if not prepare.is_prepared(version):
-        if os.environ.get("CI"):
-            pytest.fail(f"vllm {version} is not prepared under {prepare.cache_dir()} in CI; .ci/conform must "
-                        "prepare it before the tests run")
-        pytest.skip(f"vllm {version} is not prepared under {prepare.cache_dir()}: run "
-                    f"`kvbound conform --vllm {version} examples/` once")
-    return prepare.prepare_release(version, progress=None)
 
+@pytest.fixture
+def prepared():
+    """``prepared(version)``: ``release_env_for`` as a fixture."""
+    return release_env_for

@@ -17,21 +17,26 @@ answer is reported beside the case's, and the case's M is what
 ``update_state_after_alloc`` receives.
 """
 
-import ast
-import dataclasses
-import json
+import importlib.util
 import os
 import sys
 import traceback
 import warnings
 
-PROTOCOL = 1
 NULL_BLOCK_ID = 0
 
 
-def _send(out, obj):
-    out.write(json.dumps(obj) + "\n")
-    out.flush()
+def _load_sidecar():
+    """kvbound/conform/sidecar.py, the plumbing every side-venv worker shares, by path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sidecar.py")
+    spec = importlib.util.spec_from_file_location("kvbound_sidecar", path)
+    mod = sys.modules.setdefault("kvbound_sidecar", importlib.util.module_from_spec(spec))
+    if not hasattr(mod, "serve"):
+        spec.loader.exec_module(mod)
+    return mod
+
+
+sidecar = _load_sidecar()
 
 
 def cdiv(a, b):
@@ -108,7 +113,7 @@ class Release:
                 block_size=b, num_kv_heads=1, head_size=1, dtype=t,
                 attention_chunk_size=g["attention_chunk_size"])
         if kind == "mamba":
-            return _build(self.kci.MambaSpec, block_size=b, shapes=((1,),), dtypes=(t,),
+            return sidecar.build(self.kci.MambaSpec, block_size=b, shapes=((1,),), dtypes=(t,),
                           mamba_cache_mode=g.get(MAMBA_MODE) or "align")
         raise ValueError("unknown group kind %r" % (kind,))
 
@@ -118,11 +123,11 @@ class Release:
         kci, ocfg = self.kci, self.ocfg
         why = []
         if any(g.get(EXTRA_RETAINED) for g in case["groups"]) and \
-                EXTRA_RETAINED not in _fields(kci.SlidingWindowSpec):
+                EXTRA_RETAINED not in sidecar.fields(kci.SlidingWindowSpec):
             why.append("SlidingWindowSpec has no extra_retained_tokens in this release")
-        if any(g.get(EAGLE) for g in case["groups"]) and "is_eagle_group" not in _fields(kci.KVCacheGroupSpec):
+        if any(g.get(EAGLE) for g in case["groups"]) and "is_eagle_group" not in sidecar.fields(kci.KVCacheGroupSpec):
             why.append("KVCacheGroupSpec has no is_eagle_group in this release")
-        if not all(_offloaded(g) for g in case["groups"]) and "group_id" not in _fields(ocfg.OffloadingGroupConfig):
+        if not all(_offloaded(g) for g in case["groups"]) and "group_id" not in sidecar.fields(ocfg.OffloadingGroupConfig):
             why.append("OffloadingGroupConfig has no group_id in this release: every KV-cache group is"
                        " offloaded and indexed by position")
         return "; ".join(why) or None
@@ -131,30 +136,30 @@ class Release:
         o = self.ocfg
         bpc = case["blocks_per_chunk"]
         groups = tuple(
-            _build(o.OffloadingGroupConfig, tokens_per_block=s.block_size,
+            sidecar.build(o.OffloadingGroupConfig, tokens_per_block=s.block_size,
                    layer_names=("layer.%d" % i,), group_id=i,
                    sliding_window_size_in_chunks=self.window_in_chunks(s, s.block_size * bpc))
             for i, s in enumerate(specs) if _offloaded(case["groups"][i])
         )
-        parallel = _build(o.OffloadingParallelConfig, rank=0, world_size=1, tp_size=1, pp_size=1,
+        parallel = sidecar.build(o.OffloadingParallelConfig, rank=0, world_size=1, tp_size=1, pp_size=1,
                           pcp_size=1, dcp_size=1, data_parallel_index=0, data_parallel_size=1,
                           data_parallel_rank_local=None, is_parallelism_agnostic=False)
-        return _build(
+        return sidecar.build(
             o.OffloadingConfig, groups=groups, worker_kv_bytes_per_block=0,
             enable_kv_cache_events=False, extra_config=extra_config, engine_id="kvbound",
-            model=_build(o.OffloadingModelConfig, name="kvbound-conform", dtype="float32"),
-            cache=_build(o.OffloadingCacheConfig, tokens_per_hash=case["tokens_per_hash"],
+            model=sidecar.build(o.OffloadingModelConfig, name="kvbound-conform", dtype="float32"),
+            cache=sidecar.build(o.OffloadingCacheConfig, tokens_per_hash=case["tokens_per_hash"],
                          blocks_per_chunk=bpc),
             parallel=parallel,
         )
 
     def kv_cache_config(self, case, specs):
         groups = [
-            _build(self.kci.KVCacheGroupSpec, layer_names=["layer.%d" % i], kv_cache_spec=s,
+            sidecar.build(self.kci.KVCacheGroupSpec, layer_names=["layer.%d" % i], kv_cache_spec=s,
                    is_eagle_group=bool(g.get(EAGLE)), enable_kv_transfer=_offloaded(g))
             for i, (g, s) in enumerate(zip(case["groups"], specs))
         ]
-        return _build(
+        return sidecar.build(
             self.kci.KVCacheConfig,
             num_blocks=1 + max([_max_id(g["blocks"]) for g in case["groups"]] + [1]),
             kv_cache_tensors=[], kv_cache_groups=groups,
@@ -167,7 +172,7 @@ class Release:
         try:
             return self._run_case(case, out)
         except AssertionError as e:
-            out.update(outcome="assertion_error", assert_site=assert_site(e))
+            out.update(outcome="assertion_error", assert_site=sidecar.assert_site(e))
         except Exception as e:  # noqa: BLE001 - any failure is this case's result
             out.update(outcome="exception", error="%s: %s" % (type(e).__name__, e),
                        traceback=traceback.format_exc()[-3000:])
@@ -298,22 +303,6 @@ def _offloaded(group):
     return group.get(OFFLOADED, True) is not False
 
 
-def _fields(cls):
-    if cls is None:
-        return set()
-    if dataclasses.is_dataclass(cls):
-        return {f.name for f in dataclasses.fields(cls)}
-    return set(getattr(cls, "_fields", ())) | set(getattr(cls, "__annotations__", {}))
-
-
-def _build(cls, **kw):
-    """A release's dataclass from the fields it has (releases add and drop fields)."""
-    if dataclasses.is_dataclass(cls):
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in kw.items() if k in names}
-    return cls(**kw)
-
-
 def _max_id(tokens):
     return max([int(t[1:]) for t in tokens if t != "N"] + [0])
 
@@ -404,62 +393,9 @@ def _fake_spec_class(base):
     return type("KvboundFakeOffloadingSpec", (base.OffloadingSpec,), ns)
 
 
-def assert_site(exc):
-    """The failing ``assert`` statement: file, line, function and its source text.
-
-    The statement is read with ``ast`` from the source file, so a multi-line
-    assert comes back whole and kvbound names it without guessing by line number.
-    """
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return {"file": None, "line": None, "function": None, "statement": None}
-    fr = frames[-1]
-    site = {"file": fr.filename, "line": fr.lineno, "function": fr.name, "statement": fr.line,
-            "message": str(exc) or None}
-    try:
-        with open(fr.filename) as f:
-            tree = ast.parse(f.read())
-        best = None
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Assert) and node.lineno <= fr.lineno <= (node.end_lineno or node.lineno):
-                if best is None or node.lineno >= best.lineno:
-                    best = node
-        if best is not None:
-            site["line"] = best.lineno
-            site["statement"] = "assert " + ast.unparse(best.test)
-    except (OSError, SyntaxError, ValueError):
-        pass
-    tb = exc.__traceback__
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    local = tb.tb_frame.f_locals
-    gc = local.get("group_config")
-    gi = getattr(gc, "group_idx", getattr(gc, "group_id", None))
-    site["group_index"] = gi if isinstance(gi, int) else None
-    site["values"] = {k: v for k, v in local.items() if type(v) is int}
-    return site
-
-
 def main():
-    proto = os.fdopen(os.dup(1), "w")  # the protocol channel
-    os.dup2(2, 1)  # whatever vLLM prints goes to stderr
-    sys.stdout = sys.stderr
-    try:
-        rel = Release()
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which explains it
-        _send(proto, {"fatal": "import", "error": "%s: %s" % (type(e).__name__, e),
-                      "traceback": traceback.format_exc()[-4000:], "python": sys.version})
-        return 3
-    _send(proto, {"hello": PROTOCOL, "vllm": rel.version, "python": sys.version.split()[0],
-                  "scheduler_file": rel.scheduler.__file__})
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        msg = json.loads(line)
-        res = rel.run_case(msg["case"])
-        res["id"] = msg["id"]
-        _send(proto, res)
-    return 0
+    return sidecar.serve(Release, lambda rel, msg: rel.run_case(msg["case"]),
+                         lambda rel: {"scheduler_file": sidecar.portable_path(rel.scheduler.__file__)})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,12 @@
 """``kvbound trace``: vLLM's real engine-core scheduler stepping organic traffic.
 
-``worker.py`` runs in the release's side venv (vLLM only); everything else here is
-the host side: layouts, the seeded workload, the checks at every connector call,
-shrinking and trace files.
+Worker side (runs in the release's side venv, vLLM and the standard library only; the
+side package ``kvbound_trace_side``): ``worker.py`` the entry script and job protocol,
+``engine.py`` the adapter that builds and steps the real engine and captures every
+connector call, ``fakes.py`` what stands in for the model runner, the transfer engine
+and an adversarial tier, ``checks.py`` the lifecycle promises checked inside the
+engine. The plumbing shared with conform's worker is ``kvbound/conform/sidecar.py``.
+
+Host side: ``layouts`` (the engines), ``workload`` (seeded traffic), ``runner`` (the
+checks at every captured call: spec, premises, findings), ``shrink`` and ``tracefile``.
 """

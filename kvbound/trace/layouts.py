@@ -56,11 +56,16 @@ LAYOUTS = {
                              "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
     # The scripted tier (ENGINE pending_p/retry_p/evict_p): vLLM's CPU tier loaded through
     # the spec factory's out-of-tree path, answering HIT_PENDING/RETRY and evicting
-    # chunks a lookup just confirmed (worker._install_scripted_tier).
+    # chunks a lookup just confirmed (fakes.install_scripted_tier).
     "full-scripted": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
     "mamba-eagle-scripted": {"groups": [_g(FA, 64), _g(MAMBA, 64), _g(FA, 64, eagle=True)],
                              "blocks_per_chunk": 1, "prefix_match_unit": 16,
                              "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    # offload_prompt_only=False (kv_connector_extra_config, read by OffloadingSpec,
+    # v1/kv_offload/base.py): decoded tokens are offloaded too, up to the finished
+    # request's token horizon (0.26-0.29: num_tokens; 0.30+: clamped to num_tokens - 1).
+    "full-store-all": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
+    "swa-store-all": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=128)], "blocks_per_chunk": 1},
     # Two GPU blocks per offloaded chunk.
     "bpc2": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 2},
 }
@@ -77,6 +82,8 @@ ENGINE = {
     "mamba-block": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba528": dict(_BASE, num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
     "bpc2": dict(_BASE),
+    "full-store-all": dict(_BASE, offload_prompt_only=False, aligned_decode_p=0.3),
+    "swa-store-all": dict(_BASE, offload_prompt_only=False, aligned_decode_p=0.3),
     "eagle": dict(_BASE),
     "full-scripted": dict(_BASE, pending_p=0.05, retry_p=0.02, evict_p=0.1),
     "mamba-eagle-scripted": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512,
@@ -88,7 +95,6 @@ ENGINE = {
                              sync_load_budget_bytes=1 << 18),
     "mamba-sync": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512, sync_load_budget_bytes=1 << 18),
 }
-DEFAULT_LAYOUTS = ("full", "swa", "mamba")
 
 
 def block_sizes(layout: dict) -> list[int]:

@@ -19,6 +19,7 @@ from kvbound.conform.compare import AGREE, DISAGREE, judge
 from kvbound.conform.prepare import ReleaseEnv
 from kvbound.conform.runner import Worker
 from kvbound.errors import TraceError, WorkerError
+from kvbound.options import WORKERS
 from kvbound.proofs.premises import evaluate as evaluate_premises
 from kvbound.spec import case_from_dict
 
@@ -26,7 +27,6 @@ from .layouts import ENGINE, LAYOUTS
 from .workload import workload
 
 SCRIPT = Path(__file__).with_name("worker.py")
-JOB_TIMEOUT_S = 600
 STAT_KEYS = ("requests", "steps", "lookups", "loads", "partial_hits", "partial_tails", "stores",
              "preemptions", "aborts", "drafts", "accepted", "tier_pending", "tier_retry", "tier_evicted")
 
@@ -50,7 +50,7 @@ class TraceWorker(Worker):
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass
-        line = self._readline(JOB_TIMEOUT_S)
+        line = self._readline(WORKERS.job_timeout_s)
         if not line:
             tail = self.stderr_tail()
             self.stop()
@@ -59,9 +59,33 @@ class TraceWorker(Worker):
         return json.loads(line)
 
 
+# Every finding has a kind "<class>:<what>" (two v1 kinds keep their names), and its class
+# says what went wrong. A harness fault (an exception raised in kvbound's own fakes or
+# adapter) is its own class and never counted as a vLLM finding.
+FINDING_CLASSES = ("crash", "plan", "data", "store", "lookup", "liveness", "lifecycle", "premise", "harness")
+_V1_KINDS = {"vllm-exception": "crash", "spec-disagreement": "plan"}
+# What costs work but not correctness: the engine recomputes what it could have loaded.
+EFFICIENCY_KINDS = frozenset({"store:lost_chunk", "lookup:lost_hit", "lookup:needless_deferral"})
+
+
+def finding_class(kind: str) -> str:
+    if kind in _V1_KINDS:
+        return _V1_KINDS[kind]
+    cls = kind.split(":", 1)[0]
+    if cls not in FINDING_CLASSES:
+        raise ValueError(f"finding kind {kind!r}: its class {cls!r} is not one of {FINDING_CLASSES}")
+    return cls
+
+
+def violation_kind(check: str) -> str:
+    """A worker violation's finding kind: a check named "<class>:<what>" is that kind;
+    a bare name is a lifecycle check's."""
+    return check if ":" in check else "lifecycle:" + check
+
+
 @dataclass
 class Finding:
-    kind: str  # vllm-exception | spec-disagreement | premise:<id> | lifecycle:<check>
+    kind: str  # vllm-exception | spec-disagreement | premise:<id> | <class>:<check> (FINDING_CLASSES)
     release: str
     layout: str
     detail: dict
@@ -70,13 +94,22 @@ class Finding:
 
     def key(self) -> str:
         """What a shrink must keep: the same kind (and, for a vLLM exception, the same site)."""
-        if self.kind == "vllm-exception":
+        if self.kind in ("vllm-exception", "harness:exception"):
             site = self.detail.get("assert_site") or {}
             return f"{self.kind}@{site.get('function')}:{site.get('statement') or self.detail.get('error')}"
         return self.kind
 
+    @property
+    def finding_class(self) -> str:
+        return finding_class(self.kind)
+
+    @property
+    def safety(self) -> bool:
+        """False for an efficiency finding (work lost, nothing wrong read or served)."""
+        return self.kind not in EFFICIENCY_KINDS
+
     def to_json(self) -> dict:
-        return {"kind": self.kind, "release": self.release, "layout": self.layout,
+        return {"kind": self.kind, "class": self.finding_class, "safety": self.safety, "release": self.release, "layout": self.layout,
                 "detail": self.detail, "case": self.case, "segment": self.segment}
 
 
@@ -119,16 +152,14 @@ def check_result(release: str, layout_name: str, job: dict, res: dict) -> tuple[
         out.append(Finding(kind, release, layout_name, detail, job, case))
 
     if not res.get("ok", True):
-        add("vllm-exception", {k: res.get(k) for k in ("error", "assert_site", "step", "traceback")})
+        detail = {k: res.get(k) for k in ("error", "assert_site", "step", "traceback")}
+        add("harness:exception" if res.get("harness_fault") else "vllm-exception", detail)
     for v in res.get("violations", ()):
-        add("lifecycle:" + v["check"], v)
+        add("harness:capture" if v["check"] == "harness-capture" else violation_kind(v["check"]), v)
     for c in res.get("cases", ()):
         tally["cases"] += 1
         case = case_from_dict(c["case"], c["case"].get("name", "?"))
         rec = judge(case, release, c)
-        if rec["verdict"] == DISAGREE and rec["diff"] == ["keys"] and (
-                same_keys(c["case"], rec["real"]["keys"], rec["spec"]["keys"])):
-            rec["verdict"] = AGREE
         if rec["verdict"] == AGREE:
             tally["agree"] += 1
         elif rec["verdict"] == DISAGREE:
@@ -144,24 +175,6 @@ def check_result(release: str, layout_name: str, job: dict, res: dict) -> tuple[
             add("premise:" + v.premise.id, {"group_index": v.group_index, "detail": v.detail,
                                             "step": c.get("step")}, c["case"])
     return out, tally
-
-
-def _canonical_key(case: dict, key: list) -> list:
-    """A boundary key ``[g, "boundary", t]`` with ``t`` a whole number of the group's
-    chunks IS chunk ``t // tokens_per_chunk - 1``'s key (both are the hash of the first
-    ``t`` tokens): an EAGLE group's partial-tail proof position often lands there."""
-    if len(key) == 3 and key[1] == "boundary":
-        g = case["groups"][key[0]]
-        tpc = g["tokens_per_block"] * case.get("blocks_per_chunk", 1)
-        if key[2] % tpc == 0:
-            return [key[0], key[2] // tpc - 1]
-    return list(key)
-
-
-def same_keys(case: dict, real: list, spec: list) -> bool:
-    """Whether two prepare_load key lists name the same offload keys, in order."""
-    return len(real) == len(spec) and all(
-        _canonical_key(case, a) == _canonical_key(case, b) for a, b in zip(real, spec))
 
 
 def schedulers(which: str):

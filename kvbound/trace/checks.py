@@ -1,0 +1,152 @@
+"""The lifecycle checks ``kvbound trace`` makes inside the worker, on the real engine.
+
+Each check is a promise of the connector or the allocator, checked where vLLM keeps it
+(docs/trace.md lists each with the lines it is read from); a broken one is a violation
+``{"check", "step", "request", "message"}`` handed to ``Engine.violate``:
+
+- ``load_key_not_confirmed``: every key passed to the tier's ``prepare_load`` was answered
+  HIT by this request's lookup and not evicted since;
+- ``load_into_null_block`` / ``load_into_foreign_block``: a load writes only the
+  request's own non-null blocks;
+- ``allocation_exceeds_reservation``: ``allocate_slots`` takes no more blocks from the
+  pool than ``get_num_blocks_to_allocate`` reserved for it;
+- after drain (``check_drained``): every block free, no connector state left, no
+  transfer pending.
+
+Standard library only (vLLM's objects come in through ``eng``).
+"""
+
+
+class LifecycleChecks:
+    def __init__(self, eng):
+        self.eng = eng
+        self.confirmed = {}  # request id -> keys the tier answered HIT (and not evicted since)
+        self.evictions_seen = 0
+
+    # -- tier: keys loaded were confirmed -------------------------------------------------
+    def install(self):
+        eng, checks = self.eng, self
+        cs = eng.csched
+        mgr = cs.manager
+        orig_prepare_load = mgr.prepare_load
+        orig_mgr_lookup = mgr.lookup
+        lr = getattr(eng.rel.obase, "LookupResult", None)
+        hit = lr.HIT if lr is not None else True  # before 0.25 lookup answers True (0.24.0 base.py:162)
+
+        def _rid(a, k):
+            ctx = a[0] if a else k.get("req_context")
+            return getattr(ctx, "req_id", None)
+
+        def sync_evictions():  # the scripted tier's evictions (read at every tier call)
+            ev = getattr(mgr, "kvbound_evicted", ())
+            checks.forget(ev[checks.evictions_seen:])
+            checks.evictions_seen = len(ev)
+
+        def lookup(key, *a, **k):
+            sync_evictions()
+            r = orig_mgr_lookup(key, *a, **k)
+            if r == hit:
+                checks.confirmed.setdefault(_rid(a, k), set()).add(key)
+            return r
+
+        def prepare_load(keys, *a, **k):
+            keys = list(keys)
+            sync_evictions()
+            eng.loaded_keys.append(keys)
+            rid = _rid(a, k)
+            unconfirmed = [x for x in keys if x not in checks.confirmed.get(rid, ())]
+            if unconfirmed:
+                eng.violate("load_key_not_confirmed", rid, "%d of %d keys passed to prepare_load were"
+                            " not answered HIT by this request's lookup, or were evicted since"
+                            % (len(unconfirmed), len(keys)))
+            return orig_prepare_load(keys, *a, **k)
+
+        mgr.prepare_load = prepare_load
+        mgr.lookup = lookup
+        policy = getattr(mgr, "_policy", None)  # vLLM's CPU tier: its own LRU evictions too
+        if policy is not None and hasattr(policy, "evict"):
+            orig_evict = policy.evict
+
+            def evict(*a, **k):
+                out = orig_evict(*a, **k)
+                checks.forget([key for key, _ in out or ()])
+                return out
+            policy.evict = evict
+        self._install_reservation()
+
+    def forget(self, keys):
+        """Evicted keys are no longer confirmed for any request: a later prepare_load of
+        one without a new HIT is a load of an evicted key."""
+        if keys:
+            gone = set(keys)
+            for s in self.confirmed.values():
+                s -= gone
+
+    # -- allocator: allocation within reservation ------------------------------------------
+    def _install_reservation(self):
+        """Every allocation takes no more blocks from the pool than the admission check
+        reserved (get_num_blocks_to_allocate): else a request admitted with exactly that
+        many free blocks crashes get_new_blocks."""
+        eng = self.eng
+        kvm = eng.sched.kv_cache_manager
+        coord = kvm.coordinator
+        orig_alloc, orig_count = kvm.allocate_slots, coord.get_num_blocks_to_allocate
+        counted = []
+
+        def get_num_blocks_to_allocate(*a, **k):
+            n = orig_count(*a, **k)
+            if not k.get("apply_admission_cap"):
+                counted.append(n)
+            return n
+
+        def allocate_slots(request, *a, **k):
+            del counted[:]
+            free = kvm.block_pool.get_num_free_blocks()
+            out = orig_alloc(request, *a, **k)
+            taken = free - kvm.block_pool.get_num_free_blocks()
+            if out is not None and counted and taken > counted[-1]:
+                eng.violate("allocation_exceeds_reservation", request.request_id,
+                            "allocate_slots took %d blocks from the pool, get_num_blocks_to_allocate"
+                            " reserved %d (num_external_computed_tokens=%s, num_new_tokens=%s)"
+                            % (taken, counted[-1], k.get("num_external_computed_tokens"),
+                               a[0] if a else k.get("num_new_tokens")))
+            return out
+
+        kvm.allocate_slots = allocate_slots
+        coord.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+
+    # -- loads land in the request's own blocks ---------------------------------------------
+    def owned_block_ids(self, request_id):
+        mgr = self.eng.sched.kv_cache_manager
+        out = set()
+        for m in mgr.coordinator.single_type_managers:
+            for b in m.req_to_blocks.get(request_id, ()):
+                if not b.is_null:
+                    out.add(b.block_id)
+        return out
+
+    def check_load_dst(self, request, ids):
+        owned = self.owned_block_ids(request.request_id)
+        for bid in ids:
+            if bid == 0:
+                self.eng.violate("load_into_null_block", request.request_id, "load destination block 0 (null)")
+            elif bid not in owned:
+                self.eng.violate("load_into_foreign_block", request.request_id,
+                                 "load destination block %d is not one of the request's blocks" % bid)
+
+    # -- after drain ----------------------------------------------------------------------
+    def check_drained(self):
+        eng = self.eng
+        bp = eng.sched.kv_cache_manager.block_pool
+        free = bp.get_num_free_blocks()
+        total = eng.kv_cache_config.num_blocks - 1  # the null block is never free
+        if free != total:
+            eng.violate("blocks_not_freed", None, "%d of %d blocks free after drain" % (free, total))
+        cs = eng.csched
+        for name in ("_req_status", "_requests", "_reqs_being_loaded", "_reqs_being_stored",
+                     "_current_batch_load_jobs", "_jobs", "_load_jobs", "_store_jobs"):
+            v = getattr(cs, name, None)
+            if v:
+                eng.violate("connector_state_left", None, "%s holds %d entries after drain" % (name, len(v)))
+        if eng.transfers.pending:
+            eng.violate("transfer_not_finished", None, "%d jobs pending" % len(eng.transfers.pending))

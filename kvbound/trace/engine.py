@@ -1,0 +1,434 @@
+"""kvbound trace's engine adapter: vLLM's real engine-core ``Scheduler`` stepping a workload.
+
+Worker side: runs in the release's deps venv with ``PYTHONPATH=<release tree>``, where
+kvbound is NOT installed (standard library and vLLM only), imported by
+``kvbound/trace/worker.py`` as part of the side package ``kvbound_trace_side``; the
+plumbing shared with conform's worker (``kvbound/conform/sidecar.py``) and
+``capture.case_of_call`` (which turns each real ``update_state_after_alloc`` call into a
+kvbound case) are loaded by path.
+
+Real: ``Scheduler`` / ``AsyncScheduler``, ``KVCacheManager``, block pool, the
+single-type managers, ``OffloadingConnector`` on the scheduler AND worker side, the
+CPU offload tier (``CPUOffloadingSpec`` -> ``CPUOffloadingManager``, LRU).
+Faked (``fakes.py``): the model class (registered, never instantiated), the
+``KVCacheConfig`` (by hand, as vLLM's own tests build it), the transfer engine and the
+model runner's output. Checked (``checks.py``): the lifecycle promises.
+"""
+
+import json
+import os
+import random
+import tempfile
+
+import kvbound_sidecar as sidecar
+
+from . import checks, fakes, shadow
+
+
+class Release:
+    def __init__(self):
+        sidecar.quiet_environment()
+        import torch
+        import vllm
+        from vllm.v1.core import kv_cache_utils as kcu
+        from vllm.v1 import kv_cache_interface as kci
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.kv_offload import base as obase
+        from vllm.v1 import outputs as vout
+        from vllm.v1.request import Request, RequestStatus
+        from vllm import SamplingParams
+        from vllm.distributed.kv_transfer.kv_connector.v1 import offloading_connector as oc
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler as osched
+
+        try:
+            from vllm.utils.hashing import sha256
+        except ImportError:
+            from vllm.utils import sha256
+        self.version = vllm.__version__
+        self.torch, self.kcu, self.kci, self.obase, self.vout = torch, kcu, kci, obase, vout
+        self.Scheduler, self.AsyncScheduler = Scheduler, AsyncScheduler
+        self.Request, self.RequestStatus, self.SamplingParams = Request, RequestStatus, SamplingParams
+        self.oc, self.KVConnectorRole, self.osched = oc, KVConnectorRole, osched
+        self.sha256 = sha256
+        kcu.init_none_hash(sha256)
+        self.capture = sidecar.load_conform("capture")
+        self.model_dir = self._model_dir()
+        self._register_model()
+        self.scheduler_file = osched.__file__
+
+    # -- model: a local config.json and a registered class object (no model code) ---------
+    def _model_dir(self):
+        d = tempfile.mkdtemp(prefix="kvbound-trace-model-")
+        cfg = {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
+            "num_hidden_layers": 2, "vocab_size": 65536, "max_position_embeddings": 1 << 16,
+            "rms_norm_eps": 1e-5, "torch_dtype": "float32", "tie_word_embeddings": False,
+        }
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        return d
+
+    def _register_model(self):
+        from vllm import ModelRegistry
+        import torch.nn as nn
+
+        class KvboundTraceModel(nn.Module):
+            """Never instantiated: only its interface is inspected."""
+
+            def __init__(self, *, vllm_config, prefix=""):
+                super().__init__()
+
+            def embed_input_ids(self, input_ids):
+                raise NotImplementedError
+
+            def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+                raise NotImplementedError
+
+            def compute_logits(self, hidden_states):
+                raise NotImplementedError
+
+        ModelRegistry.register_model("LlamaForCausalLM", KvboundTraceModel)
+        # the EAGLE drafter a speculative config names (SpeculativeConfig inspects its class)
+        ModelRegistry.register_model("EagleLlamaForCausalLM", KvboundTraceModel)
+
+    # -- one engine --------------------------------------------------------------------
+    def build(self, lay, par):
+        from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
+                                 ParallelConfig, SchedulerConfig, VllmConfig)
+
+        t = self.torch.float32
+        groups = []
+        page_bytes = []
+        for gi, g in enumerate(lay["groups"]):
+            b = g["tokens_per_block"]
+            kind = g["kind"]
+            if kind == "full_attention":
+                spec = self.kci.FullAttentionSpec(block_size=b, num_kv_heads=1, head_size=8, dtype=t)
+            elif kind == "sliding_window":
+                spec = sidecar.build(self.kci.SlidingWindowSpec, block_size=b, num_kv_heads=1, head_size=8,
+                              dtype=t, sliding_window=g["sliding_window"],
+                              extra_retained_tokens=g.get("extra_retained_tokens", 0))
+            elif kind == "chunked_local":
+                spec = self.kci.ChunkedLocalAttentionSpec(block_size=b, num_kv_heads=1, head_size=8,
+                                                          dtype=t, attention_chunk_size=g["attention_chunk_size"])
+            elif kind == "mamba":
+                spec = sidecar.build(self.kci.MambaSpec, block_size=b, shapes=((g.get("state", 64),),),
+                              dtypes=(t,), mamba_cache_mode="align")
+            else:
+                raise ValueError(kind)
+            gs = self.kci.KVCacheGroupSpec(["layer.%d" % gi], spec)
+            if g.get("eagle"):  # the drafter's layers: vLLM's planner tags them (kv_cache_planning)
+                if not hasattr(gs, "is_eagle_group"):
+                    raise ValueError("vllm %s has no KVCacheGroupSpec.is_eagle_group (EAGLE layouts"
+                                     " need 0.33 or later)" % self.version)
+                gs.is_eagle_group = True
+            groups.append(gs)
+            page_bytes.append(spec.page_size_bytes)
+        nb = par["num_gpu_blocks"]
+        kv_cache_config = sidecar.build(
+            self.kci.KVCacheConfig, num_blocks=nb,
+            # 0.29 sizes the CPU tier from kv_cache_tensors[0].size (offloading/config.py)
+            kv_cache_tensors=[sidecar.build(
+                self.kci.KVCacheTensor, size=nb * sum(page_bytes),
+                shared_by=["layer.%d" % i for i in range(len(groups))],
+                layers=["layer.%d" % i for i in range(len(groups))],
+                layer_stride=nb * max(page_bytes), block_stride=sum(page_bytes))],
+            kv_cache_groups=groups)
+        block_size = lay["groups"][0]["tokens_per_block"]
+        extra = {"cpu_bytes_to_use": par["cpu_chunks"] * sum(page_bytes) * lay.get("blocks_per_chunk", 1)
+                 + 4096 * 64, "blocks_per_chunk": lay.get("blocks_per_chunk", 1)}
+        if par.get("sync_load_budget_bytes"):
+            extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
+        if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
+            extra["offload_prompt_only"] = bool(par["offload_prompt_only"])
+        script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p") if par.get(k)}
+        if par.get("mutant") == "evict_at_lookup":  # planted: the tier evicts what it just answered HIT
+            script["evict_at_lookup"] = True
+        if script:  # the scripted tier, through vLLM's spec factory (out-of-tree path)
+            fakes.install_scripted_tier(self.obase)
+            extra.update(spec_name="KvboundScriptedSpec", spec_module_path=fakes.TIER_MODULE,
+                         kvbound_script=dict(script, seed=par.get("seed", 0)))
+        model_config = ModelConfig(model=self.model_dir, tokenizer=self.model_dir, skip_tokenizer_init=True,
+                                   max_model_len=par.get("max_model_len", 8192), dtype="float32",
+                                   enforce_eager=True)
+        cc = {"block_size": block_size, "enable_prefix_caching": True}
+        if any(g["kind"] == "mamba" for g in lay["groups"]):
+            cc["mamba_cache_mode"] = "align"
+        if lay.get("prefix_match_unit"):
+            cc["prefix_match_unit"] = lay["prefix_match_unit"]
+        cache_config = CacheConfig(**cc)
+        cache_config.num_gpu_blocks = nb
+        sched_cfg = SchedulerConfig(max_num_seqs=par["max_num_seqs"],
+                           max_num_batched_tokens=par["max_num_batched_tokens"],
+                           max_model_len=par.get("max_model_len", 8192),
+                           enable_chunked_prefill=True, async_scheduling=bool(par.get("async")),
+                           is_encoder_decoder=False)
+        spec_kw = {}
+        if lay.get("speculative"):
+            from vllm.config import SpeculativeConfig
+
+            sp = lay["speculative"]
+            spec_kw["speculative_config"] = SpeculativeConfig(
+                method=sp["method"], model=self.model_dir,
+                num_speculative_tokens=sp["num_speculative_tokens"],
+                target_model_config=model_config, target_parallel_config=ParallelConfig())
+        vllm_config = VllmConfig(
+            **spec_kw,
+            model_config=model_config, cache_config=cache_config, scheduler_config=sched_cfg,
+            parallel_config=ParallelConfig(), device_config=DeviceConfig(device="cpu"),
+            kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                                                kv_connector_extra_config=extra),
+        )
+        cache_config.num_gpu_blocks = nb
+        bs, hbs = self._block_sizes(kv_cache_config, vllm_config)
+        cls = self.AsyncScheduler if par.get("async") else self.Scheduler
+        sched = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                    structured_output_manager=_structured(vllm_config), block_size=bs,
+                    **({"hash_block_size": hbs} if hbs is not None else {}))
+        wconn = self.oc.OffloadingConnector(vllm_config, self.KVConnectorRole.WORKER, kv_cache_config)
+        return Engine(self, lay, par, vllm_config, kv_cache_config, sched, wconn, hbs or bs)
+
+    def _block_sizes(self, kv_cache_config, vllm_config):
+        fn = getattr(self.kcu, "resolve_kv_cache_block_sizes", None)
+        if fn is None:
+            return vllm_config.cache_config.block_size, None
+        bs, hbs = fn(kv_cache_config, vllm_config)
+        if hasattr(kv_cache_config, "hash_block_size"):
+            kv_cache_config.hash_block_size = hbs
+        align = getattr(self.kcu, "resolve_cache_hit_alignment_tokens", None)
+        if align is not None and hasattr(kv_cache_config, "cache_hit_alignment_tokens"):
+            kv_cache_config.cache_hit_alignment_tokens = align(kv_cache_config, vllm_config, bs, hbs)
+        return bs, hbs
+
+
+def _structured(vllm_config):
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    return StructuredOutputManager(vllm_config)
+
+
+class Engine:
+    def __init__(self, rel, lay, par, vllm_config, kv_cache_config, sched, wconn, hash_block_size):
+        self.rel, self.lay, self.par = rel, lay, par
+        self.vllm_config, self.kv_cache_config = vllm_config, kv_cache_config
+        self.sched, self.wconn = sched, wconn
+        self.csched = sched.connector.connector_scheduler
+        self.rng = random.Random(par.get("seed", 0))
+        self.mutant = par.get("mutant")  # tests only: a planted defect the checks must report
+        cls = fakes.fake_transfer_engine_class(rel.obase)
+        self.transfers = cls(self.rng, par.get("max_delay", 2), par.get("fail_p", 0.0), self)
+        wconn.connector_worker.worker = self.transfers
+        self.hasher = rel.kcu.get_request_block_hasher(hash_block_size, rel.sha256)
+        self.cases = []
+        self.violations = []
+        self.stats = dict(requests=0, steps=0, lookups=0, loads=0, partial_hits=0, partial_tails=0,
+                          stores=0, preemptions=0, aborts=0, failed_loads=0, drafts=0, accepted=0)
+        sp = lay.get("speculative")
+        self.num_spec = sp["num_speculative_tokens"] if sp else 0
+        self.accept_p = sp.get("accept_p", 0.7) if sp else 0.0
+        self.model_runner = fakes.FakeModelRunner(self, self.num_spec, self.accept_p)
+        self.checks = checks.LifecycleChecks(self)
+        self.last_lookup = {}
+        self.loaded_keys = []
+        self.step_no = 0
+        self.shadow = None if par.get("shadow") is False else shadow.ShadowKV(self)
+        self._wrap()
+        if self.shadow is not None:
+            self.shadow.install()
+
+    # -- connector calls seen -----------------------------------------------------------
+    def _wrap(self):
+        eng = self
+        cs = self.csched
+        orig_uasa = cs.update_state_after_alloc
+        orig_lookup = cs.get_num_new_matched_tokens
+
+        def get_num_new_matched_tokens(request, num_computed_tokens, *a, **k):
+            res = orig_lookup(request, num_computed_tokens, *a, **k)
+            eng.stats["lookups"] += 1
+            eng.last_lookup[request.request_id] = (num_computed_tokens, res)
+            return res
+
+        def update_state_after_alloc(request, blocks, num_external_tokens):
+            case = None
+            if num_external_tokens:
+                ctx = eng.call_context(request)  # before the call: it clears partial_tail_boundary
+                try:
+                    case = eng.rel.capture.case_of_call(
+                        cs, request, blocks, num_external_tokens,
+                        "trace-s%d-%s" % (eng.step_no, request.request_id),
+                        kv_cache_config=eng.kv_cache_config)
+                except Exception as e:  # noqa: BLE001
+                    eng.violations.append({"check": "harness-capture", "step": eng.step_no,
+                                           "request": request.request_id,
+                                           "error": "%s: %s" % (type(e).__name__, e)})
+            jobs_before = set(getattr(cs, "_current_batch_load_jobs", {}) or {})
+            nkeys = len(eng.loaded_keys)
+            try:
+                r = orig_uasa(request, blocks, num_external_tokens)
+            except BaseException as e:
+                if case is not None:
+                    eng.cases.append(dict(ctx, case=case, outcome=(
+                        "assertion_error" if isinstance(e, AssertionError) else "exception"),
+                        error="%s: %s" % (type(e).__name__, e), assert_site=sidecar.assert_site(e)))
+                raise
+            if case is not None:
+                jobs = {j: v for j, v in (getattr(cs, "_current_batch_load_jobs", {}) or {}).items()
+                        if j not in jobs_before}
+                res = dict(ctx, case=case, outcome="ok")
+                keys = eng.loaded_keys[nkeys:]
+                res["keys"] = eng.describe_keys(request, keys[-1]) if keys else []
+                if jobs:
+                    (job,) = jobs.values()
+                    # a TransferJob names its (src, dst) pair as transfer_spec before 0.25
+                    # (0.24.0 offloading/common.py:63) and dst_spec since: probed by feature
+                    dst = job.dst_spec if hasattr(job, "dst_spec") else job.transfer_spec[1]
+                    ids = [int(x) for x in dst.block_ids]
+                    if eng.mutant == "dst_off_by_one":  # planted defect: tests show the checks see it
+                        ids = [i + 1 for i in ids]
+                    res.update(dst_block_ids=ids, group_sizes=[int(x) for x in dst.group_sizes],
+                               block_indices=[int(x) for x in dst.block_indices])
+                    eng.stats["loads"] += 1
+                    eng.checks.check_load_dst(request, ids)
+                else:
+                    res.update(dst_block_ids=[], group_sizes=[], block_indices=[])
+                if case["num_locally_computed_tokens"] > 0:
+                    eng.stats["partial_hits"] += 1
+                if ctx["partial_tail_boundary"] is not None:
+                    eng.stats["partial_tails"] += 1
+                eng.cases.append(res)
+            return r
+
+        cs.get_num_new_matched_tokens = get_num_new_matched_tokens
+        cs.update_state_after_alloc = update_state_after_alloc
+        self.checks.install()
+
+    def call_context(self, request):
+        """What the lookup answered for this request, beside the captured case."""
+        cs = self.csched
+        st = getattr(cs, "_req_status", {}).get(request.request_id)
+        sync = getattr(cs, "_current_batch_sync_loads", None)
+        n, res = self.last_lookup.get(request.request_id, (None, (None, None)))
+        return {"step": self.step_no,
+                "lookup": {"num_computed_tokens": n, "num_external_tokens": res[0],
+                           "load_async": None if res[1] is None else bool(res[1])},
+                "sync_load_marked": None if sync is None else request.request_id in sync,
+                "partial_tail_boundary": getattr(st, "partial_tail_boundary", None)}
+
+    def describe_keys(self, request, keys):
+        """prepare_load's keys as kvbound's plan names them: [group_idx, chunk], and
+        [group_idx, "boundary", key_tokens] for a key that is no whole chunk's (a partial
+        tail's, keyed by the hash of its first key_tokens tokens)."""
+        ob = self.rel.obase
+        hashes = list(request.block_hashes)
+        tph = self.rel.capture._tokens_per_hash(self.csched.config)
+        where = {}
+        for pos, g in enumerate(self.csched.config.kv_group_configs):
+            gi = getattr(g, "group_idx", pos)
+            hpc = self.rel.capture._first(g, "hashes_per_chunk", "hash_block_size_factor")
+            for j in range(len(hashes) // hpc):
+                where[ob.make_offload_key(hashes[(j + 1) * hpc - 1], gi)] = [gi, j]
+            for i, h in enumerate(hashes):
+                where.setdefault(ob.make_offload_key(h, gi), [gi, "boundary", (i + 1) * tph])
+        return [where.get(k, ["unknown"]) for k in keys]
+
+    def violate(self, check, request_id, msg):
+        self.violations.append({"check": check, "step": self.step_no, "request": request_id,
+                                "message": msg})
+
+    def on_submit(self, kind, job_id, spec):
+        if kind == "store":
+            self.stats["stores"] += 1
+
+    # -- stepping --------------------------------------------------------------------------
+    def new_request(self, r):
+        rel = self.rel
+        req = rel.Request(
+            request_id=str(r["id"]), prompt_token_ids=fakes.prompt_tokens(r["prompt"]),
+            sampling_params=rel.SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True),
+            pooling_params=None, block_hasher=self.hasher)
+        return req
+
+    def worker_side(self, so):
+        w = self.wconn
+        meta = so.kv_connector_metadata
+        w.handle_preemptions(meta)
+        if self.shadow is not None:  # the model runner's _update_states: zeroing, block copies
+            self.shadow.update_states(so)
+        w.bind_connector_metadata(meta)
+        w.start_load_kv(None)
+        if self.shadow is not None:  # the forward: what it reads, then what it writes
+            self.shadow.forward(so)
+        w.wait_for_save()
+        if hasattr(w, "get_transfer_results"):
+            tr = w.get_transfer_results(so.finished_req_ids)
+            fs, fr = tr.finished_sending, tr.finished_recving
+        else:
+            fs, fr = w.get_finished(so.finished_req_ids)
+        out = self.rel.vout.KVConnectorOutput(
+            finished_sending=fs, finished_recving=fr,
+            invalid_block_ids=w.get_block_ids_with_load_errors(),
+            kv_connector_worker_meta=w.build_connector_worker_meta())
+        w.clear_connector_metadata()
+        return out
+
+    def run(self, requests, max_steps=200000):
+        """Step as the engine core does: ``step`` (sync), or ``step_with_batch_queue``
+        with a queue of 2 (async: a batch is scheduled before the previous one's
+        output is applied), until its loop condition ``has_requests`` is false."""
+        sched = self.sched
+        by_step = {}
+        for r in requests:
+            by_step.setdefault(r["arrive"], []).append(r)
+        aborts = {}
+        last_arrival = max(by_step) if by_step else 0
+        self.step_no = 0
+        is_async = bool(self.par.get("async"))
+        queue = []  # (scheduler_output, model_output), oldest last
+        while True:
+            s = self.step_no
+            for r in by_step.pop(s, ()):
+                sched.add_request(self.new_request(r))
+                self.stats["requests"] += 1
+                if r.get("abort_after") is not None:
+                    aborts.setdefault(s + r["abort_after"], []).append(str(r["id"]))
+            for rid in aborts.pop(s, ()):
+                if rid in sched.requests:
+                    sched.finish_requests(rid, self.rel.RequestStatus.FINISHED_ABORTED)
+                    self.stats["aborts"] += 1
+            if s >= max_steps:
+                self.violate("not_drained", None, "still running after %d steps" % max_steps)
+                break
+            self.step_no += 1
+            if self.engine_busy():
+                self.stats["steps"] += 1
+                so = sched.schedule()
+                self.stats["preemptions"] += len(getattr(so, "preempted_req_ids", ()) or ())
+                mro = self.model_runner.output(so, self.worker_side(so))
+                queue.insert(0, (so, mro))
+                executed = so.total_num_scheduled_tokens > 0
+                if is_async and len(queue) < 2 and (executed or self.engine_busy()):
+                    continue
+            elif not queue:
+                if s > last_arrival and not aborts:
+                    break
+                continue  # idle until the next arrival
+            so, mro = queue.pop()
+            sched.update_from_output(so, mro)
+            if self.num_spec and not is_async:
+                self.model_runner.propose_drafts(so)
+        self.checks.check_drained()
+        if self.shadow is not None:
+            self.shadow.check_lost_chunks()
+            self.stats.update(self.shadow.stats)
+
+    def engine_busy(self):
+        """The engine core's own loop condition (``has_requests``: unfinished requests,
+        finished ones not yet sent to the workers, a connector with pending work)."""
+        sched = self.sched
+        if hasattr(sched, "has_requests"):
+            return sched.has_requests()
+        return sched.has_unfinished_requests() or bool(sched.finished_req_ids)

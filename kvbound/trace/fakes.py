@@ -1,0 +1,322 @@
+"""The fakes of ``kvbound trace``: what stands in for the model, the transfer engine and
+(optionally) an adversarial offload tier. Everything else the worker runs is vLLM's own.
+
+Loaded inside the release's side venv (standard library and vLLM only, imported lazily);
+importable on the host too, as ``kvbound.trace.fakes``, for unit tests of the pure parts.
+
+- tokens: the seeded documents, fillers and sampled tokens every prompt is made of;
+- ``FakeTransferEngine``: the ``OffloadingWorker`` the connector's worker side submits
+  jobs to; a job finishes 0..``max_delay`` steps after submission, a load fails with
+  probability ``fail_p``;
+- ``FakeModelRunner``: the model runner's output (sampled tokens, drafts);
+- the scripted tier: vLLM's CPU tier through the spec factory's out-of-tree path,
+  answering HIT_PENDING/RETRY and evicting between a lookup and its load.
+"""
+
+import random
+import sys
+import types
+
+def tok(doc, i):
+    """Token i of shared document ``doc`` (documents are what prompts share)."""
+    return 1 + (doc * 7919 + i * 104729) % 60000
+
+
+def out_tok(rid, i):
+    """The i-th token the fake model samples for request ``rid``."""
+    return 1 + (rid * 31337 + i * 977) % 60000
+
+
+def prompt_tokens(segments):
+    """A prompt from segments: ["doc", d, start, n] (document d's tokens [start, start+n)),
+    ["out", rid, n] (request rid's first n sampled tokens), ["uniq", rid, n]."""
+    toks = []
+    for s in segments:
+        if s[0] == "doc":
+            toks += [tok(s[1], i) for i in range(s[2], s[2] + s[3])]
+        elif s[0] == "out":
+            toks += [out_tok(s[1], i) for i in range(s[2])]
+        else:  # uniq
+            toks += [tok(100000 + s[1], i) for i in range(s[2])]
+    return toks
+
+
+
+TIER_MODULE = "kvbound_trace_tier"
+
+
+def install_scripted_tier(obase):
+    """An out-of-tree offload tier for vLLM's spec factory (``kv_connector_extra_config``
+    ``spec_name``/``spec_module_path``, ``v1/kv_offload/factory.py``): vLLM's own CPU tier
+    with a script (extra config ``kvbound_script``) that makes it adversarial:
+    ``pending_p``: a lookup that would HIT answers HIT_PENDING once (not yet readable),
+    ``retry_p``: ... answers RETRY once (location unknown), and ``evict_p``: at each
+    schedule end, every idle ready chunk some lookup answered HIT in that step is evicted
+    with this probability (between a lookup and a later ``prepare_load``)."""
+    if TIER_MODULE in sys.modules:
+        return
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    # 0.25 made lookup answer a LookupResult (0.25.1 v1/kv_offload/base.py:56-62); before, it
+    # answers True/False, or None for "retry later" (0.24.0 v1/kv_offload/base.py:162-176).
+    LR = getattr(obase, "LookupResult", None) or _BoolLookup
+
+    class KvboundScriptedSpec(CPUOffloadingSpec):
+        def get_manager(self):
+            m = super().get_manager()
+            if not getattr(m, "_kvbound_script", None):
+                _script_manager(m, dict(self.extra_config.get("kvbound_script") or {}), LR)
+            return m
+
+    mod = types.ModuleType(TIER_MODULE)
+    mod.KvboundScriptedSpec = KvboundScriptedSpec
+    sys.modules[TIER_MODULE] = mod
+
+
+class _BoolLookup:
+    """The pre-0.25 lookup answers under LookupResult's names: pending and retry are both
+    None ("the lookup should be retried later")."""
+
+    MISS, HIT, HIT_PENDING, RETRY = False, True, None, None
+
+
+def _script_manager(m, script, LR):
+    rng = random.Random(script.get("seed", 0))
+    pending_p, retry_p, evict_p = (float(script.get(k, 0.0)) for k in ("pending_p", "retry_p", "evict_p"))
+    m._kvbound_script = script
+    m.kvbound_evicted = []  # keys the script evicted, in order (the harness reads them)
+    m.kvbound_counts = {"pending": 0, "retry": 0, "evicted": 0}
+    delayed = set()  # (request id, key) answered PENDING/RETRY once already
+    hit_now = []
+    orig_lookup, orig_end = m.lookup, m.on_schedule_end
+    # The CPU tier counted "blocks" before 0.30 and "chunks" since (0.29.0
+    # v1/kv_offload/cpu/manager.py:61,96 _num_evictable_cache_blocks/_free_block; 0.30.0
+    # manager.py:61,96 _num_evictable_cache_chunks/_free_chunk), and kept no such count before
+    # 0.24 (0.23.0 cpu/policies/lru.py:42-55 scans ref_cnt): probed by feature.
+    evictable = next((a for a in ("_num_evictable_cache_chunks", "_num_evictable_cache_blocks")
+                      if hasattr(m, a)), None)
+    free = getattr(m, "_free_chunk", None) or m._free_block
+
+    def evict(keys):
+        evicted = []
+        for key in dict.fromkeys(keys):
+            chunk = m._policy.get(key)
+            if chunk is None or not chunk.is_ready or chunk.ref_cnt != 0:
+                continue
+            m._policy.remove(key)
+            if evictable is not None:
+                setattr(m, evictable, getattr(m, evictable) - 1)
+            free(chunk)
+            evicted.append(key)
+        if evicted:
+            m.kvbound_evicted.extend(evicted)
+            m.kvbound_counts["evicted"] += len(evicted)
+            if m.events is not None:
+                m.events.append(_evict_event(m, evicted))
+
+    def lookup(key, req_context):
+        r = orig_lookup(key, req_context)
+        if r is LR.HIT:
+            hit_now.append(key)
+            tag = (getattr(req_context, "req_id", None), key)
+            if tag not in delayed:
+                x = rng.random()
+                if script.get("evict_at_lookup"):  # tests only: a tier that breaks its contract
+                    evict([key])
+                if x < pending_p:
+                    delayed.add(tag)
+                    m.kvbound_counts["pending"] += 1
+                    return LR.HIT_PENDING
+                if x < pending_p + retry_p:
+                    delayed.add(tag)
+                    m.kvbound_counts["retry"] += 1
+                    return LR.RETRY
+        return r
+
+    def on_schedule_end(*context):  # no ScheduleEndContext before 0.25 (0.24.0 base.py:305)
+        orig_end(*context)
+        evict([key for key in hit_now if rng.random() < evict_p])
+        del hit_now[:]
+
+    m.lookup, m.on_schedule_end = lookup, on_schedule_end
+
+
+def _evict_event(m, keys):
+    from vllm.v1.kv_offload.base import OffloadingEvent
+
+    return OffloadingEvent(keys=keys, medium=m.medium, removed=True)
+
+
+
+def fake_transfer_engine_class(obase):
+    base = getattr(obase, "OffloadingWorker", None)
+    if base is None:
+        # Before 0.25 the connector's worker side owns a concrete OffloadingWorker that routes
+        # ``transfer_async(job_id, (src, dst))`` to handlers by medium (0.24.0
+        # v1/kv_offload/worker/worker.py:77-140; offloading/worker.py:39,273-297); 0.25 made it
+        # the abstract ``base.OffloadingWorker`` with submit_store/submit_load (0.25.1
+        # v1/kv_offload/base.py:459). Probed by feature, not by release.
+        return _legacy_fake_transfer_engine_class(obase)
+
+    class KvboundFakeTransferEngine(base):
+        """A job finishes ``delay`` steps after submission (0..max_delay), a load fails with
+        probability ``fail_p`` (``TransferResult(success=False)``, the worker API's report).
+        With shadow KV on (``eng.shadow``) it moves content: each job copies its blocks at a
+        seeded moment between submission and completion (``shadow.ShadowKV``)."""
+
+        def __init__(self, rng, max_delay, fail_p, eng):
+            self.rng, self.max_delay, self.fail_p, self.eng = rng, max_delay, fail_p, eng
+            self.pending = {}  # job_id -> [steps_left, success, kind]
+            self.submitted = {}
+
+        def _shadow(self):
+            return getattr(self.eng, "shadow", None)
+
+        def submit_store(self, job_id, src_spec, dst_spec):
+            delay = None
+            if self.eng.mutant != "lost_store":  # planted defect: a store that never completes
+                delay = self.rng.randint(0, self.max_delay)
+                self.pending[job_id] = [delay, True, "store"]
+            self.submitted[job_id] = "store"
+            self.eng.on_submit("store", job_id, src_spec)
+            sh = self._shadow()
+            if sh is not None:
+                sh.submit("store", job_id, src_spec, dst_spec, self.max_delay if delay is None else delay, True)
+            return True
+
+        def submit_load(self, job_id, src_spec, dst_spec, expedited=False):
+            ok = self.rng.random() >= self.fail_p
+            delay = 0 if expedited else self.rng.randint(0, self.max_delay)
+            self.pending[job_id] = [delay, ok, "load"]
+            self.submitted[job_id] = "load"
+            self.eng.on_submit("load", job_id, dst_spec)
+            sh = self._shadow()
+            if sh is not None:
+                sh.submit("load", job_id, src_spec, dst_spec, delay, ok)
+            return True
+
+        def get_finished(self):
+            sh = self._shadow()
+            if sh is not None:
+                sh.tick()
+            done = []
+            for j, v in list(self.pending.items()):
+                if v[0] <= 0:
+                    if sh is not None:
+                        sh.complete(j)
+                    done.append(obase.TransferResult(job_id=j, success=v[1]))
+                    del self.pending[j]
+                else:
+                    v[0] -= 1
+            return done
+
+        def wait(self, job_ids):
+            sh = self._shadow()
+            if sh is not None:
+                sh.flush(job_ids)
+            for j in job_ids:
+                if j in self.pending:
+                    self.pending[j][0] = 0
+
+    return KvboundFakeTransferEngine
+
+
+def _legacy_fake_transfer_engine_class(obase):
+    """The same fake for the pre-0.25 API: one ``transfer_async(job_id, (src, dst))``, a load
+    when the destination is the GPU (``GPULoadStoreSpec.medium()``); results are the
+    release's own ``TransferResult``; those releases assert every transfer succeeded
+    (0.24.0 offloading/worker.py:309 ``assert transfer_result.success``), so ``fail_p`` is
+    honoured only where the connector handles failures."""
+    from vllm.v1.kv_offload.worker import worker as w0
+
+    class KvboundFakeTransferEngine(w0.OffloadingWorker):
+        def __init__(self, rng, max_delay, fail_p, eng):
+            super().__init__()
+            self.rng, self.max_delay, self.fail_p, self.eng = rng, max_delay, fail_p, eng
+            self.pending = {}
+            self.submitted = {}
+
+        def transfer_async(self, job_id, spec):
+            src, dst = spec
+            if dst.medium() == obase.GPULoadStoreSpec.medium():  # CPU -> GPU: a load
+                ok = self.rng.random() >= self.fail_p
+                self.pending[job_id] = [self.rng.randint(0, self.max_delay), ok, "load"]
+                self.submitted[job_id] = "load"
+                self.eng.on_submit("load", job_id, dst)
+            else:
+                if self.eng.mutant != "lost_store":
+                    self.pending[job_id] = [self.rng.randint(0, self.max_delay), True, "store"]
+                self.submitted[job_id] = "store"
+                self.eng.on_submit("store", job_id, src)
+            return True
+
+        def get_finished(self):
+            done = []
+            for j, v in list(self.pending.items()):
+                if v[0] <= 0:
+                    done.append(w0.TransferResult(job_id=j, success=v[1]))
+                    del self.pending[j]
+                else:
+                    v[0] -= 1
+            return done
+
+        def wait(self, job_ids):
+            for j in job_ids:
+                if j in self.pending:
+                    self.pending[j][0] = 0
+
+    return KvboundFakeTransferEngine
+
+
+class FakeModelRunner:
+    """The model runner's output for a scheduled batch: one sampled token per request whose
+    prefill is complete (``out_tok``), and, with speculative decoding, the drafter's
+    proposals and their acceptance."""
+
+    def __init__(self, eng, num_spec, accept_p):
+        self.eng, self.num_spec, self.accept_p = eng, num_spec, accept_p
+
+    def output(self, so, kv_out):
+        ids = list(so.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            req = self.eng.sched.requests.get(rid)
+            if req is not None and req.num_computed_tokens >= req.num_tokens:
+                # async: this step's token is already counted as a placeholder
+                idx = req.num_output_tokens + max(0, getattr(req, "num_output_placeholders", 0) - 1)
+                # speculative decoding: the drafts the fake model would have sampled are
+                # accepted up to the first wrong one, plus one bonus token
+                drafts = (getattr(so, "scheduled_spec_decode_tokens", None) or {}).get(rid, ())
+                toks = []
+                for d in drafts:
+                    if d != out_tok(int(rid), idx + len(toks)):
+                        break
+                    toks.append(d)
+                self.eng.stats["accepted"] += len(toks)
+                sampled.append(toks + [out_tok(int(rid), idx + len(toks))])
+            else:
+                sampled.append([])
+        return self.eng.rel.vout.ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=sampled, kv_connector_output=kv_out)
+
+    def propose_drafts(self, so):
+        """The drafter's proposals after a sync step (the engine core's
+        ``take_draft_token_ids`` -> ``update_draft_token_ids``): ``num_speculative_tokens``
+        per request that sampled, each right with probability ``accept_p``."""
+        ids, drafts = [], []
+        for rid in so.num_scheduled_tokens:
+            req = self.eng.sched.requests.get(rid)
+            if req is None or req.is_finished() or req.num_computed_tokens < req.num_tokens - 1:
+                continue
+            d = []
+            for i in range(self.num_spec):
+                t = out_tok(int(rid), req.num_output_tokens + i)
+                d.append(t if self.eng.rng.random() < self.accept_p else 1 + (t % 59999))
+            ids.append(rid)
+            drafts.append(d)
+            self.eng.stats["drafts"] += len(d)
+        if ids:
+            self.eng.sched.update_draft_token_ids(
+                self.eng.rel.vout.DraftTokenIds(req_ids=ids, draft_token_ids=drafts))
+
