@@ -212,21 +212,15 @@ def _term_computed_cached(g):
 
 
 def _term_sliding_skipped_null(g):
+    """The skipped blocks are null (the window in chunks is the config's: the plan derives it)."""
     t = g.table
     skipped = MAX(g.T - g.span + 1 - g.extra, 0)
-    # window_in_chunks as 0.31+ derive it (config.get_sliding_window_size_in_chunks); the world's
-    # ``window_counts_retained`` is False for the mutant (or a release) that ignores the retained tokens
-    window = FLOORDIV(g.span + g.tpc - 1, g.tpc)
-    if getattr(g, "window_counts_retained", True):
-        window = MAX(window, FLOORDIV(g.span - 1 + g.extra + g.tpc - 1, g.tpc))
-    return AND(g.span >= 1, g.extra >= 0, g.window == window,
-               t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == NUL))
+    return AND(g.span >= 1, g.extra >= 0, t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == NUL))
 
 
 def _term_chunked_skipped_null(g):
     t = g.table
-    return AND(g.span >= 1, g.extra == 0, g.window == FLOORDIV(g.span + g.tpc - 1, g.tpc),
-               t.forall(0, FLOORDIV(FLOORDIV(g.T, g.span) * g.span, g.b), lambda i: t.state(i) == NUL))
+    return AND(g.span >= 1, t.forall(0, FLOORDIV(FLOORDIV(g.T, g.span) * g.span, g.b), lambda i: t.state(i) == NUL))
 
 
 def _term_mamba_one_block(g):
@@ -308,7 +302,7 @@ PREMISES: tuple = (
         "window-skipped-null",
         "A sliding-window group's blocks before its window at T are null: SlidingWindowManager skips "
         "max(0, T - w + 1 - extra_retained_tokens) tokens.",
-        "∀ i < ⌊max(0, T − w + 1 − extra)/b⌋: null;  window = max(⌈w/tpc⌉, ⌈(w − 1 + extra)/tpc⌉)",
+        "∀ i < ⌊max(0, T − w + 1 − extra)/b⌋: null",
         frozenset({GroupKind.SLIDING_WINDOW}),
         (_src(V33, STM, 1148, "SlidingWindowManager.get_num_skipped_tokens"),
          _src(V33, STM, 268, "add_local_computed_blocks: num_skipped_blocks nulls"),
@@ -317,7 +311,7 @@ PREMISES: tuple = (
     Premise(
         "chunk-skipped-null",
         "A chunked-local group's blocks before T's attention chunk are null.",
-        "∀ i < ⌊⌊T/c⌋·c/b⌋: null;  window = ⌈c/tpc⌉", frozenset({GroupKind.CHUNKED_LOCAL}),
+        "∀ i < ⌊⌊T/c⌋·c/b⌋: null", frozenset({GroupKind.CHUNKED_LOCAL}),
         (_src(V33, STM, 1381, "ChunkedLocalAttentionManager.get_num_skipped_tokens"),
          _src(V29, STM, 1310, "ChunkedLocalAttentionManager.get_num_skipped_tokens")),
         _term_chunked_skipped_null, _check_skipped_null),

@@ -467,3 +467,25 @@ def test_conform_cli_fails_with_a_planted_spec_mutant(tmp_path):
     assert "differs in: outcome, assertion" in bad.stdout  # the mutant's extra chunk key runs out of keys
     rec = json.loads((tmp_path / "bad.json").read_text())
     assert rec["spec_mutant"] == "partial-tail-chunk" and rec["cases"][0]["verdict"] == "disagree"
+
+
+def test_the_0_30_retained_window_witness_fires_window_bound_on_real_0_30():
+    """safe-load.fixed.0.30's witness (a sliding window with extra_retained_tokens on a table the
+    allocator builds, T a whole number of chunks) replayed on the real 0.30.0 scheduler: its window
+    assert fires, as the spec of 0.30 says; the spec of 0.31 plans it (the window counts retained
+    tokens). A witness the real release planned would fail the obligation's claim to be about 0.30."""
+    from kvbound.proofs.obligations import OBLIGATIONS
+    from kvbound.proofs.runner import run_obligation
+    from kvbound.spec import plan_for_version
+
+    ob = next(o for o in OBLIGATIONS if o.id == "safe-load.fixed.0.30")
+    r = run_obligation(ob)
+    assert r.met and r.replay is None
+    case = r.witness
+    sw = case.groups[0].config
+    assert sw.extra_retained_tokens >= sw.tokens_per_block + 2 and case.num_cached_tokens % sw.tokens_per_block == 0
+    env = release_env_for("0.30.0")
+    _, (real,) = runner.run_release(env, [case])
+    rec = C.judge(case, "0.30.0", real)
+    assert rec["verdict"] == C.AGREE and C.outcome_label(rec) == "window_bound", json.dumps(rec, indent=1)
+    assert plan_for_version(case, "0.31.0").ok
