@@ -122,7 +122,7 @@ def _skipped_blocks(case, gi) -> int:
     g, b, N, T, f, k = _numbers(case, gi)
     cfg = g.config
     if cfg.kind is GroupKind.SLIDING_WINDOW:
-        extra = getattr(cfg, "extra_retained_tokens", 0) or 0
+        extra = cfg.extra_retained_tokens
         return max(0, T - cfg.sliding_window + 1 - extra) // b
     if cfg.kind is GroupKind.CHUNKED_LOCAL:
         return (T // cfg.attention_chunk_size) * cfg.attention_chunk_size // b
@@ -147,7 +147,7 @@ def _check_mamba_one_block(case, gi):
 
 
 def _tail(case) -> bool:
-    return getattr(case, "partial_tail_boundary", None) is not None
+    return case.partial_tail_boundary is not None
 
 
 def _check_keys_cover(case, gi):
@@ -229,20 +229,20 @@ def _term_mamba_one_block(g):
 
 
 def _term_keys_cover(g):
-    tail = getattr(g, "tail", False)  # False, True (TailWorld) or a Z3 Bool (HybridWorld)
+    tail = g.tail  # False (World), True (TailWorld) or a Z3 Bool (a HybridWorld slot)
     whole = g.num_keys * g.tpc >= g.T
     return whole if tail is False else IF(tail, g.num_keys >= CDIV(g.T, g.tpc) - 1, whole)  # bpc = 1 with a tail
 
 
 def _term_hit_a_chunk(g):
-    tail = getattr(g, "tail", False)
+    tail = g.tail
     return g.M >= g.tpc if tail is False else IF(tail, g.M >= g.tph, g.M >= g.tpc)
 
 
 def _term_partial_tail_lookup(g):
     """``_lookup`` with a partial tail (0.33 scheduler.py:1068-1152): a hash-aligned boundary past N,
     before the prompt's last token, returned as M = boundary - N; keys from all tokens."""
-    tail = getattr(g, "tail", False)
+    tail = g.tail
     if tail is False:
         return True
     return IMPLIES(tail, AND(g.boundary == g.N + g.M, g.boundary > g.N, g.boundary % g.tph == 0,
@@ -538,7 +538,7 @@ def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
           *[w.table.state(i) == STATE_CODE[blk.state.value] for i, blk in enumerate(g.blocks)])
     if w.span is not None:
         s.add(w.span == (g.config.sliding_window or g.config.attention_chunk_size),
-              w.extra == (getattr(g.config, "extra_retained_tokens", 0) or 0))
+              w.extra == g.config.extra_retained_tokens)
     s.add(z3.BoolVal(True) if p.term(w) is True else p.term(w))
     return is_sat(s)
 
