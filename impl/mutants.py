@@ -17,7 +17,7 @@ import torch
 from kvbound.spec import AssertName, Variant
 
 from . import plan as P
-from .batch import STATE_H, STATE_N
+from .batch import STATE_H, STATE_N, floordiv
 
 
 def _start_in(lo_offset: int = 0, hi_offset: int = 0):
@@ -82,11 +82,11 @@ def _by_position(batch, cells) -> None:
 
 
 def _floor_f(cells, geo) -> None:
-    geo.f = P._floordiv(cells.N, cells.b)
+    geo.f = floordiv(cells.N, cells.b)
 
 
 def _floor_end(cells, geo) -> None:
-    end = P._floordiv(cells.T, geo.tpc)
+    end = floordiv(cells.T, geo.tpc)
     geo.num_chunks = end
     geo.end_chunk_limit = end if cells.tail is None else end - cells.tail
 

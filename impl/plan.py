@@ -26,7 +26,7 @@ import torch
 from kvbound.spec import Assertion, AssertName, GroupPlan, LoadPlan, ReleaseFeatures, Variant, variant_features
 from kvbound.spec.asserts import ASSERT_CODE, ASSERT_OF_CODE, ASSERTS, NO_ASSERT
 
-from .batch import (KIND_FULL, KIND_MAMBA, KIND_SLIDING, MAMBA_MODE_CODES, PLANE_NONNULL, PLANE_UNHASHED,
+from .batch import (KIND_FULL, cdiv, floordiv, KIND_MAMBA, KIND_SLIDING, MAMBA_MODE_CODES, PLANE_NONNULL, PLANE_UNHASHED,
                     SLOT_WORD, STATE_H, STATE_N, STATE_U, PlanBatch, pack_slots, unpack_states)
 
 assert (STATE_N, STATE_H, STATE_U) == (0, 1, 2), "the scan's bit tricks assume these codes"
@@ -267,19 +267,6 @@ def real_cells(batch: PlanBatch) -> Cells:
     return cells
 
 
-def _floordiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    if a.dtype == torch.int64:
-        return torch.div(a, b, rounding_mode="floor")
-    return torch.div(a.to(torch.float32), b.to(torch.float32)).floor_().to(a.dtype)
-
-
-def _cdiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """cdiv of non-negative ``a`` by positive ``b``, as vLLM's ``cdiv``."""
-    if a.dtype == torch.int64:
-        return torch.div(a + b - 1, b, rounding_mode="floor")
-    return torch.div(a.to(torch.float32), b.to(torch.float32)).ceil_().to(a.dtype)
-
-
 # --- the scan over packed block states ------------------------------------------
 
 _WORD = SLOT_WORD
@@ -346,9 +333,9 @@ class Geometry:
 def group_geometry(cells: Cells) -> Geometry:
     """k, f and the per-group bounds the asserts compare against."""
     b, bpc = cells.b, cells.bpc
-    k, f = _cdiv(cells.T, b), _cdiv(cells.N, b)
+    k, f = cdiv(cells.T, b), cdiv(cells.N, b)
     tpc = b * bpc
-    num_chunks = _cdiv(k, bpc)  # cdiv(cdiv(T, b), bpc) == cdiv(T, b * bpc)
+    num_chunks = cdiv(k, bpc)  # cdiv(cdiv(T, b), bpc) == cdiv(T, b * bpc)
     return Geometry(
         k=k, f=f,
         table_short=cells.table_length < k,
@@ -358,7 +345,7 @@ def group_geometry(cells: Cells) -> Geometry:
         num_chunks=num_chunks,
         end_chunk_limit=num_chunks if cells.tail is None else num_chunks - cells.tail,
         # (num_tokens // tokens_per_hash) // (tpc // tokens_per_hash) == num_tokens // tpc
-        num_offload_keys=_floordiv(cells.num_tokens, tpc),
+        num_offload_keys=floordiv(cells.num_tokens, tpc),
         _windows={},
     )
 
@@ -370,9 +357,9 @@ def window_in_chunks(cells: Cells, geo: Geometry, release: ReleaseFeatures) -> t
     state"; -1 for full attention (no window)."""
     counts = bool(release.window_counts_retained and cells.extra_retained is not None)
     if counts not in geo._windows:
-        window = torch.where(cells.kind == KIND_MAMBA, 1, _cdiv(cells.window_tokens, geo.tpc))
+        window = torch.where(cells.kind == KIND_MAMBA, 1, cdiv(cells.window_tokens, geo.tpc))
         if counts:
-            retained = _cdiv((cells.window_tokens - 1 + cells.extra_retained).clamp(min=0), geo.tpc)
+            retained = cdiv((cells.window_tokens - 1 + cells.extra_retained).clamp(min=0), geo.tpc)
             use = (cells.kind == KIND_SLIDING) & (cells.extra_retained > 0)
             window = torch.where(use, torch.maximum(window, retained), window)
         geo._windows[counts] = torch.where(geo.windowed, window, -1)
@@ -400,7 +387,7 @@ def offload_key_chunks(cells: Cells, geo: Geometry, start: torch.Tensor, pending
     partial tail's boundary key (the token position its hash is read at, NO_KEY for
     none); empty when nothing is pending. vLLM slices ``offload_keys[start:end]``:
     a short key list just yields fewer keys (python -O)."""
-    start_chunk = _floordiv(start, cells.bpc)
+    start_chunk = floordiv(start, cells.bpc)
     end = torch.maximum(start_chunk, torch.minimum(geo.end_chunk_limit, geo.num_offload_keys))
     loads = pending > 0
     # where(c, x, y) as y + c * (x - y): torch's CPU where is many times slower

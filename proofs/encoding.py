@@ -18,15 +18,14 @@ from dataclasses import dataclass, replace
 
 import z3
 
-from kvbound.spec import AssertName, ReleaseFeatures, Variant
+from kvbound.spec import STATE_CODES, AssertName, BlockState, ReleaseFeatures, Variant
 from kvbound.spec.asserts import ASSERT_CODE, ASSERT_OF_CODE, NO_ASSERT
 from kvbound.spec.versions import release_features
 
 from .terms import AND, CDIV, FLOORDIV, IF, MAX, MIN, MOD, NOT, OR, Sx
 
-# Block states as integers in the encoding (spec's BlockState N / H / U).
-NUL, HSH, UNH = 0, 1, 2
-STATE_CODE = {"N": NUL, "H": HSH, "U": UNH}
+# Block states as the spec codes them (kvbound.spec.STATE_CODES), named for the formulas.
+NUL, HSH, UNH = (STATE_CODES[s] for s in (BlockState.NULL, BlockState.HASHED, BlockState.UNHASHED))
 
 # Outcome codes: OK the group plans; otherwise the assert that fires first (spec/asserts.py's table).
 OK, FAIL_CODE, CODE_FAIL = NO_ASSERT, ASSERT_CODE, ASSERT_OF_CODE
@@ -135,7 +134,7 @@ class ConcreteTable:
 
     def __init__(self, blocks):
         self.length = len(blocks)
-        self.states = [STATE_CODE[b.state.value] for b in blocks]
+        self.states = [STATE_CODES[b.state] for b in blocks]
         self.ids = [b.block_id for b in blocks]
 
     def state(self, i):

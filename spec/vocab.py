@@ -59,6 +59,11 @@ class BlockState(str, Enum):
     UNHASHED = "U"  # non-null, ``block_hash is None``
 
 
+# The integer codes every encoding of a table uses (the Z3 encoding, the torch batches): the
+# order of the enums is the code.
+STATE_CODES = {s: i for i, s in enumerate(BlockState)}  # N=0, H=1, U=2
+KIND_CODES = {k: i for i, k in enumerate(GroupKind)}  # full_attention=0, sliding_window, chunked_local, mamba=3
+
 NULL_BLOCK_ID = 0
 
 
