@@ -294,6 +294,12 @@ class ReleaseFeatures:
     extra_retained_tokens: bool = True  # 0.28+: SlidingWindowSpec has the field
     window_counts_retained: bool = True  # 0.31+: the window in chunks counts extra_retained_tokens
     group_subsets: bool = True  # 0.30+: configs carry group_idx, tables are blocks.blocks[group_idx]
+    # What an engine of the release can be built with (kvbound trace's layouts need them):
+    mamba_external_kv: bool = True  # 0.23+: the scheduler takes external (connector) tokens for Mamba
+    schedule_end_hook: bool = True  # 0.23+: OffloadingManager.on_schedule_end
+    prefix_match_unit: bool = True  # 0.26+: CacheConfig.prefix_match_unit (tokens_per_hash < block)
+    chunked_local_offload: bool = True  # 0.28+: the connector offloads ChunkedLocalAttentionSpec groups
+    single_attention_hybrid: bool = True  # 0.29+: a hybrid coordinator with one attention spec (FA + EAGLE FA)
     release: str = "0.33.0"  # the release these facts were read from (for reasons)
 
 
