@@ -110,6 +110,13 @@ def test_a_setup_error_is_a_harness_fault_in_kvbound_and_a_crash_in_vllm():
     assert [(f.kind, f.finding_class) for f in got] == [("crash:engine_build", "crash")]
 
 
+def test_a_call_that_is_no_valid_case_is_a_finding_not_a_host_error():
+    bad = json.loads(json.dumps(GOOD))
+    bad["groups"][0]["blocks"] = ["H1", "H2", "U3", "U3"]  # block 3 in two places
+    got, tally = R.check_result("0.33.0", "full", JOB, _res(bad))
+    assert [f.kind for f in got] == ["premise:valid-call"] and tally["cases"] == 1
+
+
 def test_every_layout_declares_its_needs_and_each_need_is_a_release_table_column():
     from kvbound.spec.vocab import ReleaseFeatures
     from kvbound.trace.layouts import NEED, NEEDS
