@@ -60,6 +60,7 @@ def handle(rel, msg):
         return run_job(rel, msg["job"])
     except Exception as e:  # noqa: BLE001 - the engine could not be built
         return {"ok": False, "setup_error": "%s: %s" % (type(e).__name__, e),
+                "assert_site": sidecar.assert_site(e),
                 "traceback": sidecar.portable_traceback(e), "harness_fault": sidecar.raised_in_harness(e)}
 
 
