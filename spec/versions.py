@@ -19,7 +19,9 @@ _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 _L, _F, _S = Variant.LEGACY, Variant.FIXED, Variant.FIXED_SYNC
 _COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eagle_partial_tails",
-            "extra_retained_tokens", "window_counts_retained", "group_subsets")
+            "extra_retained_tokens", "window_counts_retained", "group_subsets",
+            "lookup_eagle", "lookup_defers_on_transfers", "lookup_result_enum", "lookup_swa_gap_clears_pending",
+            "lookup_eagle_widens_every_group", "lookup_load_window", "lookup_partial_tail_bridge")
 
 # The first release of each behaviour; it holds until the next row. Sources (docs/vllm-semantics.md):
 #  0.20 scan from 0 + `N <= start*b`; no window assert; keys checked for every group
@@ -29,17 +31,25 @@ _COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eag
 #  0.30 fixed scan from cdiv(N, b) + `N % b == 0`; configs carry group_idx: blocks.blocks[group_idx]
 #  0.31 the window in chunks counts extra_retained_tokens
 #  0.33 sync loads match by position; partial tails with EAGLE groups, keyed at boundary + margin
+# The lookup columns (offloading/scheduler.py; docs/lookup.md has the lines):
+#  0.24 EAGLE groups pop their trailing chunk, Mamba align caps the hit; defer while transfer_jobs
+#  0.25 LookupResult (RETRY; HIT_PENDING extends a sliding-window run)
+#  0.30 a gap clears a sliding window's pending flag; EAGLE widening for every group; load windows
+#  0.33 the partial-tail bridge chunk and a second search block with EAGLE proof margins
 RELEASES: tuple = tuple(
     ((int(v.split(".")[0]), int(v.split(".")[1])), ReleaseFeatures(**dict(zip(_COLUMNS, row)), release=v))
     for v, *row in (
         # release  variant slack keys_every partial eagle_pt retained win_retained subsets
-        ("0.20.0", _L, None, True,  False, False, False, False, False),
-        ("0.21.0", _L, 0,    True,  False, False, False, False, False),
-        ("0.27.0", _L, 1,    True,  False, False, False, False, False),
-        ("0.28.0", _L, 1,    False, True,  False, True,  False, False),
-        ("0.30.0", _F, 1,    False, True,  False, True,  False, True),
-        ("0.31.0", _F, 1,    False, True,  False, True,  True,  True),
-        ("0.33.0", _S, 1,    False, True,  True,  True,  True,  True),
+        #          | lookup: eagle  transfers enum   gap_clears widen_all load_window bridge
+        ("0.20.0", _L, None, True,  False, False, False, False, False, False, False, False, False, False, False, False),
+        ("0.21.0", _L, 0,    True,  False, False, False, False, False, False, False, False, False, False, False, False),
+        ("0.24.0", _L, 0,    True,  False, False, False, False, False, True,  True,  False, False, False, False, False),
+        ("0.25.0", _L, 0,    True,  False, False, False, False, False, True,  True,  True,  False, False, False, False),
+        ("0.27.0", _L, 1,    True,  False, False, False, False, False, True,  True,  True,  False, False, False, False),
+        ("0.28.0", _L, 1,    False, True,  False, True,  False, False, True,  True,  True,  False, False, False, False),
+        ("0.30.0", _F, 1,    False, True,  False, True,  False, True,  True,  True,  True,  True,  True,  True,  False),
+        ("0.31.0", _F, 1,    False, True,  False, True,  True,  True,  True,  True,  True,  True,  True,  True,  False),
+        ("0.33.0", _S, 1,    False, True,  True,  True,  True,  True,  True,  True,  True,  True,  True,  True,  True),
     )
 )
 assert RELEASES[-1][1] == replace(ReleaseFeatures(), release="0.33.0")  # the dataclass defaults are 0.33
