@@ -88,7 +88,7 @@ ENGINE = {
     "mamba-eagle-scripted": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512,
                                  pending_p=0.05, retry_p=0.02, evict_p=0.1),
     "swa-scripted": dict(_BASE, pending_p=0.1, retry_p=0.02, evict_p=0.15),
-    "full-stalled": dict(_BASE, stall_p=0.02, evict_p=0.0001),
+    "full-stalled": dict(_BASE, stall_p=0.05),
     "mamba-eagle-untagged": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba-eagle": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512),
     "swa-sync": dict(_BASE, sync_load_budget_bytes=1 << 16),

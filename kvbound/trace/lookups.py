@@ -14,8 +14,8 @@ table (``_policy.get``: absent MISS, not ready HIT_PENDING, else HIT), which cha
 nothing in the tier.
 
 Planted defects (tests only, ``params["mutant"]``): ``lookup_drop_last_chunk`` (the hit
-loses its last chunk), ``lookup_defer_any_pending`` (defer when any key answered other
-than HIT or MISS), ``lookup_never_return`` (a request deferred once is deferred for
+loses its last chunk), ``lookup_defer_any_pending`` (defer, instead of hitting, while the
+tier holds any key pending), ``lookup_never_return`` (a request deferred once is deferred for
 ever), ``lookup_extra_chunk`` (the hit claims one more chunk than the tier holds).
 """
 
@@ -178,8 +178,10 @@ class LookupCapture:
         tpc = max(g["tokens_per_chunk"] for g in lk["groups"])
         if mutant == "lookup_drop_last_chunk" and hit:
             return hit - tpc if hit > tpc else 0
-        if mutant == "lookup_defer_any_pending":
-            if any(self.answer_name(r) in ("HIT_PENDING", "RETRY") for _, r in asked):
+        if mutant == "lookup_defer_any_pending":  # any key the tier holds pending, needed or not
+            table = getattr(getattr(self.cs.manager, "_policy", None), "chunks", None) or \
+                getattr(getattr(self.cs.manager, "_policy", None), "blocks", None) or {}
+            if hit and any(not b.is_ready for b in table.values()):
                 return None
         if mutant == "lookup_never_return":
             if rid in self.never:
