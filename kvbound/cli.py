@@ -20,7 +20,7 @@ from kvbound.errors import EXIT_OK, KvboundError
 
 # Each name is a module kvbound.commands.<name> with register(subparsers) -> parser
 # (which sets ``func``); order is the order ``kvbound --help`` lists them.
-COMMANDS = ["plan", "explain", "prove", "premises", "report", "catalogue", "conform", "diff", "bench", "trace"]
+COMMANDS = ["plan", "explain", "prove", "premises", "report", "catalogue", "conform", "diff", "bench", "trace", "campaign"]
 
 
 def build_parser() -> argparse.ArgumentParser:

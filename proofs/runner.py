@@ -188,7 +188,7 @@ def by_id(ids=None) -> list[Obligation]:
 
 def _task(args):
     """One unit of work in a worker: an obligation, or a mutant against every proved one."""
-    from kvbound.spec import case_to_dict
+    from .reservation import witness_to_dict
 
     kind, name, options = args
     if kind == "mutant":
@@ -198,7 +198,7 @@ def _task(args):
     r = run_obligation(by_id([name])[0], options)
     return kind, name, {
         "verdict": r.verdict, "seconds": r.seconds, "vacuity": r.vacuity, "replay": r.replay,
-        "detail": r.detail, "witness": None if r.witness is None else case_to_dict(r.witness),
+        "detail": r.detail, "witness": None if r.witness is None else witness_to_dict(r.witness),
     }
 
 
@@ -239,7 +239,7 @@ def run_all(ids=None, options: SolverOptions = PROVE, mutants: bool = True, jobs
     """Every obligation (vacuity and witness replay included) and every mutant.
 
     ``jobs`` worker processes share the work (Z3 is single-threaded per solver)."""
-    from kvbound.spec import case_from_dict
+    from .reservation import witness_from_dict
 
     t0 = time.perf_counter()
     obs = by_id(ids)
@@ -264,17 +264,21 @@ def run_all(ids=None, options: SolverOptions = PROVE, mutants: bool = True, jobs
             continue
         ob = by_id([name])[0]
         w = d["witness"]
-        results[name] = Result(ob, d["verdict"], d["seconds"], None if w is None else case_from_dict(w),
+        results[name] = Result(ob, d["verdict"], d["seconds"], None if w is None else witness_from_dict(w),
                                d["vacuity"], d["replay"], d["detail"])
     return Report([results[o.id] for o in obs], mut if mutants else None, time.perf_counter() - t0)
 
 
 def witness_cases(options: SolverOptions = PROVE) -> list:
-    """Every witness the refuted obligations produce, as spec Cases named witness-<id>."""
+    """Every witness the refuted obligations produce that is a load (a spec Case; the reservation
+    obligations' witnesses are allocate_slots calls, replayed by scripts/repro_0_33_sync_mamba.py),
+    named witness-<id>."""
+    from kvbound.spec import Case
+
     out = []
     for ob in OBLIGATIONS:
         if ob.expected == REFUTED:
             r = run_obligation(ob, options)
-            if r.witness is not None:
+            if isinstance(r.witness, Case):
                 out.append(replace(r.witness, name=f"witness-{ob.id}"))
     return out

@@ -19,7 +19,7 @@ _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 _L, _F, _S = Variant.LEGACY, Variant.FIXED, Variant.FIXED_SYNC
 _COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eagle_partial_tails",
-            "extra_retained_tokens", "window_counts_retained", "group_subsets",
+            "extra_retained_tokens", "window_counts_retained", "group_subsets", "sync_loads", "allocator",
             "lookup_eagle", "lookup_defers_on_transfers", "lookup_result_enum", "lookup_swa_gap_clears_pending",
             "lookup_eagle_widens_every_group", "lookup_load_window", "lookup_partial_tail_bridge")
 
@@ -30,7 +30,14 @@ _COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eag
 #       SlidingWindowSpec.extra_retained_tokens exists, the offload window ignores it
 #  0.30 fixed scan from cdiv(N, b) + `N % b == 0`; configs carry group_idx: blocks.blocks[group_idx]
 #  0.31 the window in chunks counts extra_retained_tokens
-#  0.33 sync loads match by position; partial tails with EAGLE groups, keyed at boundary + margin
+#  0.33 sync loads match by position; partial tails with EAGLE groups, keyed at boundary + margin;
+#       the connector may load synchronously (offloading/scheduler.py:1277 `... and not sync_load`;
+#       0.28 - 0.32 return `bool(num_hit_tokens)`, always async: 0.29.0 :991, 0.32.0 :1097)
+# The allocator column: MambaManager's align-mode code (v1/core/single_type_kv_cache_manager.py),
+# by the first release of each version of it (proofs/reservation.py, AllocatorCode, says what
+# changed): 0.28 no checkpoint block; 0.29 checkpoint block; 0.30 checkpoint restructured;
+# 0.31 min(num_new, cap); 0.32 num_speculative_blocks no longer added on checkpoint steps (0.33
+# changes only the checkpoint position's arguments, which the model leaves free).
 # The lookup columns (offloading/scheduler.py; docs/lookup.md has the lines):
 #  0.24 EAGLE groups pop their trailing chunk, Mamba align caps the hit; defer while transfer_jobs
 #  0.25 LookupResult (RETRY; HIT_PENDING extends a sliding-window run)
@@ -39,20 +46,28 @@ _COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eag
 RELEASES: tuple = tuple(
     ((int(v.split(".")[0]), int(v.split(".")[1])), ReleaseFeatures(**dict(zip(_COLUMNS, row)), release=v))
     for v, *row in (
-        # release  variant slack keys_every partial eagle_pt retained win_retained subsets
-        #          | lookup: eagle  transfers enum   gap_clears widen_all load_window bridge
-        ("0.20.0", _L, None, True,  False, False, False, False, False, False, False, False, False, False, False, False),
-        ("0.21.0", _L, 0,    True,  False, False, False, False, False, False, False, False, False, False, False, False),
-        ("0.24.0", _L, 0,    True,  False, False, False, False, False, True,  True,  False, False, False, False, False),
-        ("0.25.0", _L, 0,    True,  False, False, False, False, False, True,  True,  True,  False, False, False, False),
-        ("0.27.0", _L, 1,    True,  False, False, False, False, False, True,  True,  True,  False, False, False, False),
-        ("0.28.0", _L, 1,    False, True,  False, True,  False, False, True,  True,  True,  False, False, False, False),
-        ("0.30.0", _F, 1,    False, True,  False, True,  False, True,  True,  True,  True,  True,  True,  True,  False),
-        ("0.31.0", _F, 1,    False, True,  False, True,  True,  True,  True,  True,  True,  True,  True,  True,  False),
-        ("0.33.0", _S, 1,    False, True,  True,  True,  True,  True,  True,  True,  True,  True,  True,  True,  True),
+        # release  variant slack keys_every partial eagle_pt retained win_retained subsets sync alloc
+        #          | lookup: eagle transfers enum gap_clears widen_all load_window bridge
+        ("0.20.0", _L, None, True, False, False, False, False, False, False, None, False, False, False, False, False, False, False),
+        ("0.21.0", _L, 0, True, False, False, False, False, False, False, None, False, False, False, False, False, False, False),
+        ("0.24.0", _L, 0, True, False, False, False, False, False, False, None, True, True, False, False, False, False, False),
+        ("0.25.0", _L, 0, True, False, False, False, False, False, False, None, True, True, True, False, False, False, False),
+        ("0.27.0", _L, 1, True, False, False, False, False, False, False, None, True, True, True, False, False, False, False),
+        ("0.28.0", _L, 1, False, True, False, True, False, False, False, "0.28.0", True, True, True, False, False, False, False),
+        ("0.29.0", _L, 1, False, True, False, True, False, False, False, "0.29.0", True, True, True, False, False, False, False),
+        ("0.30.0", _F, 1, False, True, False, True, False, True, False, "0.30.0", True, True, True, True, True, True, False),
+        ("0.31.0", _F, 1, False, True, False, True, True, True, False, "0.31.0", True, True, True, True, True, True, False),
+        ("0.32.0", _F, 1, False, True, False, True, True, True, False, "0.32.0", True, True, True, True, True, True, False),
+        ("0.33.0", _S, 1, False, True, True, True, True, True, True, "0.32.0", True, True, True, True, True, True, True),
     )
 )
 assert RELEASES[-1][1] == replace(ReleaseFeatures(), release="0.33.0")  # the dataclass defaults are 0.33
+
+# The release of each minor version a campaign traces (``kvbound campaign --vllm A..B``):
+# the newest patch release of that minor on PyPI when it was pinned. 0.21 is the first with
+# a hybrid-capable offloading connector that kvbound drives (docs/trace.md).
+CAMPAIGN_RELEASES = ("0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.0", "0.28.0",
+                     "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
 
 # What ``plan_load(case, variant)`` models when no release is named: the variant's last release.
 REPRESENTATIVE = {Variant.LEGACY: "0.29.0", Variant.FIXED: "0.32.0", Variant.FIXED_SYNC: "0.33.0"}

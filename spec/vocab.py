@@ -294,6 +294,9 @@ class ReleaseFeatures:
     extra_retained_tokens: bool = True  # 0.28+: SlidingWindowSpec has the field
     window_counts_retained: bool = True  # 0.31+: the window in chunks counts extra_retained_tokens
     group_subsets: bool = True  # 0.30+: configs carry group_idx, tables are blocks.blocks[group_idx]
+    sync_loads: bool = True  # 0.33+: the offloading connector may load synchronously (load_kv_async False)
+    allocator: str | None = "0.32.0"  # the KV-cache allocator code it runs (MambaManager align mode), by the
+    # first release of that code; None before 0.28 (not modelled). proofs/reservation.py reads it.
     # the lookup (get_num_new_matched_tokens; spec/lookup.py, docs/lookup.md):
     lookup_eagle: bool = True  # 0.24+: is_eagle_group pops its trailing chunk; Mamba alignment cap
     lookup_defers_on_transfers: bool = True  # 0.24+: defer while transfer_jobs; skip_reading_prefix_cache

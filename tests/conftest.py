@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 CORPUS = ROOT / "corpus"
@@ -26,3 +28,17 @@ KVBOUND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-P", "-m", "
 def kvbound(*args, cwd=ROOT, timeout=300) -> subprocess.CompletedProcess:
     """Run ``kvbound ARGS...`` in a subprocess: real exit code, stdout and stderr as text."""
     return subprocess.run([*KVBOUND, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture
+def prepared():
+    """``prepared(version)`` -> the release's ReleaseEnv. Outside CI a release not yet
+    prepared skips the test with the reason (``kvbound conform --vllm X`` prepares it); in
+    CI (``CI=true``) it is prepared, so a real-vLLM test never skips there."""
+    from kvbound.conform.prepare import is_prepared, prepare_release
+
+    def get(version):
+        if not is_prepared(version) and not os.environ.get("CI"):
+            pytest.skip(f"vllm {version} is not prepared (kvbound conform --vllm {version} prepares it)")
+        return prepare_release(version, None)
+    return get

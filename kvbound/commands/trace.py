@@ -14,8 +14,11 @@ from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, PrepareError, UsageEr
 from kvbound.spec import case_from_dict, plan_for_version, variant_for_version
 
 
+DEFAULT_BUDGET_S = 300.0
+
+
 def register(sub):
-    from kvbound.trace.layouts import DEFAULT_LAYOUTS, LAYOUTS
+    from kvbound.trace.layouts import LAYOUTS
 
     p = sub.add_parser(
         "trace",
@@ -32,8 +35,12 @@ def register(sub):
     p.add_argument("--vllm-src", metavar="DIR", help="run a checkout's vllm/ (a fork) instead; --vllm X names"
                    " the release whose spec it is checked against")
     p.add_argument("--layout", action="append", choices=sorted(LAYOUTS), default=[],
-                   help=f"repeatable; default: {' '.join(DEFAULT_LAYOUTS)}")
-    p.add_argument("--requests", type=int, default=2000, metavar="N", help="requests per layout")
+                   help="repeatable; default: every layout the release supports")
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="S",
+                   help=f"seconds the run is planned to take (default {DEFAULT_BUDGET_S:.0f}): turned into requests"
+                        " per layout by a fixed planning rate (kvbound.trace.campaign), so the run stays"
+                        " reproducible")
+    p.add_argument("--requests", type=int, default=None, metavar="N", help="requests per layout (overrides --budget)")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--segment", type=int, default=400, metavar="K",
                    help="requests per engine (a fresh scheduler and CPU tier each)")
@@ -47,7 +54,9 @@ def register(sub):
     p.add_argument("--no-shrink", action="store_true", help="save findings unshrunk")
     p.add_argument("--shrink-budget", type=int, default=150, metavar="R", help="reruns per shrink")
     p.add_argument("--out", default="trace-findings", metavar="DIR", help="where trace files go")
-    p.add_argument("--json", metavar="FILE", help="summary and findings as JSON (for CI)")
+    p.add_argument("--json", metavar="FILE", help="summary and findings as JSON (for CI; the same command"
+                   " writes the same bytes)")
+    p.add_argument("--timings", metavar="FILE", help="wall-clock and CPU figures per layout (not reproducible)")
     p.add_argument("--replay", metavar="F", help="rerun a trace file's requests and say if its finding reproduces")
     p.add_argument("--reshrink", action="store_true",
                    help="with --replay: shrink the reproduced finding further and save it under --out")
@@ -112,31 +121,50 @@ def _bar(quiet):
 
 def run(args) -> int:
     from kvbound.trace import runner as R
+    from kvbound.trace.campaign import requests_for_budget
+    from kvbound.trace.layouts import LAYOUTS
 
     if args.replay:
         return replay(args)
-    if args.requests < 1 or args.segment < 1:
+    if (args.requests is not None and args.requests < 1) or args.segment < 1:
         raise UsageError("--requests and --segment must be >= 1")
-    from kvbound.trace.layouts import DEFAULT_LAYOUTS
-
-    layouts = list(dict.fromkeys(args.layout)) or list(DEFAULT_LAYOUTS)
+    layouts = list(dict.fromkeys(args.layout)) or list(LAYOUTS)
+    n = args.requests if args.requests is not None else requests_for_budget(args.budget, len(layouts))
     overrides = _overrides(args.engine)
     try:
         env = _env(args)
     except PrepareError as e:
         print(f"kvbound trace: vllm {args.vllm} could not be prepared:\n  {e}", file=sys.stderr)
         return EXIT_INPUT
-    print(f"kvbound trace: vllm {env.version}, layouts {' '.join(layouts)}, {args.requests} requests each,"
+    print(f"kvbound trace: vllm {env.version}, layouts {' '.join(layouts)}, {n} requests each,"
           f" seed {args.seed}, scheduler {args.scheduler}", file=sys.stderr)
     t0 = time.monotonic()
+    summaries, findings, skipped = [], [], []
     try:
-        summaries, findings = R.run_trace(env, layouts, args.requests, args.seed, args.segment,
-                                          args.scheduler, _bar(args.quiet), args.stop_on_first, overrides)
+        w = R.start_worker(env)
     except R.TraceError as e:
         print(f"kvbound trace: {e}", file=sys.stderr)
         return EXIT_INPUT
+    try:
+        for name in layouts:
+            try:
+                got_s, got_f = R.run_trace(env, [name], n, args.seed, args.segment, args.scheduler,
+                                           _bar(args.quiet), args.stop_on_first, overrides, worker=w)
+            except R.TraceError as e:  # this layout only: one line, and the run goes on
+                why = str(e).splitlines()[0]
+                skipped.append({"layout": name, "why": why})
+                print(f"  {name}: skipped: {why}", file=sys.stderr, flush=True)
+                if not w.alive:
+                    w = R.start_worker(env)
+                continue
+            summaries += got_s
+            findings += got_f
+    finally:
+        w.stop()
     wall = time.monotonic() - t0
     print(render_table(summaries))
+    for sk in skipped:
+        print(f"skipped {sk['layout']}: {sk['why']}")
     saved = report_findings(env, findings, args)
     total_req = sum(s.stats["requests"] for s in summaries)
     print(f"\n{total_req} requests in {wall:.1f} s ({total_req / max(wall, 1e-9):,.0f} requests/s on one"
@@ -144,20 +172,24 @@ def run(args) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({
-            "vllm": env.version, "seed": args.seed, "requests_per_layout": args.requests,
-            "seconds": round(wall, 2), "layouts": [_summary_json(s) for s in summaries],
-            "findings": [{"kind": f.kind, "layout": f.layout, "detail": _short(f.detail), "file": p}
-                         for f, p in saved]}, indent=1) + "\n")
+            "vllm": env.version, "seed": args.seed, "requests_per_layout": n,
+            "layouts": [_summary_json(s) for s in summaries], "skipped": skipped,
+            "findings": [{"kind": f.kind, "class": f.finding_class, "safety": f.safety, "layout": f.layout,
+                          "detail": _short(f.detail), "file": p} for f, p in saved]}, indent=1) + "\n")
+    if args.timings:
+        Path(args.timings).write_text(json.dumps({"seconds": round(wall, 2), "layouts": [
+            {"layout": s.layout, "seconds": round(s.seconds, 2), "cpu_seconds": round(s.cpu_seconds, 2),
+             "requests_per_cpu_second": round(s.stats["requests"] / s.cpu_seconds, 1) if s.cpu_seconds else None,
+             "first_finding_seconds": None if s.first_finding_seconds is None else round(s.first_finding_seconds, 2)}
+            for s in summaries]}, indent=1) + "\n")
+    if any(f.finding_class == "harness" for f in findings):
+        return EXIT_INPUT
     return EXIT_FAIL if findings else EXIT_OK
 
 
 def _summary_json(s) -> dict:
     return {"layout": s.layout, **s.stats, "captured_calls": s.cases, "spec_agree": s.agree,
-            "not_judged": s.undriven, "findings": s.findings, "seconds": round(s.seconds, 2),
-            "cpu_seconds": round(s.cpu_seconds, 2),
-            "requests_per_cpu_second": round(s.stats["requests"] / s.cpu_seconds, 1) if s.cpu_seconds else None,
-            "first_finding_requests": s.first_finding_requests,
-            "first_finding_seconds": None if s.first_finding_seconds is None else round(s.first_finding_seconds, 2)}
+            "not_judged": s.undriven, "findings": s.findings, "first_finding_requests": s.first_finding_requests}
 
 
 def _short(d: dict) -> dict:

@@ -17,13 +17,12 @@ import time
 from pathlib import Path
 
 from kvbound.errors import WorkerError
+from kvbound.options import WORKERS
 from kvbound.spec import case_to_dict
 
 from .prepare import PrepareError, ReleaseEnv
 
 WORKER = Path(__file__).with_name("worker.py")
-HELLO_TIMEOUT_S = 300  # importing vLLM on a loaded 2-core machine
-CASE_TIMEOUT_S = 120
 MAX_CRASHES_IN_A_ROW = 3
 
 
@@ -39,7 +38,8 @@ class Worker:
 
     def start(self) -> dict:
         pyenv = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="ERROR",
-                     VLLM_TARGET_DEVICE="cpu", TOKENIZERS_PARALLELISM="false")
+                     VLLM_TARGET_DEVICE="cpu", TOKENIZERS_PARALLELISM="false",
+                     PYTHONHASHSEED=WORKERS.hash_seed)  # a seeded trace repeats itself (options.py)
         if self.env.tree:
             pyenv["PYTHONPATH"] = self.env.tree
         # -P keeps the worker's own directory (kvbound's sources) off sys.path.
@@ -47,7 +47,7 @@ class Worker:
             [self.env.python, "-P", str(self.script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._err, text=True, bufsize=1, env=pyenv,
         )
-        line = self._readline(HELLO_TIMEOUT_S)
+        line = self._readline(WORKERS.hello_timeout_s)
         msg = _parse(line)
         if msg is None or "hello" not in msg:
             self.stop()
@@ -84,10 +84,10 @@ class Worker:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # seen as a dead worker below
-        line = self._readline(CASE_TIMEOUT_S)
+        line = self._readline(WORKERS.case_timeout_s)
         if line is None:
             self.stop()
-            return {"outcome": "worker_timeout", "timeout_s": CASE_TIMEOUT_S}
+            return {"outcome": "worker_timeout", "timeout_s": WORKERS.case_timeout_s}
         msg = _parse(line)
         if msg is None:  # EOF: the process died
             code = self.proc.wait(timeout=10)

@@ -22,7 +22,7 @@ import tempfile
 
 import kvbound_sidecar as sidecar
 
-from . import checks, fakes, lookups
+from . import checks, fakes, lookups, shadow
 
 
 class Release:
@@ -142,6 +142,8 @@ class Release:
                  + 4096 * 64, "blocks_per_chunk": lay.get("blocks_per_chunk", 1)}
         if par.get("sync_load_budget_bytes"):
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
+        if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
+            extra["offload_prompt_only"] = bool(par["offload_prompt_only"])
         script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p", "stall_p") if par.get(k)}
         if par.get("mutant") == "evict_at_lookup":  # planted: the tier evicts what it just answered HIT
             script["evict_at_lookup"] = True
@@ -233,7 +235,10 @@ class Engine:
         self.last_lookup = {}
         self.loaded_keys = []
         self.step_no = 0
+        self.shadow = None if par.get("shadow") is False else shadow.ShadowKV(self)
         self._wrap()
+        if self.shadow is not None:
+            self.shadow.install()
 
     # -- connector calls seen -----------------------------------------------------------
     def _wrap(self):
@@ -279,7 +284,9 @@ class Engine:
                 res["keys"] = eng.describe_keys(request, keys[-1]) if keys else []
                 if jobs:
                     (job,) = jobs.values()
-                    dst = job.dst_spec
+                    # a TransferJob names its (src, dst) pair as transfer_spec before 0.25
+                    # (0.24.0 offloading/common.py:63) and dst_spec since: probed by feature
+                    dst = job.dst_spec if hasattr(job, "dst_spec") else job.transfer_spec[1]
                     ids = [int(x) for x in dst.block_ids]
                     if eng.mutant == "dst_off_by_one":  # planted defect: tests show the checks see it
                         ids = [i + 1 for i in ids]
@@ -351,8 +358,12 @@ class Engine:
         w = self.wconn
         meta = so.kv_connector_metadata
         w.handle_preemptions(meta)
+        if self.shadow is not None:  # the model runner's _update_states: zeroing, block copies
+            self.shadow.update_states(so)
         w.bind_connector_metadata(meta)
         w.start_load_kv(None)
+        if self.shadow is not None:  # the forward: what it reads, then what it writes
+            self.shadow.forward(so)
         w.wait_for_save()
         if hasattr(w, "get_transfer_results"):
             tr = w.get_transfer_results(so.finished_req_ids)
@@ -415,6 +426,9 @@ class Engine:
             if self.num_spec and not is_async:
                 self.model_runner.propose_drafts(so)
         self.checks.check_drained()
+        if self.shadow is not None:
+            self.shadow.check_lost_chunks()
+            self.stats.update(self.shadow.stats)
 
     def engine_busy(self):
         """The engine core's own loop condition (``has_requests``: unfinished requests,

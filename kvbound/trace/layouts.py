@@ -67,6 +67,11 @@ LAYOUTS = {
     # The scripted tier whose writes sometimes never complete (stall_p): a key stays
     # HIT_PENDING for as long as the engine runs.
     "full-stalled": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
+    # offload_prompt_only=False (kv_connector_extra_config, read by OffloadingSpec,
+    # v1/kv_offload/base.py): decoded tokens are offloaded too, up to the finished
+    # request's token horizon (0.26-0.29: num_tokens; 0.30+: clamped to num_tokens - 1).
+    "full-store-all": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
+    "swa-store-all": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=128)], "blocks_per_chunk": 1},
     # Two GPU blocks per offloaded chunk.
     "bpc2": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 2},
 }
@@ -83,6 +88,8 @@ ENGINE = {
     "mamba-block": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba528": dict(_BASE, num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
     "bpc2": dict(_BASE),
+    "full-store-all": dict(_BASE, offload_prompt_only=False, aligned_decode_p=0.3),
+    "swa-store-all": dict(_BASE, offload_prompt_only=False, aligned_decode_p=0.3),
     "eagle": dict(_BASE),
     "full-scripted": dict(_BASE, pending_p=0.05, retry_p=0.02, evict_p=0.1),
     "mamba-eagle-scripted": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512,
@@ -96,7 +103,6 @@ ENGINE = {
                              sync_load_budget_bytes=1 << 18),
     "mamba-sync": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512, sync_load_budget_bytes=1 << 18),
 }
-DEFAULT_LAYOUTS = ("full", "swa", "mamba")
 
 
 def block_sizes(layout: dict) -> list[int]:

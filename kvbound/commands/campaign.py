@@ -1,0 +1,251 @@
+"""``kvbound campaign``: ``kvbound trace`` over every release × layout, as one matrix."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, KvboundError, PrepareError, UsageError
+
+DEFAULT_BUDGET_S = 3600
+
+
+def register(sub):
+    from kvbound.trace.layouts import LAYOUTS
+
+    p = sub.add_parser(
+        "campaign",
+        help="trace every release x layout: one matrix, each distinct finding once",
+        description="Run kvbound trace's real-scheduler campaign on every release (and layout) named: the "
+        "matrix of releases x layouts, each distinct finding once with the releases that have it (first, "
+        "last) and where it stops, findings by class (crash, plan, data, store, lookup, liveness, "
+        "lifecycle, premise, harness). Shards (a release and its layouts) run in a local process pool, or "
+        "on a Ray cluster with --ray. The same command gives the same JSON, byte for byte. Exit 1 on a "
+        "finding, 2 on a harness fault or a release that cannot be prepared.",
+    )
+    p.add_argument("--vllm", action="append", default=[], metavar="X",
+                   help="a release (0.33.0), a range (0.21.0..0.33.0) or a comma list; repeatable")
+    p.add_argument("--vllm-src", metavar="DIR", help="a checkout's root (a fork): joins the matrix as one column,"
+                   " judged as the newest release named")
+    p.add_argument("--layout", action="append", choices=sorted(LAYOUTS), default=[],
+                   help="repeatable; default: every layout")
+    p.add_argument("--budget", type=float, default=None, metavar="S",
+                   help=f"seconds the campaign is planned to take (default {DEFAULT_BUDGET_S}); turned into"
+                        " requests per layout by a fixed planning rate, so the run stays reproducible")
+    p.add_argument("--requests", type=int, default=None, metavar="N", help="requests per layout (overrides --budget)")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--workers", type=int, default=None, metavar="W",
+                   help="local worker processes (default: the CPU count)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run the shards on Ray: auto (a running cluster), an"
+                   " address, or local (a fresh local instance of --workers CPUs)")
+    p.add_argument("--shrink-budget", type=int, default=60, metavar="R", help="reruns per distinct finding")
+    p.add_argument("--out", default="campaign-findings", metavar="DIR", help="where trace files go")
+    p.add_argument("--json", metavar="FILE", help="the campaign document (deterministic)")
+    p.add_argument("--timings", metavar="FILE", help="wall-clock figures per shard and layout (not reproducible)")
+    p.add_argument("--html", metavar="FILE", help="the matrix and the findings drawn, one HTML page")
+    p.add_argument("--baseline", metavar="FILE", help="an earlier campaign's JSON: exit 1 only on a finding"
+                   " (key, release) it does not hold, and name the ones it holds that are gone (for CI)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+    return p
+
+
+def plan(args) -> tuple[list, list]:
+    """(columns, shards) from the command line alone."""
+    from kvbound.spec import variant_for_version
+    from kvbound.trace.campaign import Shard, expand_releases, requests_for_budget
+    from kvbound.trace.layouts import LAYOUTS
+
+    if not args.vllm and not args.vllm_src:
+        raise UsageError("name releases with --vllm (e.g. --vllm 0.21.0..0.33.0) or a checkout with --vllm-src DIR")
+    releases = expand_releases(args.vllm)
+    for v in releases:
+        variant_for_version(v)  # UnsupportedVersion: one line, exit 2
+    layouts = tuple(dict.fromkeys(args.layout)) or tuple(LAYOUTS)
+    columns = list(releases)
+    src_col = None
+    if args.vllm_src:
+        src = Path(args.vllm_src)
+        if not (src / "vllm" / "__init__.py").exists():
+            raise UsageError(f"--vllm-src {src}: no vllm/__init__.py there (give the checkout's root)")
+        if not releases:
+            raise UsageError("--vllm-src DIR needs --vllm X: the release whose spec the fork is judged by")
+        src_col = f"src:{src.resolve().name}"
+        columns.append(src_col)
+    workers = 1 if args.ray else max(1, args.workers or os.cpu_count() or 1)
+    if args.requests is not None:
+        if args.requests < 1:
+            raise UsageError("--requests must be >= 1")
+        n = args.requests
+    else:
+        n = requests_for_budget(args.budget if args.budget is not None else DEFAULT_BUDGET_S, len(columns) * len(layouts),
+                workers if not args.ray else (args.workers or 2))
+    common = dict(layouts=layouts, requests=n, seed=args.seed, shrink_budget=args.shrink_budget)
+    shards = [Shard(release=v, column=v, **common) for v in releases]
+    if src_col:
+        shards.append(Shard(release=releases[-1], column=src_col, src=str(Path(args.vllm_src).resolve()), **common))
+    return columns, shards
+
+
+def _bar(quiet, t0):
+    def progress(done, total, res):
+        cells = res["cells"]
+        nf = sum(len(c["findings"]) for c in cells)
+        col = res["shard"]["column"]
+        if quiet:
+            print(f"  {col}: {len(cells)} layouts, {nf} distinct findings", file=sys.stderr, flush=True)
+            return
+        w = 30
+        fill = int(w * done / max(total, 1))
+        print(f"\r  [{'#' * fill}{'.' * (w - fill)}] {done}/{total} shards  {time.monotonic() - t0:,.0f} s"
+              f"  last: {col} ({len(cells)} layouts, {nf} findings)   ",
+              end="" if done < total else "\n", file=sys.stderr, flush=True)
+    return progress
+
+
+def run(args) -> int:
+    from kvbound.conform.prepare import prepare_release
+    from kvbound.trace import campaign as C
+
+    columns, shards = plan(args)
+    for sh in shards:  # prepare in this process, once, before the pool (cached afterwards)
+        if sh.src:
+            continue
+        try:
+            prepare_release(sh.release, lambda m: print(m, file=sys.stderr, flush=True))
+        except PrepareError as e:
+            print(f"kvbound campaign: vllm {sh.release} could not be prepared:\n  {e}", file=sys.stderr)
+            return EXIT_INPUT
+    n_cells = sum(len(s.layouts) for s in shards)
+    print(f"kvbound campaign: {len(columns)} column(s) x {len(shards[0].layouts)} layouts = {n_cells} cells,"
+          f" {shards[0].requests} requests each, seed {args.seed},"
+          f" {'Ray ' + args.ray if args.ray else f'{max(1, args.workers or os.cpu_count() or 1)} local worker(s)'}",
+          file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    out_dir = str(Path(args.out).resolve())
+    if args.ray:
+        results = C.ray_shards(shards, args.ray, _bar(args.quiet, t0), out_dir, num_cpus=args.workers)
+    else:
+        results = C.local_shards(shards, max(1, args.workers or os.cpu_count() or 1), _bar(args.quiet, t0), out_dir)
+    doc = C.merge(columns, results)
+    wall = time.monotonic() - t0
+    print(render(doc))
+    print(f"\n{n_cells} cells in {wall:.0f} s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    if args.timings:
+        Path(args.timings).write_text(json.dumps({"seconds": round(wall, 1), "shards": [
+            {"column": r["shard"]["column"], **r["timings"]} for r in results]}, indent=1) + "\n")
+    if args.html:
+        Path(args.html).write_text(html_page(doc))
+    if any(f["class"] == "harness" for f in doc["findings"]):
+        return EXIT_INPUT
+    if args.baseline:
+        new, gone = against_baseline(doc, _read_baseline(args.baseline))
+        for key, col in gone:
+            print(f"baseline: {key} on {col} is no longer found")
+        for key, col in new:
+            print(f"NEW: {key} on {col} (not in the baseline {args.baseline})")
+        print(f"baseline: {len(new)} new finding(s), {len(gone)} gone")
+        return EXIT_FAIL if new else EXIT_OK
+    return EXIT_FAIL if doc["findings"] else EXIT_OK
+
+
+def _pairs(doc) -> set:
+    return {(f["key"], c) for f in doc["findings"] for c in f["columns"]}
+
+
+def _read_baseline(path) -> dict:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"--baseline {path}: not a readable campaign JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != "kvbound-campaign/1":
+        raise UsageError(f"--baseline {path}: format: must be 'kvbound-campaign/1' (a kvbound campaign --json file)")
+    return doc
+
+
+def against_baseline(doc, baseline) -> tuple[list, list]:
+    """(new, gone): (finding key, column) pairs found now and not in the baseline, and those
+    the baseline has on a column this run covered that are no longer found."""
+    now, then = _pairs(doc), _pairs(baseline)
+    cols = set(doc["columns"])
+    return sorted(now - then), sorted(p for p in then - now if p[1] in cols)
+
+
+def _cell_text(cell) -> str:
+    if cell is None:
+        return "-"
+    if cell["outcome"] != "ran":
+        return "skip"
+    return str(len(cell["findings"])) if cell["findings"] else "ok"
+
+
+def render(doc) -> str:
+    from kvbound.trace.runner import FINDING_CLASSES
+
+    cols = doc["columns"]
+    layouts = sorted({l for c in doc["matrix"].values() for l in c})
+    lines = ["", "== matrix: layouts x releases (ok, skip, or the number of distinct findings) =="]
+    w0 = max([len("layout")] + [len(l) for l in layouts])
+    ws = [max(len(c), 4) for c in cols]
+    lines.append("  ".join(["layout".ljust(w0)] + [c.rjust(w) for c, w in zip(cols, ws)]))
+    for l in layouts:
+        lines.append("  ".join([l.ljust(w0)] + [_cell_text(doc["matrix"].get(c, {}).get(l)).rjust(w)
+                                                 for c, w in zip(cols, ws)]))
+    lines.append("")
+    lines.append("== findings by class ==")
+    lines.append("  ".join(["class".ljust(w0)] + [c.rjust(w) for c, w in zip(cols, ws)]))
+    for k in FINDING_CLASSES:
+        lines.append("  ".join([k.ljust(w0)] + [str(doc["by_class"].get(c, {}).get(k, 0)).rjust(w)
+                                                 for c, w in zip(cols, ws)]))
+    skips = [(c, l, cell["why"]) for c in cols for l, cell in sorted(doc["matrix"].get(c, {}).items())
+             if cell["outcome"] != "ran"]
+    if skips:
+        lines += ["", "== skipped =="] + [f"  {c} {l}: {why}" for c, l, why in skips]
+    if doc["findings"]:
+        lines += ["", f"== {len(doc['findings'])} distinct finding(s) =="]
+        for f in doc["findings"]:
+            where = ", ".join(sorted({c[1] for c in f["cells"]}))
+            stop = f"; absent from {f['stops_at']}" if f["stops_at"] else ""
+            lines.append(f"  [{f['class']}{'' if f['safety'] else ', efficiency'}] {f['key']}: {f['first']}"
+                         f" .. {f['last']} ({len(f['columns'])} release(s)){stop}; layouts {where}")
+    return "\n".join(lines)
+
+
+def html_page(doc) -> str:
+    from markupsafe import Markup
+
+    from kvbound.report import Section, _json_pre, _table, drawn_case, html, join, mono, render_page
+    from kvbound.spec import case_from_dict, plan_for_version
+
+    cols = doc["columns"]
+    layouts = sorted({l for c in doc["matrix"].values() for l in c})
+    matrix = _table(["layout", *cols], [[mono(l), *(_cell_text(doc["matrix"].get(c, {}).get(l)) for c in cols)]
+                                        for l in layouts])
+    classes = _table(["class", *cols], [[k, *(str(doc["by_class"].get(c, {}).get(k, 0)) for c in cols)]
+                                        for k in sorted({k for v in doc["by_class"].values() for k in v})])
+    items = []
+    for f in doc["findings"]:
+        ex = f["example"] or {}
+        drawing = Markup("")
+        if ex.get("case"):
+            try:
+                case = case_from_dict(ex["case"], ex["case"].get("name", "?"))
+                p = plan_for_version(case, ex["release"])
+                drawing = drawn_case(case, {p.variant: p})
+            except KvboundError:  # a case this kvbound cannot plan is shown as JSON only
+                drawing = Markup("")
+        items.append(html("<h3>{}</h3><p>{} · {} .. {}{} · layouts {}</p>{}{}", f["key"], f["class"], f["first"],
+                          f["last"], f"; absent from {f['stops_at']}" if f["stops_at"] else "",
+                          ", ".join(sorted({c[1] for c in f["cells"]})), drawing,
+                          _json_pre({k: v for k, v in ex.items() if k not in ("segment",)})))
+    sections = [Section("matrix", "Releases x layouts", matrix, summary=f"{len(cols)} columns"),
+                Section("classes", "Findings by class", classes),
+                Section("findings", "Distinct findings", join(items) if items else Markup("<p>none</p>"),
+                        summary=f"{len(doc['findings'])} distinct", failed=bool(doc["findings"]))]
+    return render_page(sections, title="kvbound campaign")
