@@ -534,9 +534,9 @@ def lookup_case_from_dict(d: dict, where: str = "?") -> LookupCase:
     except CaseError:
         raise
     except (KeyError, TypeError, ValueError) as e:
-        raise CaseError(f"{where}: not a lookup case ({type(e).__name__}: {e})") from None
+        raise CaseError(where, "lookup", f"not a lookup case ({type(e).__name__}: {e})") from None
     if not case.groups or any(g.tokens_per_chunk <= 0 or g.num_keys < 0 for g in case.groups):
-        raise CaseError(f"{where}: a lookup case needs groups with tokens_per_chunk > 0 and num_keys >= 0")
+        raise CaseError(where, "lookup.groups", "at least one group, each with tokens_per_chunk > 0 and num_keys >= 0")
     return case
 
 
@@ -568,3 +568,38 @@ def lookup_case_to_dict(case: LookupCase) -> dict:
 
 def is_lookup_case(d) -> bool:
     return isinstance(d, dict) and "lookup" in d and "groups" not in d
+
+
+def load_any_case_paths(paths) -> list:
+    """Like ``cases.load_case_paths``, but a lookup case (a dict with ``lookup``) becomes a
+    ``LookupCase`` beside the load cases, in file order."""
+    from pathlib import Path
+
+    from .cases import CaseError, _loads, case_from_dict
+
+    def one(d, where):
+        return lookup_case_from_dict(d, where) if is_lookup_case(d) else case_from_dict(d, where)
+
+    def load(p: Path) -> list:
+        if not p.exists():
+            raise CaseError(str(p), "(file)", "no such file")
+        text = p.read_text()
+        if p.suffix == ".jsonl":
+            return [one(_loads(line, f"{p}:{n}"), f"{p}:{n}")
+                    for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        if p.suffix != ".json":
+            raise CaseError(str(p), "(file)", "a case file ends in .json or .jsonl")
+        data = _loads(text, str(p))
+        if isinstance(data, list):
+            return [one(d, f"{p}[{i}]") for i, d in enumerate(data)]
+        return [one(data, str(p))]
+
+    out: list = []
+    for path in paths:
+        p = Path(path)
+        if p.is_dir():
+            for f in sorted(list(p.rglob("*.json")) + list(p.rglob("*.jsonl"))):
+                out.extend(load(f))
+        else:
+            out.extend(load(p))
+    return out
