@@ -21,7 +21,9 @@ _L, _F, _S = Variant.LEGACY, Variant.FIXED, Variant.FIXED_SYNC
 _COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eagle_partial_tails",
             "extra_retained_tokens", "window_counts_retained", "group_subsets", "sync_loads", "allocator",
             "mamba_external_kv", "schedule_end_hook", "prefix_match_unit", "chunked_local_offload",
-            "single_attention_hybrid")
+            "single_attention_hybrid",
+            "lookup_eagle", "lookup_defers_on_transfers", "lookup_result_enum", "lookup_swa_gap_clears_pending",
+            "lookup_eagle_widens_every_group", "lookup_load_window", "lookup_partial_tail_bridge")
 
 # The first release of each behaviour; it holds until the next row. Sources (docs/vllm-semantics.md):
 #  0.20 scan from 0 + `N <= start*b`; no window assert; keys checked for every group
@@ -49,23 +51,30 @@ _COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eag
 #       0.27.0 offloading/scheduler.py:118 `assert isinstance(kv_cache_spec, FullAttentionSpec)`)
 #  0.29 HybridKVCacheCoordinator takes a single attention spec (0.28.0
 #       v1/core/kv_cache_coordinator.py:682 "requires at least two attention groups" is gone)
+# The lookup columns (offloading/scheduler.py; docs/lookup.md has the lines):
+#  0.24 EAGLE groups pop their trailing chunk, Mamba align caps the hit; defer while transfer_jobs
+#  0.25 LookupResult (RETRY; HIT_PENDING extends a sliding-window run)
+#  0.30 a gap clears a sliding window's pending flag; EAGLE widening for every group; load windows
+#  0.33 the partial-tail bridge chunk and a second search block with EAGLE proof margins
 _T, _N = True, False
 RELEASES: tuple = tuple(
     ((int(v.split(".")[0]), int(v.split(".")[1])), ReleaseFeatures(**dict(zip(_COLUMNS, row)), release=v))
     for v, *row in (
         # release  variant slack keys_every partial eagle_pt retained win_retained subsets sync alloc
-        #                                                     mamba_ext sched_end pmu chunked one_attn
-        ("0.20.0", _L, None, _T, _N, _N, _N, _N, _N, _N, None,     _N, _N, _N, _N, _N),
-        ("0.21.0", _L, 0,    _T, _N, _N, _N, _N, _N, _N, None,     _N, _N, _N, _N, _N),
-        ("0.23.0", _L, 0,    _T, _N, _N, _N, _N, _N, _N, None,     _T, _T, _N, _N, _N),
-        ("0.26.0", _L, 0,    _T, _N, _N, _N, _N, _N, _N, None,     _T, _T, _T, _N, _N),
-        ("0.27.0", _L, 1,    _T, _N, _N, _N, _N, _N, _N, None,     _T, _T, _T, _N, _N),
-        ("0.28.0", _L, 1,    _N, _T, _N, _T, _N, _N, _N, "0.28.0", _T, _T, _T, _T, _N),
-        ("0.29.0", _L, 1,    _N, _T, _N, _T, _N, _N, _N, "0.29.0", _T, _T, _T, _T, _T),
-        ("0.30.0", _F, 1,    _N, _T, _N, _T, _N, _T, _N, "0.30.0", _T, _T, _T, _T, _T),
-        ("0.31.0", _F, 1,    _N, _T, _N, _T, _T, _T, _N, "0.31.0", _T, _T, _T, _T, _T),
-        ("0.32.0", _F, 1,    _N, _T, _N, _T, _T, _T, _N, "0.32.0", _T, _T, _T, _T, _T),
-        ("0.33.0", _S, 1,    _N, _T, _T, _T, _T, _T, _T, "0.32.0", _T, _T, _T, _T, _T),
+        #          | mamba_ext sched_end pmu chunked one_attn | lookup: eagle transfers enum gap_clears widen_all load_window bridge
+        ("0.20.0", _L, None, _T, _N, _N, _N, _N, _N, _N, None, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
+        ("0.21.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
+        ("0.23.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
+        ("0.24.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _N, _N, _N, _T, _T, _N, _N, _N, _N, _N),
+        ("0.25.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _N, _N, _N, _T, _T, _T, _N, _N, _N, _N),
+        ("0.26.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _N, _N, _T, _T, _T, _N, _N, _N, _N),
+        ("0.27.0", _L, 1, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _N, _N, _T, _T, _T, _N, _N, _N, _N),
+        ("0.28.0", _L, 1, _N, _T, _N, _T, _N, _N, _N, "0.28.0", _T, _T, _T, _T, _N, _T, _T, _T, _N, _N, _N, _N),
+        ("0.29.0", _L, 1, _N, _T, _N, _T, _N, _N, _N, "0.29.0", _T, _T, _T, _T, _T, _T, _T, _T, _N, _N, _N, _N),
+        ("0.30.0", _F, 1, _N, _T, _N, _T, _N, _T, _N, "0.30.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
+        ("0.31.0", _F, 1, _N, _T, _N, _T, _T, _T, _N, "0.31.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
+        ("0.32.0", _F, 1, _N, _T, _N, _T, _T, _T, _N, "0.32.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
+        ("0.33.0", _S, 1, _N, _T, _T, _T, _T, _T, _T, "0.32.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T),
     )
 )
 assert RELEASES[-1][1] == replace(ReleaseFeatures(), release="0.33.0")  # the dataclass defaults are 0.33

@@ -50,6 +50,7 @@ def run_job(rel, job):
     counts = getattr(eng.csched.manager, "kvbound_counts", None)
     if counts:
         eng.stats.update(("tier_" + k, v) for k, v in counts.items())
+    res["lookups"] = eng.lookup_capture.lookups
     res.update(stats=eng.stats, cases=eng.cases, violations=eng.violations,
                seconds=time.monotonic() - t0, cpu_seconds=time.process_time() - c0)
     return res
