@@ -202,7 +202,7 @@ class ShadowKV:
                      expected=want, found=None if got is None else list(got), provenance=via)
 
     def write(self, req, start, end, drafts):
-        nt = req.num_tokens
+        nt = end - len(drafts)  # where the drafts start
         for g, kind in enumerate(self.kinds):
             if kind == "mamba":
                 # the state after the step's last token; under spec decode also after each
@@ -237,13 +237,15 @@ class ShadowKV:
                 content[off] = (g, self.draft_ident(req, p, nt, drafts), req.request_id, p)
                 self.stats["shadow_writes"] += 1
 
-    def draft_ident(self, req, p, nt, drafts):
+    def draft_ident(self, req, p, ds, drafts):
         """The identity the forward computes at ``p``: real tokens, then the scheduled draft
-        tokens (a rejected draft's KV stays in its slot until overwritten)."""
-        if not drafts or p < nt:
+        tokens from position ``ds`` on (the last ``len(drafts)`` scheduled positions; async
+        scheduling's placeholders included); a rejected draft's KV stays in its slot until
+        overwritten."""
+        if not drafts or p < ds:
             return self.ident(req, p)
-        ident = self.ident(req, nt - 1)
-        for d in drafts[:p - nt + 1]:
+        ident = self.ident(req, ds - 1)
+        for d in drafts[:p - ds + 1]:
             ident = chain(ident, d)
         return ident
 
