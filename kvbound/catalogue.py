@@ -87,8 +87,9 @@ def entry(result) -> str:
         w = result.witness
         replay = ("the model reproduces the failure" if result.replay is None
                   else f"REPLAY FAILED: {result.replay}")
-        lines += ["", f"Witness `{w.name}` ({replay}; `scripts/repro_0_33_sync_mamba.py --calls` replays it on "
-                  f"the real KVCacheManager of {w.release}):", "", "```text", w.draw(), "```"]
+        hint = getattr(w, "replay_hint", None) or (
+            f"`scripts/repro_0_33_sync_mamba.py --calls` replays it on the real KVCacheManager of {w.release}")
+        lines += ["", f"Witness `{w.name}` ({replay}; {hint}):", "", "```text", w.draw(), "```"]
     elif result.witness is not None:
         case = result.witness
         replay = "the spec reproduces the failure" if result.replay is None else f"REPLAY FAILED: {result.replay}"

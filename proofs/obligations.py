@@ -696,3 +696,6 @@ OBLIGATIONS: list[Obligation] = [
 from .reservation import obligations as _reservation_obligations  # noqa: E402
 
 OBLIGATIONS += _reservation_obligations()
+from .lookup import obligations as _lookup_obligations  # noqa: E402
+
+OBLIGATIONS += _lookup_obligations()

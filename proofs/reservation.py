@@ -392,6 +392,10 @@ def witness_to_dict(w) -> dict:
 def witness_from_dict(d: dict):
     from kvbound.spec import case_from_dict
 
+    if d.get("witness") == "lookup":  # proofs/lookup.py
+        from .lookup import LookupWitness
+
+        return LookupWitness.from_dict(d)
     return AllocCalls.from_dict(d) if d.get("witness") == "allocate_slots" else case_from_dict(d)
 
 

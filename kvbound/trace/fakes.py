@@ -139,6 +139,34 @@ def _script_manager(m, script, LR):
         del hit_now[:]
 
     m.lookup, m.on_schedule_end = lookup, on_schedule_end
+    _script_stalled_writes(m, script)
+
+
+def _script_stalled_writes(m, script):
+    """``stall_p``: a store the transfer engine completed is, with this probability per
+    key, never made readable by the tier (its write stalls: the key answers HIT_PENDING
+    for as long as the engine runs). Its own seeded stream, so adding it leaves the
+    other answers of a script as they were."""
+    stall_p = float(script.get("stall_p", 0.0))
+    m.kvbound_stalled = []
+    m.kvbound_stalled_names = lambda: list(range(len(m.kvbound_stalled)))
+    if not stall_p:
+        return
+    rng = random.Random("stall-%s" % script.get("seed", 0))
+    orig = m.complete_store
+
+    def complete_store(keys, *a, **k):
+        success = k.get("success", a[-1] if a and isinstance(a[-1], bool) else True)
+        keys = list(keys)
+        if success:
+            stalled = [key for key in keys if rng.random() < stall_p]
+            if stalled:
+                m.kvbound_stalled.extend(stalled)
+                m.kvbound_counts["stalled"] = m.kvbound_counts.get("stalled", 0) + len(stalled)
+                keys = [key for key in keys if key not in stalled]
+        return orig(keys, *a, **k)
+
+    m.complete_store = complete_store
 
 
 def _evict_event(m, keys):
