@@ -15,6 +15,7 @@ from dataclasses import replace
 import torch
 
 from kvbound.spec import AssertName, Variant
+from kvbound.spec.asserts import ASSERT_CODE
 
 from . import plan as P
 from .batch import STATE_H, STATE_N, floordiv
@@ -41,7 +42,7 @@ def _codes_with_past_end(orig):
         past = getattr(cells, "past_end", None)
         if past is None:
             return code
-        return torch.where((code == 0) & past, P.ASSERT_CODES[AssertName.TABLE_LENGTH], code).to(torch.uint8)
+        return torch.where((code == 0) & past, ASSERT_CODE[AssertName.TABLE_LENGTH], code).to(torch.uint8)
     return assert_codes
 
 
@@ -111,8 +112,8 @@ def _assert_order(orig):
         if not asserts or variant is Variant.LEGACY or release.window_slack is None:
             return code
         over = geo.windowed & (pending > window * cells.bpc + release.window_slack)
-        swap = (code == P.ASSERT_CODES[AssertName.ALIGNMENT]) & over
-        return torch.where(swap, P.ASSERT_CODES[AssertName.WINDOW_BOUND], code).to(torch.uint8)
+        swap = (code == ASSERT_CODE[AssertName.ALIGNMENT]) & over
+        return torch.where(swap, ASSERT_CODE[AssertName.WINDOW_BOUND], code).to(torch.uint8)
     return assert_codes
 
 

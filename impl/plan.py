@@ -32,8 +32,7 @@ from .batch import (KIND_FULL, cdiv, floordiv, KIND_MAMBA, KIND_SLIDING, MAMBA_M
 assert (STATE_N, STATE_H, STATE_U) == (0, 1, 2), "the scan's bit tricks assume these codes"
 
 # Outcome codes, names and reported values: spec/asserts.py's table (vLLM's per-group order).
-CODE_OK, ASSERT_CODES, ASSERT_NAMES = NO_ASSERT, ASSERT_CODE, ASSERT_OF_CODE
-CODE_UNSUPPORTED = len(ASSERT_CODES) + 1  # request outcome "unsupported": the release lacks a v2 feature
+CODE_UNSUPPORTED = len(ASSERT_CODE) + 1  # request outcome "unsupported": the release lacks a v2 feature
 
 # An Assertion's ``values`` key -> the BatchPlan field that holds it, so the impl's
 # numbers at the failing group can be compared with the spec's one for one.
@@ -402,19 +401,19 @@ def assert_codes(cells: Cells, geo: Geometry, variant: Variant, release: Release
     """The first assert each group hits in vLLM's order (table length, the scan's
     assert, window bound, keys length), 0 if none. ``asserts=False`` is python -O:
     only the table length, which would index past the table, still stops the plan."""
-    code = geo.table_short * ASSERT_CODES[AssertName.TABLE_LENGTH]
+    code = geo.table_short * ASSERT_CODE[AssertName.TABLE_LENGTH]
     if not asserts:
         return code.to(torch.uint8)
     if variant is Variant.LEGACY:
-        scan_fail, scan_code = cells.N > start * cells.b, ASSERT_CODES[AssertName.BOUNDARY]
+        scan_fail, scan_code = cells.N > start * cells.b, ASSERT_CODE[AssertName.BOUNDARY]
     else:
-        scan_fail, scan_code = geo.misaligned, ASSERT_CODES[AssertName.ALIGNMENT]
+        scan_fail, scan_code = geo.misaligned, ASSERT_CODE[AssertName.ALIGNMENT]
     checks = [(scan_fail, scan_code)]
     if release.window_slack is not None:  # 0.20 has no window assert
         over = geo.windowed & (pending > window * cells.bpc + release.window_slack)
-        checks.append((over, ASSERT_CODES[AssertName.WINDOW_BOUND]))
+        checks.append((over, ASSERT_CODE[AssertName.WINDOW_BOUND]))
     keyed = (pending > 0) | release.keys_every_group  # up to 0.27 every group's keys are checked
-    checks.append((keyed & (geo.num_offload_keys < geo.end_chunk_limit), ASSERT_CODES[AssertName.KEYS_LENGTH]))
+    checks.append((keyed & (geo.num_offload_keys < geo.end_chunk_limit), ASSERT_CODE[AssertName.KEYS_LENGTH]))
     # later in vLLM's order = lower priority: each is written only where no earlier one fired
     for fired, c in checks:
         code = code + ((code == 0) & fired) * c
@@ -437,7 +436,7 @@ def request_outcome(cells: Cells, release: ReleaseFeatures, asserts: bool) -> to
     req = cells.requests
     if req is None:
         return None
-    code = (req.tail & (req.boundary != req.T)).to(torch.uint8) * ASSERT_CODES[AssertName.PARTIAL_TAIL]
+    code = (req.tail & (req.boundary != req.T)).to(torch.uint8) * ASSERT_CODE[AssertName.PARTIAL_TAIL]
     if not asserts:
         code.zero_()
     bad = unsupported(req, release)
@@ -688,7 +687,7 @@ def to_load_plans(batch: PlanBatch, out: BatchPlan, rows=None) -> list[LoadPlan]
         assertion = None
         if failing[r] >= 0:
             c = s + len(upto)
-            name = ASSERT_NAMES[col["code"][c]]
+            name = ASSERT_OF_CODE[col["code"][c]]
             values = {key: vals[key][c] for key in ASSERTION_VALUES[name]}
             shown = ", ".join(f"{k}={v}" for k, v in values.items())
             assertion = Assertion(name, failing[r], f"(batched impl) {name.value}: {shown}", values)
