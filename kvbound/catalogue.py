@@ -107,7 +107,8 @@ def entry(result) -> str:
 
 
 def premises_section() -> str:
-    from kvbound.proofs.premises import ALLOCATION_PREMISES, PREMISES
+    from kvbound.proofs.premises import PREMISES
+    from kvbound.proofs.reservation import ALLOCATION_PREMISES
 
     out = ["# Premises", "",
            "What the obligations assume about the inputs, each read from vLLM's source. Every premise of a load "

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from kvbound.spec import STATE_CODES, BlockState, Case, GroupKind, cdiv
+from kvbound.spec import BlockState, Case, GroupKind, cdiv
 
 from .encoding import HSH, NUL, UNH
 from .terms import AND, CDIV, FLOORDIV, IF, IMPLIES, MAX, OR
@@ -249,7 +249,8 @@ def _term_partial_tail_lookup(g):
                              g.boundary <= g.prompt - 1, g.num_keys == FLOORDIV(g.prompt, g.tpc)))
 
 
-def _src(release, path, line, what):
+def source(release, path, line, what):
+    """A premise's source: "vllm X path:line (what)"."""
     return f"{release} {path}:{line} ({what})"
 
 
@@ -259,44 +260,44 @@ PREMISES: tuple = (
         "The group's table holds at least k = cdiv(T, b) blocks: the allocator appends fresh blocks up to "
         "cdiv(N + M, b) before the connector sees the table.",
         "len(blocks) ≥ k", ALL_KINDS,
-        (_src(V33, STM, 327, "allocate_external_computed_blocks: cdiv(total, block_size) - len(req_blocks) new blocks"),
-         _src(V29, STM, 295, "allocate_external_computed_blocks")),
+        (source(V33, STM, 327, "allocate_external_computed_blocks: cdiv(total, block_size) - len(req_blocks) new blocks"),
+         source(V29, STM, 295, "allocate_external_computed_blocks")),
         _term_table_length, _check_table_length),
     Premise(
         "n-aligned",
         "N is a multiple of the group's tokens_per_block: the scheduler hands the connector the local hit rounded "
         "down to its block size, the LCM of every group's block size (proved by `alignment`).",
         "N mod b = 0", ALL_KINDS,
-        (_src(V33, "v1/core/sched/scheduler.py", 1134, "partial_tail = num_new_local_computed_tokens % self.block_size"),
-         _src(V33, "v1/core/kv_cache_utils.py", 816, "resolve_kv_cache_block_sizes: LCM of the groups' block sizes"),
-         _src(V29, "v1/core/sched/scheduler.py", 852, "the same rounding")),
+        (source(V33, "v1/core/sched/scheduler.py", 1134, "partial_tail = num_new_local_computed_tokens % self.block_size"),
+         source(V33, "v1/core/kv_cache_utils.py", 816, "resolve_kv_cache_block_sizes: LCM of the groups' block sizes"),
+         source(V29, "v1/core/sched/scheduler.py", 852, "the same rounding")),
         _term_aligned, _check_aligned),
     Premise(
         "fresh-after-nulls",
         "In [f, k) the table is null blocks (skipped by a window) then the fresh blocks allocated for the load: "
         "non-null and unhashed, or (a 0.33 sync load) hashed at allocation.",
         "∃ j ∈ [f, k]: ∀ i ∈ [f, j): null ∧ ∀ i ∈ [j, k): fresh (U; non-null when sync)", ALL_KINDS,
-        (_src(V33, STM, 268, "add_local_computed_blocks: skipped blocks padded with null, then the computed ones"),
-         _src(V33, STM, 327, "allocate_external_computed_blocks: fresh blocks appended"),
-         _src(V33, "v1/core/block_pool.py", 706, "get_new_blocks: blocks from the free queue, cached hash evicted"),
-         _src(V33, "v1/core/kv_cache_manager.py", 613, "allocate_slots: cache_blocks unless delay_cache_blocks "
+        (source(V33, STM, 268, "add_local_computed_blocks: skipped blocks padded with null, then the computed ones"),
+         source(V33, STM, 327, "allocate_external_computed_blocks: fresh blocks appended"),
+         source(V33, "v1/core/block_pool.py", 706, "get_new_blocks: blocks from the free queue, cached hash evicted"),
+         source(V33, "v1/core/kv_cache_manager.py", 613, "allocate_slots: cache_blocks unless delay_cache_blocks "
               "(an async load); a sync load's blocks are hashed here"),
-         _src(V29, STM, 236, "add_local_computed_blocks"), _src(V29, "v1/core/block_pool.py", 647, "get_new_blocks")),
+         source(V29, STM, 236, "add_local_computed_blocks"), source(V29, "v1/core/block_pool.py", 647, "get_new_blocks")),
         _term_fresh_after_nulls, _check_fresh_after_nulls),
     Premise(
         "computed-hashed",
         "A full-attention group's blocks below f are the prefix-cache hit: every one hashed.",
         "∀ i < f: state(i) = H", frozenset({GroupKind.FULL_ATTENTION}),
-        (_src(V33, STM, 739, "FullAttentionManager.find_longest_cache_hit: cached blocks only"),
-         _src(V33, STM, 268, "add_local_computed_blocks")),
+        (source(V33, STM, 739, "FullAttentionManager.find_longest_cache_hit: cached blocks only"),
+         source(V33, STM, 268, "add_local_computed_blocks")),
         _term_computed_hashed, _check_computed_hashed),
     Premise(
         "computed-cached",
         "A sliding-window or chunked-local group's blocks below f are prefix-cache hits (hashed) or skipped "
         "(null): none is unhashed. (A Mamba group has no such premise: its running state block may be.)",
         "∀ i < f: state(i) ≠ U", frozenset({GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL}),
-        (_src(V33, STM, 268, "add_local_computed_blocks: nulls for skipped blocks, then the cache hits"),
-         _src(V29, STM, 236, "add_local_computed_blocks")),
+        (source(V33, STM, 268, "add_local_computed_blocks: nulls for skipped blocks, then the cache hits"),
+         source(V29, STM, 236, "add_local_computed_blocks")),
         _term_computed_cached, _check_computed_cached),
     Premise(
         "window-skipped-null",
@@ -304,40 +305,40 @@ PREMISES: tuple = (
         "max(0, T - w + 1 - extra_retained_tokens) tokens.",
         "∀ i < ⌊max(0, T − w + 1 − extra)/b⌋: null",
         frozenset({GroupKind.SLIDING_WINDOW}),
-        (_src(V33, STM, 1148, "SlidingWindowManager.get_num_skipped_tokens"),
-         _src(V33, STM, 268, "add_local_computed_blocks: num_skipped_blocks nulls"),
-         _src(V29, STM, 1071, "SlidingWindowManager.get_num_skipped_tokens")),
+        (source(V33, STM, 1148, "SlidingWindowManager.get_num_skipped_tokens"),
+         source(V33, STM, 268, "add_local_computed_blocks: num_skipped_blocks nulls"),
+         source(V29, STM, 1071, "SlidingWindowManager.get_num_skipped_tokens")),
         _term_sliding_skipped_null, _check_skipped_null),
     Premise(
         "chunk-skipped-null",
         "A chunked-local group's blocks before T's attention chunk are null.",
         "∀ i < ⌊⌊T/c⌋·c/b⌋: null", frozenset({GroupKind.CHUNKED_LOCAL}),
-        (_src(V33, STM, 1381, "ChunkedLocalAttentionManager.get_num_skipped_tokens"),
-         _src(V29, STM, 1310, "ChunkedLocalAttentionManager.get_num_skipped_tokens")),
+        (source(V33, STM, 1381, "ChunkedLocalAttentionManager.get_num_skipped_tokens"),
+         source(V29, STM, 1310, "ChunkedLocalAttentionManager.get_num_skipped_tokens")),
         _term_chunked_skipped_null, _check_skipped_null),
     Premise(
         "mamba-one-state-block",
         "A Mamba group in align mode keeps one state block for the load: [f, k-1) null, block k-1 the fresh "
         "state (get_num_skipped_tokens(T) = T - 1 nulls everything before it).",
         "∀ i ∈ [f, k−1): null;  window = 1", frozenset({GroupKind.MAMBA}),
-        (_src(V33, STM, 1971, "MambaManager.get_num_skipped_tokens: num_computed_tokens - 1"),
-         _src(V33, STM, 1797, "MambaManager.allocate_new_blocks (align): nulls up to the state block"),
-         _src(V29, STM, 1810, "MambaManager.get_num_skipped_tokens"),
-         _src(V29, STM, 1661, "MambaManager.allocate_new_blocks")),
+        (source(V33, STM, 1971, "MambaManager.get_num_skipped_tokens: num_computed_tokens - 1"),
+         source(V33, STM, 1797, "MambaManager.allocate_new_blocks (align): nulls up to the state block"),
+         source(V29, STM, 1810, "MambaManager.get_num_skipped_tokens"),
+         source(V29, STM, 1661, "MambaManager.allocate_new_blocks")),
         _term_mamba_one_block, _check_mamba_one_block),
     Premise(
         "keys-cover-hit",
         "The lookup never returns a hit past the group's offload keys: T ≤ keys·tpc.",
         "num_offload_keys · tpc ≥ T", ALL_KINDS,
-        (_src(V33, SCHED, 915, "_lookup_complete_chunks: max_hit_size_tokens capped at len(offload_keys) * tpc"),
-         _src(V29, SCHED, 749, "the same cap")),
+        (source(V33, SCHED, 915, "_lookup_complete_chunks: max_hit_size_tokens capped at len(offload_keys) * tpc"),
+         source(V29, SCHED, 749, "the same cap")),
         _term_keys_cover, _check_keys_cover),
     Premise(
         "hit-a-chunk",
         "A complete-chunk lookup returns M = 0 or at least one chunk of every group: M ≥ tpc.",
         "M ≥ tpc", ALL_KINDS,
-        (_src(V33, SCHED, 994, "_lookup_complete_chunks: new_num_hit_tokens < tokens_per_chunk returns 0"),
-         _src(V29, SCHED, 808, "the same")),
+        (source(V33, SCHED, 994, "_lookup_complete_chunks: new_num_hit_tokens < tokens_per_chunk returns 0"),
+         source(V29, SCHED, 808, "the same")),
         _term_hit_a_chunk, _check_hit_a_chunk),
 )
 
@@ -349,147 +350,15 @@ PREMISES += (
         "calls with T = boundary).",
         "B = N + M ∧ N < B ≤ prompt − 1 ∧ tph | B ∧ supports_partial_tail", frozenset({
             GroupKind.FULL_ATTENTION, GroupKind.MAMBA}),
-        (_src(V33, SCHED, 1068, "_lookup: max_boundary, the boundary loop, return boundary - local_tokens"),
-         _src(V33, SCHED, 276, "SchedulerOffloadConfig.from_spec: supports_partial_tail"),
-         _src(V29, SCHED, 876, "_lookup")),
+        (source(V33, SCHED, 1068, "_lookup: max_boundary, the boundary loop, return boundary - local_tokens"),
+         source(V33, SCHED, 276, "SchedulerOffloadConfig.from_spec: supports_partial_tail"),
+         source(V29, SCHED, 876, "_lookup")),
         _term_partial_tail_lookup, _check_partial_tail_lookup),
 )
 
 
 
-# --- premises of the reservation property (an allocate_slots call, proofs/reservation.py) ---------
-#
-# Their subject is a pair of allocate_slots calls of one request on one manager (``reservation.Calls``:
-# the world's ``x``), not a load; the terms fold on ints, so ``check`` is the same formula evaluated
-# on a witness's numbers (``reservation.AllocCalls``).
-
-KVM = "v1/core/kv_cache_manager.py"
-RSCHED = "v1/core/sched/scheduler.py"
-V28, V32 = "vllm 0.28.0", "vllm 0.32.0"
-
-
-@dataclass(frozen=True)
-class AllocationPremise:
-    id: str
-    statement: str
-    math: str
-    kinds: frozenset
-    sources: tuple
-    term: Callable  # (reservation world: .kind, .x) -> formula (a bool on a concrete world)
-
-    def applies(self, kind: GroupKind) -> bool:
-        return kind in self.kinds
-
-    kinds_label = Premise.kinds_label
-
-    def check(self, calls) -> str | None:
-        """None when the witness ``calls`` (reservation.AllocCalls) meets it, else the statement."""
-        from .reservation import concrete_world
-
-        return None if self.term(concrete_world(calls)) is True else f"{self.id}: {self.statement}"
-
-
-def _t_nonempty(w):
-    x = w.x
-    return x.L + x.E + x.NEW >= 1
-
-
-def _t_evictable(w):
-    x = w.x
-    h = CDIV(x.L, x.b)
-    if w.kind is GroupKind.MAMBA:
-        return AND(x.ev <= 1, x.ev <= h)
-    from .reservation import skipped_blocks
-
-    s = skipped_blocks(w.kind, x, x.L + x.E)
-    return x.ev <= MAX(h - s, 0)
-
-
-def _t_running(w):
-    x = w.x
-    T = x.L + x.E
-    return x.C == T + x.NEW
-
-
-def _t_checkpoint(w):
-    x = w.x
-    return AND(IMPLIES(x.c1, CDIV(x.L + x.E + x.NEW, x.b) >= 2), IMPLIES(x.c2, CDIV(x.C + x.NEW2, x.b) >= 2))
-
-
-def _t_async(w):
-    x = w.x
-    return IMPLIES(x.E > 0, AND(x.NEW == 0, x.LA == 0))
-
-
-def _t_window(w):
-    x = w.x
-    if w.kind is GroupKind.SLIDING_WINDOW:
-        return AND(x.w >= 1, x.extra >= 0)
-    if w.kind is GroupKind.CHUNKED_LOCAL:
-        return x.chunk >= 1
-    return True
-
-
-ALLOCATION_PREMISES: tuple = (
-    AllocationPremise(
-        "alloc-call-adopts-or-computes",
-        "An allocate_slots call adopts a local hit or connector tokens, or schedules new ones: it raises "
-        "ValueError otherwise.", "L + E + NEW ≥ 1", ALL_KINDS,
-        (_src(V33, KVM, 483, "allocate_slots: num_new_tokens must be greater than 0 when there are no computed "
-              "tokens to adopt"),),
-        _t_nonempty),
-    AllocationPremise(
-        "alloc-evictable-hit",
-        "Only non-null hit blocks with ref_cnt 0 are evictable: a Mamba hit is nulls then its one state block "
-        "(at most one evictable); another manager's evictable blocks lie in the hit past the skipped blocks "
-        "(the ones add_local_computed_blocks touches and get_num_blocks_to_allocate counts).",
-        "Mamba: ev ≤ min(1, ⌈L/b⌉);  else ev ≤ max(⌈L/b⌉ − ⌊skipped(T)/b⌋, 0)", ALL_KINDS,
-        (_src(V33, STM, 161, "_get_num_evictable_blocks: ref_cnt == 0 and not null"),
-         _src(V33, STM, 1516, "MambaManager.find_longest_cache_hit: nulls, then the cached state block"),
-         _src(V33, STM, 259, "get_num_blocks_to_allocate: evictable blocks of new_computed_blocks past the skip"),
-         _src(V33, STM, 305, "add_local_computed_blocks: touches new_computed_blocks[num_skipped_blocks:]")),
-        _t_evictable),
-    AllocationPremise(
-        "alloc-running-computed",
-        "At the running call the request has computed what its first call adopted and scheduled: the "
-        "scheduler adds the scheduled tokens to num_computed_tokens, and a first call schedules prompt tokens, "
-        "no draft tokens to reject (an async load's first call schedules nothing, so C = T).",
-        "C = L + E + NEW;  NEW2 ≥ 1", ALL_KINDS,
-        (_src(V33, KVM, 510, "allocate_slots: num_local_computed_tokens = request.num_computed_tokens + "
-              "num_new_computed_tokens"),
-         _src(V33, RSCHED, 1858, "_update_after_schedule: request.num_computed_tokens += num_scheduled_token"),
-         _src(V33, RSCHED, 1286, "schedule: an async load schedules num_new_tokens = 0")),
-        _t_running),
-    AllocationPremise(
-        "alloc-checkpoint-index",
-        "A Mamba prefill checkpoint block is reserved only where its index cdiv(query_end, b) - 2 is a block.",
-        "c ⟹ ⌈(C + NEW)/b⌉ ≥ 2", frozenset({GroupKind.MAMBA}),
-        (_src(V33, STM, 1668, "_needs_internal_checkpoint: checkpoint_idx = cdiv(query_end, block_size) - 2 >= 0"),
-         _src(V29, STM, 1572, "_needs_internal_checkpoint: the same index")),
-        _t_checkpoint),
-    AllocationPremise(
-        "alloc-async-load",
-        "The connector's tokens are loaded asynchronously: the call that adopts them schedules no new tokens and "
-        "no lookahead (the offloading connector of 0.28 - 0.32 always; 0.33's unless it reserves a sync load).",
-        "E > 0 ⟹ NEW = 0 ∧ LA = 0", ALL_KINDS,
-        (_src(V33, RSCHED, 1286, "schedule: if load_kv_async: num_new_tokens = 0"),
-         _src(V33, RSCHED, 1403, "schedule: no lookahead tokens for an async load"),
-         _src(V28, RSCHED, 1008, "schedule: the same lookahead rule"),
-         _src(V29, SCHED, 991, "get_num_new_matched_tokens returns (hits, bool(hits)): always async"),
-         _src(V32, SCHED, 1097, "the same"),
-         _src(V33, SCHED, 1277, "get_num_new_matched_tokens: async unless _reserve_sync_load")),
-        _t_async),
-    AllocationPremise(
-        "alloc-window-config",
-        "A sliding window is at least one token and retains a non-negative number of extra tokens; an attention "
-        "chunk is at least one token.",
-        "SWA: w ≥ 1 ∧ extra ≥ 0;  chunked local: c ≥ 1", frozenset({GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL}),
-        (_src(V33, STM, 1148, "SlidingWindowManager.get_num_skipped_tokens"),
-         _src(V33, STM, 1381, "ChunkedLocalAttentionManager.get_num_skipped_tokens")),
-        _t_window),
-)
-
-BY_ID = {p.id: p for p in PREMISES + ALLOCATION_PREMISES}
+BY_ID = {p.id: p for p in PREMISES}
 
 
 def premise(pid: str) -> Premise:
@@ -497,11 +366,10 @@ def premise(pid: str) -> Premise:
 
 
 def evaluate(case: Case, ids=None) -> list[PremiseCheck]:
-    """Every applicable premise on every group of ``case`` (nothing when M = 0); the allocation
-    premises are about allocate_slots calls, not cases, and are left out."""
+    """Every applicable premise on every group of ``case`` (nothing when M = 0)."""
     if case.num_external_tokens == 0:
         return []
-    chosen = PREMISES if ids is None else tuple(BY_ID[i] for i in ids if BY_ID[i] in PREMISES)
+    chosen = PREMISES if ids is None else tuple(BY_ID[i] for i in ids)
     out = []
     for gi, g in enumerate(case.groups):
         for p in chosen:
@@ -517,34 +385,9 @@ def terms(g, kind, ids=None) -> list:
     return [p.term(g) for p in chosen if p.applies(kind)]
 
 
-def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
-    """The Z3 face of ``p`` on one group of a concrete case: is the term satisfiable
-    with every input fixed to the case's values (only ``j`` left free)? Agrees with
-    ``p.check`` exactly when the two faces state the same thing."""
-    import z3
-
-    from .options import PREMISE, is_sat
-    from .world import World, expanded
-
-    g = case.groups[gi]
-    with expanded(len(g.blocks)):
-        w = World(g.config.kind)
-    s = PREMISE.solver()
-    s.add(w.N == case.num_locally_computed_tokens, w.M == case.num_external_tokens,
-          w.b == g.config.tokens_per_block, w.bpc == case.blocks_per_chunk,
-          w.num_keys == case.num_offload_keys(gi), w.sync_load == case.sync_load)
-    s.add(w.table.length == len(g.blocks),
-          *[w.table.state(i) == STATE_CODES[blk.state] for i, blk in enumerate(g.blocks)])
-    if w.span is not None:
-        s.add(w.span == (g.config.sliding_window or g.config.attention_chunk_size),
-              w.extra == g.config.extra_retained_tokens)
-    s.add(z3.BoolVal(True) if p.term(w) is True else p.term(w))
-    return is_sat(s)
-
-
 def when_kind(kind_term, kind_codes, formula):
     """A premise for a slot whose kind is symbolic: it binds only when the slot has that kind."""
     return IF(OR(*[kind_term == c for c in kind_codes]), formula, True)
 
 
-__all__ = ["ALLOCATION_PREMISES", "AllocationPremise", "PREMISES", "Premise", "PremiseCheck", "evaluate", "premise", "terms", "when_kind"]
+__all__ = ["PREMISES", "Premise", "PremiseCheck", "evaluate", "premise", "terms", "when_kind"]

@@ -16,7 +16,10 @@ import z3
 
 from kvbound.spec import NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind, cdiv
 
+from kvbound.spec import STATE_CODES
+
 from .encoding import HSH, NUL, UNH, Code, GroupInputs, SymTable, encode_group, window_in_chunks
+from .premises import Premise, terms
 from .terms import CDIV
 
 
@@ -70,8 +73,6 @@ class World:
 
     def premise_terms(self, ids) -> list:
         """The Z3 faces of the premises ``ids`` that apply to this group's kind."""
-        from .premises import terms
-
         return terms(self, self.kind, ids)
 
     def base(self):
@@ -182,3 +183,25 @@ def table_from_model(table: SymTable, model, group_index: int) -> tuple:
             bid = 10 * (group_index + 3) + i + 1 if n <= 9 else 100 * (group_index + 1) + i + 1
             out.append(Block(BlockState.HASHED if st == HSH else BlockState.UNHASHED, bid))
     return tuple(out)
+
+
+def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
+    """The Z3 face of ``p`` on one group of a concrete case: is the term satisfiable
+    with every input fixed to the case's values (only ``j`` left free)? Agrees with
+    ``p.check`` exactly when the two faces state the same thing."""
+    from .options import PREMISE, is_sat
+
+    g = case.groups[gi]
+    with expanded(len(g.blocks)):
+        w = World(g.config.kind)
+    s = PREMISE.solver()
+    s.add(w.N == case.num_locally_computed_tokens, w.M == case.num_external_tokens,
+          w.b == g.config.tokens_per_block, w.bpc == case.blocks_per_chunk,
+          w.num_keys == case.num_offload_keys(gi), w.sync_load == case.sync_load)
+    s.add(w.table.length == len(g.blocks),
+          *[w.table.state(i) == STATE_CODES[blk.state] for i, blk in enumerate(g.blocks)])
+    if w.span is not None:
+        s.add(w.span == (g.config.sliding_window or g.config.attention_chunk_size),
+              w.extra == g.config.extra_retained_tokens)
+    s.add(z3.BoolVal(True) if p.term(w) is True else p.term(w))
+    return is_sat(s)

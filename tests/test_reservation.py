@@ -22,8 +22,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT, release_env_for
-from kvbound.proofs.premises import ALLOCATION_PREMISES
-from kvbound.proofs.reservation import AllocCalls, ReservationWorld, obligations
+from kvbound.proofs.reservation import ALLOCATION_PREMISES, AllocCalls, ReservationWorld, obligations
 from kvbound.proofs.runner import run_obligation
 from kvbound.spec import GroupKind
 
