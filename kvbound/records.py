@@ -72,6 +72,7 @@ class ObligationRecord:
     vacuity: str | None  # proved: "premises satisfiable" or why not
     replay_failure: str | None  # refuted: why the spec did not reproduce the witness
     witness: dict | None  # a case file (case_to_dict), or an allocate_slots witness (reservation), for a refutation
+    releases: str | None = None  # the vLLM releases it is about (Obligation.release_range)
 
     @classmethod
     def of(cls, result) -> ObligationRecord:
@@ -83,7 +84,8 @@ class ObligationRecord:
             id=o.id, statement=o.statement, math=o.math, premise=o.premise, expected=o.expected,
             verdict=result.verdict, met=result.met, seconds=round(result.seconds, SECONDS_DIGITS),
             bound=o.bound.to_json(), premises=list(o.premises), vacuity=result.vacuity or None,
-            replay_failure=result.replay, witness=None if result.witness is None else witness_to_dict(result.witness))
+            replay_failure=result.replay, witness=None if result.witness is None else witness_to_dict(result.witness),
+            releases=o.release_range or None)
 
     @classmethod
     def from_json(cls, d, where: str) -> ObligationRecord:
@@ -101,7 +103,8 @@ class ObligationRecord:
             verdict=need_verdict(d, "verdict", where, PROOF_VERDICTS), met=need(d, "met", where, bool),
             seconds=need(d, "seconds", where, _NUMBER), bound=need(d, "bound", where, _OPT_DICT),
             premises=_list(d, "premises", where), vacuity=need(d, "vacuity", where, _OPT_STR),
-            replay_failure=need(d, "replay_failure", where, _OPT_STR), witness=need(d, "witness", where, _OPT_DICT))
+            replay_failure=need(d, "replay_failure", where, _OPT_STR), witness=need(d, "witness", where, _OPT_DICT),
+            releases=need(d, "releases", where, _OPT_STR) if "releases" in d else None)
 
 
 @dataclass
