@@ -304,6 +304,7 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     # issue 18: the waiting-queue deadlock (0.21-0.30) and 0.27's lagging-Mamba truncation
     ("0-30-0-eagle-lifecycle-not-drained-82req.json", None),
     ("0-27-0-mamba-eagle-untagged-vllm-exception-truncate-computed-blocks-7req.json", "truncate_computed_blocks"),
+    ("0-26-0-mamba-eagle-vllm-exception-apply-cow-2req.json", "_apply_cow"),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""
