@@ -22,7 +22,7 @@ import tempfile
 
 import kvbound_sidecar as sidecar
 
-from . import checks, fakes
+from . import checks, fakes, lookups, shadow
 
 
 class Release:
@@ -142,7 +142,9 @@ class Release:
                  + 4096 * 64, "blocks_per_chunk": lay.get("blocks_per_chunk", 1)}
         if par.get("sync_load_budget_bytes"):
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
-        script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p") if par.get(k)}
+        if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
+            extra["offload_prompt_only"] = bool(par["offload_prompt_only"])
+        script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p", "stall_p") if par.get(k)}
         if par.get("mutant") == "evict_at_lookup":  # planted: the tier evicts what it just answered HIT
             script["evict_at_lookup"] = True
         if script:  # the scripted tier, through vLLM's spec factory (out-of-tree path)
@@ -232,10 +234,19 @@ class Engine:
         self.accept_p = sp.get("accept_p", 0.7) if sp else 0.0
         self.model_runner = fakes.FakeModelRunner(self, self.num_spec, self.accept_p)
         self.checks = checks.LifecycleChecks(self)
+        self.lookup_capture = lookups.LookupCapture(self)
         self.last_lookup = {}
         self.loaded_keys = []
         self.step_no = 0
+        # Shadow KV (docs/trace.md). Not under async scheduling with spec decode: a step is
+        # scheduled before the previous one's rejections apply and the real runner corrects
+        # its positions on the GPU (gpu_model_runner.py's deferred state corrections), which
+        # the fake runner does not model.
+        self.shadow = None if par.get("shadow") is False or (par.get("async") and self.num_spec) \
+            else shadow.ShadowKV(self)
         self._wrap()
+        if self.shadow is not None:
+            self.shadow.install()
 
     # -- connector calls seen -----------------------------------------------------------
     def _wrap(self):
@@ -245,7 +256,7 @@ class Engine:
         orig_lookup = cs.get_num_new_matched_tokens
 
         def get_num_new_matched_tokens(request, num_computed_tokens, *a, **k):
-            res = orig_lookup(request, num_computed_tokens, *a, **k)
+            res = eng.lookup_capture.call(orig_lookup, request, num_computed_tokens, a, k)
             eng.stats["lookups"] += 1
             eng.last_lookup[request.request_id] = (num_computed_tokens, res)
             return res
@@ -303,6 +314,7 @@ class Engine:
         cs.get_num_new_matched_tokens = get_num_new_matched_tokens
         cs.update_state_after_alloc = update_state_after_alloc
         self.checks.install()
+        self.lookup_capture.install()
 
     def call_context(self, request):
         """What the lookup answered for this request, beside the captured case."""
@@ -354,8 +366,12 @@ class Engine:
         w = self.wconn
         meta = so.kv_connector_metadata
         w.handle_preemptions(meta)
+        if self.shadow is not None:  # the model runner's _update_states: zeroing, block copies
+            self.shadow.update_states(so)
         w.bind_connector_metadata(meta)
         w.start_load_kv(None)
+        if self.shadow is not None:  # the forward: what it reads, then what it writes
+            self.shadow.forward(so)
         w.wait_for_save()
         if hasattr(w, "get_transfer_results"):
             tr = w.get_transfer_results(so.finished_req_ids)
@@ -390,6 +406,9 @@ class Engine:
                 self.stats["requests"] += 1
                 if r.get("abort_after") is not None:
                     aborts.setdefault(s + r["abort_after"], []).append(str(r["id"]))
+            for rid in self.lookup_capture.take_aborts():  # liveness:stuck_request, reported
+                if rid in sched.requests:
+                    sched.finish_requests(rid, self.rel.RequestStatus.FINISHED_ABORTED)
             for rid in aborts.pop(s, ()):
                 if rid in sched.requests:
                     sched.finish_requests(rid, self.rel.RequestStatus.FINISHED_ABORTED)
@@ -430,6 +449,9 @@ class Engine:
             if self.num_spec and not is_async:
                 self.model_runner.propose_drafts(so)
         self.checks.check_drained()
+        if self.shadow is not None:
+            self.shadow.check_lost_chunks()
+            self.stats.update(self.shadow.stats)
 
     def engine_busy(self):
         """The engine core's own loop condition (``has_requests``: unfinished requests,

@@ -139,6 +139,34 @@ def _script_manager(m, script, LR):
         del hit_now[:]
 
     m.lookup, m.on_schedule_end = lookup, on_schedule_end
+    _script_stalled_writes(m, script)
+
+
+def _script_stalled_writes(m, script):
+    """``stall_p``: a store the transfer engine completed is, with this probability per
+    key, never made readable by the tier (its write stalls: the key answers HIT_PENDING
+    for as long as the engine runs). Its own seeded stream, so adding it leaves the
+    other answers of a script as they were."""
+    stall_p = float(script.get("stall_p", 0.0))
+    m.kvbound_stalled = []
+    m.kvbound_stalled_names = lambda: list(range(len(m.kvbound_stalled)))
+    if not stall_p:
+        return
+    rng = random.Random("stall-%s" % script.get("seed", 0))
+    orig = m.complete_store
+
+    def complete_store(keys, *a, **k):
+        success = k.get("success", a[-1] if a and isinstance(a[-1], bool) else True)
+        keys = list(keys)
+        if success:
+            stalled = [key for key in keys if rng.random() < stall_p]
+            if stalled:
+                m.kvbound_stalled.extend(stalled)
+                m.kvbound_counts["stalled"] = m.kvbound_counts.get("stalled", 0) + len(stalled)
+                keys = [key for key in keys if key not in stalled]
+        return orig(keys, *a, **k)
+
+    m.complete_store = complete_store
 
 
 def _evict_event(m, keys):
@@ -159,32 +187,51 @@ def fake_transfer_engine_class(obase):
         return _legacy_fake_transfer_engine_class(obase)
 
     class KvboundFakeTransferEngine(base):
-        """Copies nothing; a job finishes ``delay`` steps after submission (0..max_delay),
-        a load fails with probability ``fail_p``."""
+        """A job finishes ``delay`` steps after submission (0..max_delay), a load fails with
+        probability ``fail_p`` (``TransferResult(success=False)``, the worker API's report).
+        With shadow KV on (``eng.shadow``) it moves content: each job copies its blocks at a
+        seeded moment between submission and completion (``shadow.ShadowKV``)."""
 
         def __init__(self, rng, max_delay, fail_p, eng):
             self.rng, self.max_delay, self.fail_p, self.eng = rng, max_delay, fail_p, eng
             self.pending = {}  # job_id -> [steps_left, success, kind]
             self.submitted = {}
 
+        def _shadow(self):
+            return getattr(self.eng, "shadow", None)
+
         def submit_store(self, job_id, src_spec, dst_spec):
+            delay = None
             if self.eng.mutant != "lost_store":  # planted defect: a store that never completes
-                self.pending[job_id] = [self.rng.randint(0, self.max_delay), True, "store"]
+                delay = self.rng.randint(0, self.max_delay)
+                self.pending[job_id] = [delay, True, "store"]
             self.submitted[job_id] = "store"
             self.eng.on_submit("store", job_id, src_spec)
+            sh = self._shadow()
+            if sh is not None:
+                sh.submit("store", job_id, src_spec, dst_spec, self.max_delay if delay is None else delay, True)
             return True
 
         def submit_load(self, job_id, src_spec, dst_spec, expedited=False):
             ok = self.rng.random() >= self.fail_p
-            self.pending[job_id] = [0 if expedited else self.rng.randint(0, self.max_delay), ok, "load"]
+            delay = 0 if expedited else self.rng.randint(0, self.max_delay)
+            self.pending[job_id] = [delay, ok, "load"]
             self.submitted[job_id] = "load"
             self.eng.on_submit("load", job_id, dst_spec)
+            sh = self._shadow()
+            if sh is not None:
+                sh.submit("load", job_id, src_spec, dst_spec, delay, ok)
             return True
 
         def get_finished(self):
+            sh = self._shadow()
+            if sh is not None:
+                sh.tick()
             done = []
             for j, v in list(self.pending.items()):
                 if v[0] <= 0:
+                    if sh is not None:
+                        sh.complete(j)
                     done.append(obase.TransferResult(job_id=j, success=v[1]))
                     del self.pending[j]
                 else:
@@ -192,6 +239,9 @@ def fake_transfer_engine_class(obase):
             return done
 
         def wait(self, job_ids):
+            sh = self._shadow()
+            if sh is not None:
+                sh.flush(job_ids)
             for j in job_ids:
                 if j in self.pending:
                     self.pending[j][0] = 0

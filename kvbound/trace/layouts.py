@@ -61,6 +61,17 @@ LAYOUTS = {
     "mamba-eagle-scripted": {"groups": [_g(FA, 64), _g(MAMBA, 64), _g(FA, 64, eagle=True)],
                              "blocks_per_chunk": 1, "prefix_match_unit": 16,
                              "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    # The scripted tier beside a sliding window of 4 chunks (the lookup's sliding-window
+    # scan meets HIT_PENDING/RETRY answers right of gaps the evictions leave).
+    "swa-scripted": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 1},
+    # The scripted tier whose writes sometimes never complete (stall_p): a key stays
+    # HIT_PENDING for as long as the engine runs.
+    "full-stalled": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
+    # offload_prompt_only=False (kv_connector_extra_config, read by OffloadingSpec,
+    # v1/kv_offload/base.py): decoded tokens are offloaded too, up to the finished
+    # request's token horizon (0.26-0.29: num_tokens; 0.30+: clamped to num_tokens - 1).
+    "full-store-all": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
+    "swa-store-all": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=128)], "blocks_per_chunk": 1},
     # Two GPU blocks per offloaded chunk.
     "bpc2": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 2},
 }
@@ -77,10 +88,14 @@ ENGINE = {
     "mamba-block": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba528": dict(_BASE, num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
     "bpc2": dict(_BASE),
+    "full-store-all": dict(_BASE, offload_prompt_only=False, aligned_decode_p=0.3),
+    "swa-store-all": dict(_BASE, offload_prompt_only=False, aligned_decode_p=0.3),
     "eagle": dict(_BASE),
     "full-scripted": dict(_BASE, pending_p=0.05, retry_p=0.02, evict_p=0.1),
     "mamba-eagle-scripted": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512,
                                  pending_p=0.05, retry_p=0.02, evict_p=0.1),
+    "swa-scripted": dict(_BASE, pending_p=0.1, retry_p=0.02, evict_p=0.15),
+    "full-stalled": dict(_BASE, stall_p=0.05),
     "mamba-eagle-untagged": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba-eagle": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512),
     "swa-sync": dict(_BASE, sync_load_budget_bytes=1 << 16),

@@ -160,8 +160,17 @@ def check_result(release: str, layout_name: str, job: dict, res: dict) -> tuple[
     if not res.get("ok", True):
         detail = {k: res.get(k) for k in ("error", "assert_site", "step", "traceback")}
         add("harness:exception" if res.get("harness_fault") else "vllm-exception", detail)
+    from .storecheck import judge_store_calls
+
+    for d in judge_store_calls(release, job, res)[0]:  # the store spec (spec/store.py)
+        add("store:spec_disagreement", d)
     for v in res.get("violations", ()):
         add("harness:capture" if v["check"] == "harness-capture" else violation_kind(v["check"]), v)
+    from .lookup_checks import check_lookups  # the lookup contract at every captured lookup
+
+    got, _ = check_lookups(release, res)
+    for kind, detail, case in got:
+        add(kind, dict(detail, lookup_case=case))  # a lookup case (spec/lookup.py), not a load case
     for c in res.get("cases", ()):
         tally["cases"] += 1
         try:

@@ -1,0 +1,104 @@
+"""Shadow KV in kvbound trace: the content model's pure parts, and real runs where every
+data/store check fires on a planted defect, stays quiet on a clean run, and reports the
+0.26-0.29 finished-request store horizon (offload_prompt_only=False) that 0.30.0 fixed."""
+
+from __future__ import annotations
+
+import collections
+import types
+
+import pytest
+
+from kvbound.trace import runner as R
+from kvbound.trace import shadow as SH
+
+from test_trace import _env
+
+
+# --- pure parts ---------------------------------------------------------------------------
+
+def test_prefix_identity_is_request_independent_and_chained():
+    a = b = 0
+    for t in (5, 9, 11):
+        a, b = SH.chain(a, t), SH.chain(b, t)
+    assert a == b
+    assert SH.chain(SH.chain(0, 5), 9) != SH.chain(SH.chain(0, 9), 5)
+
+
+def _shadow(bpc):
+    sh = SH.ShadowKV.__new__(SH.ShadowKV)
+    sh.bpc = bpc
+    return sh
+
+
+def test_job_pairs_follow_the_cpu_worker_mapping():
+    """transfer_async: per group, GPU blocks onto CPU sub-blocks from block_indices % bpc."""
+    spec = types.SimpleNamespace(block_ids=[7, 8, 9, 4], group_sizes=[3, 1], block_indices=[1, 2])
+    got = _shadow(2).pairs(spec, [100, 101, 200])
+    # group 0 starts at sub-block 1 of CPU block 100; group 1 at sub-block 0 of 200
+    assert got == [(0, 7, 100, 1), (0, 8, 101, 0), (0, 9, 101, 1), (1, 4, 200, 0)]
+    spec1 = types.SimpleNamespace(block_ids=[3, 5], group_sizes=[2], block_indices=[4])
+    assert _shadow(1).pairs(spec1, [10, 11]) == [(0, 3, 10, 0), (0, 5, 11, 0)]
+
+
+# --- real vLLM ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def workers():
+    started = {}
+
+    def get(version):
+        if version not in started:
+            env = _env(version)
+            started[version] = (env, R.start_worker(env))
+        return started[version]
+    yield get
+    for _, w in started.values():
+        w.stop()
+
+
+def _kinds(w, version, layout, overrides=None, n=100, seed=3):
+    job = R.make_job(layout, (seed, "mut"), n, 0, "sync", overrides)
+    job["max_steps"] = 3000
+    found, _ = R.check_result(version, layout, job, w.job(job))
+    return collections.Counter(f.kind for f in found), found
+
+
+@pytest.mark.parametrize("mutant,kinds", [
+    # the connector stores one chunk past the computed horizon
+    ("store_past_horizon", {"store:foreign_source", "data:wrong_kv"}),
+    # block reuse no longer waits (jobs_to_flush dropped): a source is rewritten before its copy
+    ("skip_fence", {"store:source_rewritten"}),
+    # a load lands one block off: the request reads KV that is not its own
+    ("load_dst_shift", {"data:wrong_kv"}),
+    # one chunk of each store is never offered to the tier
+    ("drop_store", {"store:lost_chunk"}),
+])
+def test_shadow_checks_fire_on_a_planted_defect(mutant, kinds, workers):
+    env, w = workers("0.30.0")
+    got, found = _kinds(w, "0.30.0", "full", {"mutant": mutant})
+    assert kinds <= set(got), dict(got)
+    wrong = [f for f in found if f.kind == "data:wrong_kv"]
+    for f in wrong[:3]:  # a read finding names who and where, and where the content came from
+        assert {"request", "group", "block_id", "position", "expected", "found"} <= set(f.detail)
+
+
+def test_shadow_clean_run_reports_nothing(workers):
+    env, w = workers("0.30.0")
+    got, _ = _kinds(w, "0.30.0", "full-store-all", n=150)
+    assert not got, dict(got)
+
+
+def test_finished_request_store_horizon_0_29(workers):
+    """0.29.0, offload_prompt_only=False: a finished request stores the chunk that ends at its
+    final sampled token, never forwarded (fixed in 0.30.0 by the num_tokens - 1 clamp)."""
+    env, w = workers("0.29.0")
+    job = {"layout": dict(R.LAYOUTS["full-store-all"], name="full-store-all"),
+           "params": dict(R.ENGINE["full-store-all"], seed="0", **{"async": False}),
+           "requests": [{"id": 7, "arrive": 0, "prompt": [["uniq", 7, 1]], "max_tokens": 15,
+                         "abort_after": None}]}
+    found, _ = R.check_result("0.29.0", "full-store-all", job, w.job(job))
+    kinds = {f.kind for f in found}
+    assert kinds & {"store:unwritten_source", "store:foreign_source"}, kinds
+    f = next(f for f in found if f.kind.startswith("store:"))
+    assert f.detail["position"] == 15
