@@ -260,7 +260,12 @@ def describe(f, path: str, shrunk_from: int | None = None) -> str:
     d = _short(f.detail)
     lines.append("   " + json.dumps(d)[:1500])
     if f.case is not None:
-        case = case_from_dict(f.case, f.case.get("name", "?"))
+        try:
+            case = case_from_dict(f.case, f.case.get("name", "?"))
+        except ValueError:  # premise:valid-call: the call is no valid case; show its groups as given
+            lines += [f"   group {i} {g.get('kind')}: {' '.join(map(str, g.get('blocks', [])))}"
+                      for i, g in enumerate(f.case.get("groups", []))]
+            return "\n".join(lines)
         plan = plan_for_version(case, f.release)
         lines.append(draw_case(case, plans={plan.variant: plan}, legend=True))
     return "\n".join(lines)

@@ -326,6 +326,11 @@ class ShadowKV:
         if self.kinds[0] != "full_attention" or eng.lay["groups"][0].get("eagle") \
                 or not hasattr(cs, "_build_store_jobs"):
             return
+        # Before 0.26 the field is next_stored_block_idx (0.25.1 offloading/scheduler.py:229),
+        # whose store horizon spec/store.py does not model: no store-call record there.
+        if "next_stored_chunk_idx" not in getattr(getattr(eng.rel.osched, "RequestGroupState", None),
+                                                  "__dataclass_fields__", {}):
+            return
         eng.store_calls = []
         orig = cs._build_store_jobs
         RS = eng.rel.RequestStatus
@@ -571,7 +576,7 @@ class ShadowKV:
                         or getattr(gc, "requires_cow_source", False):
                     continue
                 hpc = eng.rel.capture._first(gc, "hashes_per_chunk", "hash_block_size_factor")
-                tpc = gc.tokens_per_chunk
+                tpc = eng.rel.capture._first(gc, "tokens_per_chunk", "offloaded_block_size")  # pre-0.26 name
                 for j in range(horizon // tpc):
                     if (j + 1) * hpc > len(hashes):
                         break
