@@ -81,7 +81,7 @@ def entry(result) -> str:
         "",
         f"* {'Holds because' if proved else 'Premise at stake'}: {o.premise}.",
         f"* Verdict: {verdict}; expected {o.expected}.",
-        *([f"* Releases: {o.releases}."] if o.releases else []),
+        *([f"* Releases: {o.release_range}."] if o.release_range else []),
         f"* Bound: {o.bound.text()}" + (f" — {o.bound.why}." if o.bound.why else "."),
         *([f"* Premises: {', '.join(f'[`{p}`](#premise-{p})' for p in o.premises)}."] if o.premises else []),
     ]

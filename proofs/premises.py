@@ -122,7 +122,7 @@ def _skipped_blocks(case, gi) -> int:
     g, b, N, T, f, k = _numbers(case, gi)
     cfg = g.config
     if cfg.kind is GroupKind.SLIDING_WINDOW:
-        extra = getattr(cfg, "extra_retained_tokens", 0) or 0
+        extra = cfg.extra_retained_tokens
         return max(0, T - cfg.sliding_window + 1 - extra) // b
     if cfg.kind is GroupKind.CHUNKED_LOCAL:
         return (T // cfg.attention_chunk_size) * cfg.attention_chunk_size // b
@@ -147,7 +147,7 @@ def _check_mamba_one_block(case, gi):
 
 
 def _tail(case) -> bool:
-    return getattr(case, "partial_tail_boundary", None) is not None
+    return case.partial_tail_boundary is not None
 
 
 def _check_keys_cover(case, gi):
@@ -212,21 +212,15 @@ def _term_computed_cached(g):
 
 
 def _term_sliding_skipped_null(g):
+    """The skipped blocks are null (the window in chunks is the config's: the plan derives it)."""
     t = g.table
     skipped = MAX(g.T - g.span + 1 - g.extra, 0)
-    # window_in_chunks as 0.31+ derive it (config.get_sliding_window_size_in_chunks); the world's
-    # ``window_counts_retained`` is False for the mutant (or a release) that ignores the retained tokens
-    window = FLOORDIV(g.span + g.tpc - 1, g.tpc)
-    if getattr(g, "window_counts_retained", True):
-        window = MAX(window, FLOORDIV(g.span - 1 + g.extra + g.tpc - 1, g.tpc))
-    return AND(g.span >= 1, g.extra >= 0, g.window == window,
-               t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == NUL))
+    return AND(g.span >= 1, g.extra >= 0, t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == NUL))
 
 
 def _term_chunked_skipped_null(g):
     t = g.table
-    return AND(g.span >= 1, g.extra == 0, g.window == FLOORDIV(g.span + g.tpc - 1, g.tpc),
-               t.forall(0, FLOORDIV(FLOORDIV(g.T, g.span) * g.span, g.b), lambda i: t.state(i) == NUL))
+    return AND(g.span >= 1, t.forall(0, FLOORDIV(FLOORDIV(g.T, g.span) * g.span, g.b), lambda i: t.state(i) == NUL))
 
 
 def _term_mamba_one_block(g):
@@ -235,20 +229,20 @@ def _term_mamba_one_block(g):
 
 
 def _term_keys_cover(g):
-    tail = getattr(g, "tail", False)  # False, True (TailWorld) or a Z3 Bool (HybridWorld)
+    tail = g.tail  # False (World), True (TailWorld) or a Z3 Bool (a HybridWorld slot)
     whole = g.num_keys * g.tpc >= g.T
     return whole if tail is False else IF(tail, g.num_keys >= CDIV(g.T, g.tpc) - 1, whole)  # bpc = 1 with a tail
 
 
 def _term_hit_a_chunk(g):
-    tail = getattr(g, "tail", False)
+    tail = g.tail
     return g.M >= g.tpc if tail is False else IF(tail, g.M >= g.tph, g.M >= g.tpc)
 
 
 def _term_partial_tail_lookup(g):
     """``_lookup`` with a partial tail (0.33 scheduler.py:1068-1152): a hash-aligned boundary past N,
     before the prompt's last token, returned as M = boundary - N; keys from all tokens."""
-    tail = getattr(g, "tail", False)
+    tail = g.tail
     if tail is False:
         return True
     return IMPLIES(tail, AND(g.boundary == g.N + g.M, g.boundary > g.N, g.boundary % g.tph == 0,
@@ -308,7 +302,7 @@ PREMISES: tuple = (
         "window-skipped-null",
         "A sliding-window group's blocks before its window at T are null: SlidingWindowManager skips "
         "max(0, T - w + 1 - extra_retained_tokens) tokens.",
-        "∀ i < ⌊max(0, T − w + 1 − extra)/b⌋: null;  window = max(⌈w/tpc⌉, ⌈(w − 1 + extra)/tpc⌉)",
+        "∀ i < ⌊max(0, T − w + 1 − extra)/b⌋: null",
         frozenset({GroupKind.SLIDING_WINDOW}),
         (_src(V33, STM, 1148, "SlidingWindowManager.get_num_skipped_tokens"),
          _src(V33, STM, 268, "add_local_computed_blocks: num_skipped_blocks nulls"),
@@ -317,7 +311,7 @@ PREMISES: tuple = (
     Premise(
         "chunk-skipped-null",
         "A chunked-local group's blocks before T's attention chunk are null.",
-        "∀ i < ⌊⌊T/c⌋·c/b⌋: null;  window = ⌈c/tpc⌉", frozenset({GroupKind.CHUNKED_LOCAL}),
+        "∀ i < ⌊⌊T/c⌋·c/b⌋: null", frozenset({GroupKind.CHUNKED_LOCAL}),
         (_src(V33, STM, 1381, "ChunkedLocalAttentionManager.get_num_skipped_tokens"),
          _src(V29, STM, 1310, "ChunkedLocalAttentionManager.get_num_skipped_tokens")),
         _term_chunked_skipped_null, _check_skipped_null),
@@ -544,7 +538,7 @@ def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
           *[w.table.state(i) == STATE_CODE[blk.state.value] for i, blk in enumerate(g.blocks)])
     if w.span is not None:
         s.add(w.span == (g.config.sliding_window or g.config.attention_chunk_size),
-              w.extra == (getattr(g.config, "extra_retained_tokens", 0) or 0))
+              w.extra == g.config.extra_retained_tokens)
     s.add(z3.BoolVal(True) if p.term(w) is True else p.term(w))
     return is_sat(s)
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 from kvbound.spec.verdicts import Verdict
 
-from .encoding import Knobs
+from .encoding import Code
 
 
 @dataclass(frozen=True)
@@ -61,18 +61,45 @@ class Obligation:
     premise: str  # the premise that makes it hold (or whose absence the witness shows)
     expected: Verdict  # PROVED or REFUTED
     build: Callable  # (knobs) -> Problem
-    knobs: Knobs = Knobs()  # the code it is about; mutants perturb these
+    code: Code | None = None  # the release it is about (its row of RELEASES); mutants perturb it
     reproduce: Callable | None = None  # (Case) -> str | None: None when the spec shows the failure
     bound: Bound = ONE_GROUP  # how far the claim reaches, per dimension
     premises: tuple = ()  # ids of proofs.premises assumed (their Z3 faces are added by ``problem``)
     mutable: bool = True  # does a mutant of the scan/plan change what it encodes?
-    about: Knobs | None = None  # a variant outside the spec the witness is about (shown beside the drawing)
-    releases: str = ""  # the vLLM releases whose code it is about, e.g. "0.30.0 – 0.32.0"
+    about: Code | None = None  # code outside the spec the witness is about (shown beside the drawing)
+    last: str | None = None  # the last release it covers (from ``code``'s release): a proved one is proved
+    # on every row of RELEASES in between whose encoded code differs (``covered_codes``)
+    releases: str = ""  # the releases in words, for an obligation without ``code`` (alignment, reservation)
+
+    @property
+    def release_range(self) -> str:
+        if self.code is None:
+            return self.releases
+        first = self.code.release.release
+        last = self.last or first
+        return first if last == first else f"{first} – {last}"
+
+    def covered_codes(self) -> list:
+        """``code`` and the code of every later row of RELEASES up to ``last`` that the encoding reads
+        differently (its mutations kept): the codes a proved obligation must be proved for."""
+        if self.code is None:
+            return [None]
+        from kvbound.spec import RELEASES
+        from kvbound.spec.versions import parse_version
+
+        lo, hi = parse_version(self.code.release.release)[:2], parse_version(self.last or self.code.release.release)[:2]
+        out = [self.code]
+        for first, row in RELEASES:
+            if lo < first <= hi:
+                code = Code(row, self.code.knobs)
+                if all(code.signature != c.signature for c in out):
+                    out.append(code)
+        return out
 
 
-def problem(ob: "Obligation", knobs: Knobs | None = None) -> Problem:
-    """The obligation's problem for ``knobs`` (default its own), its premises' Z3 faces added."""
-    prob = ob.build(ob.knobs if knobs is None else knobs)
+def problem(ob: "Obligation", code: Code | None = None) -> Problem:
+    """The obligation's problem for ``code`` (default its own), its premises' Z3 faces added."""
+    prob = ob.build(ob.code if code is None else code)
     if ob.premises:
         prob = replace(prob, premises=list(prob.premises) + prob.world.premise_terms(ob.premises))
     return prob

@@ -323,6 +323,29 @@ class AllocCalls:
                 "running": {"reserved": running.reserved, "taken": running.taken, "ok": running.ok,
                             "blocks": running.n}}
 
+    def replay_spec(self) -> dict:
+        """The call spec ``scripts/repro_0_33_sync_mamba.py --calls`` replays: the local hit is made
+        by a first request, freed when the witness has an evictable hit block."""
+        return {"kind": self.kind.value, "b": self.b, "L": self.L, "E": self.E, "NEW": self.NEW, "LA": self.LA,
+                "S": self.S, "NEW2": self.NEW2, "LA2": self.LA2, "w": self.w, "extra": self.extra,
+                "chunk": self.chunk, "owner_freed": self.ev > 0}
+
+    @classmethod
+    def from_replay(cls, real: dict, group: int, release: str) -> "AllocCalls":
+        """The calls a real replay made on one of its groups (``--calls`` output: the hit vLLM found,
+        its evictable blocks and checkpoints), for ``predict`` to be compared with what vLLM did."""
+        c = real["spec"]
+        kind = GroupKind(real["kinds"][group])
+        T = real["L"] + c["E"]
+        return cls(name=f"replay-{kind.value}", kind=kind, release=release, b=c["b"], L=real["L"], E=c["E"],
+                   NEW=c["NEW"], LA=c.get("LA", 0), ev=real["ev"][group],
+                   S=c.get("S", 0) if kind is GroupKind.MAMBA else 0,
+                   c1=bool(real.get("c1")) and kind is GroupKind.MAMBA, C=T + c["NEW"], NEW2=c.get("NEW2", 1),
+                   LA2=c.get("LA2", 0), c2=bool(real.get("c2")) and kind is GroupKind.MAMBA,
+                   w=c.get("w", 0) if kind is GroupKind.SLIDING_WINDOW else 0,
+                   extra=c.get("extra", 0) if kind is GroupKind.SLIDING_WINDOW else 0,
+                   chunk=c.get("chunk", 0) if kind is GroupKind.CHUNKED_LOCAL else 0)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["kind"] = self.kind.value

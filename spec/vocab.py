@@ -297,6 +297,12 @@ class ReleaseFeatures:
     sync_loads: bool = True  # 0.33+: the offloading connector may load synchronously (load_kv_async False)
     allocator: str | None = "0.32.0"  # the KV-cache allocator code it runs (MambaManager align mode), by the
     # first release of that code; None before 0.28 (not modelled). proofs/reservation.py reads it.
+    # What an engine of the release can be built with (kvbound trace's layouts need them):
+    mamba_external_kv: bool = True  # 0.23+: the scheduler takes external (connector) tokens for Mamba
+    schedule_end_hook: bool = True  # 0.23+: OffloadingManager.on_schedule_end
+    prefix_match_unit: bool = True  # 0.26+: CacheConfig.prefix_match_unit (tokens_per_hash < block)
+    chunked_local_offload: bool = True  # 0.28+: the connector offloads ChunkedLocalAttentionSpec groups
+    single_attention_hybrid: bool = True  # 0.29+: a hybrid coordinator with one attention spec (FA + EAGLE FA)
     # the lookup (get_num_new_matched_tokens; spec/lookup.py, docs/lookup.md):
     lookup_eagle: bool = True  # 0.24+: is_eagle_group pops its trailing chunk; Mamba alignment cap
     lookup_defers_on_transfers: bool = True  # 0.24+: defer while transfer_jobs; skip_reading_prefix_cache

@@ -106,7 +106,7 @@ def run(args) -> int:
 
 def _releases(o) -> str:
     """The release range, short (the obligation's text may say more after it)."""
-    return (o.releases or "—").split(" (")[0].replace(" – ", "–")
+    return (o.release_range or "—").split(" (")[0].replace(" – ", "–")
 
 
 def _cpu() -> float:
@@ -117,14 +117,15 @@ def _cpu() -> float:
                for f in ("ru_utime", "ru_stime"))
 
 
-def _knobs_text(knobs) -> str:
+def _knobs_text(code) -> str:
+    """A code as text: its release, and the mutations planted in it."""
     from dataclasses import fields
 
     from kvbound.proofs.encoding import Knobs
 
-    base = Knobs()
-    return ", ".join(f"{f.name}={getattr(knobs, f.name)}" for f in fields(knobs)
-                     if getattr(knobs, f.name) != getattr(base, f.name))
+    base, knobs = Knobs(), code.knobs
+    planted = [f"{f.name}={getattr(knobs, f.name)}" for f in fields(knobs) if getattr(knobs, f.name) != getattr(base, f.name)]
+    return ", ".join([f"vLLM {code.release.release}", *planted])
 
 
 def _problem(r) -> str:

@@ -80,8 +80,17 @@ def _env(args) -> ReleaseEnv:
     return prepare_release(args.vllm, _say)
 
 
+def _flag(v: str) -> bool:
+    if v.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(v)
+    return v.lower() in ("true", "1")
+
+
+_flag.__name__ = "true/false"
 ENGINE_KEYS = {"num_gpu_blocks": int, "cpu_chunks": int, "max_num_seqs": int, "max_num_batched_tokens": int,
-               "max_delay": int, "abort_p": float, "pending_p": float, "retry_p": float, "evict_p": float}
+               "max_delay": int, "abort_p": float, "pending_p": float, "retry_p": float, "evict_p": float,
+               # shadow KV (docs/trace.md): on by default; the store path's traffic
+               "shadow": _flag, "offload_prompt_only": _flag, "aligned_decode_p": float}
 
 
 def _overrides(items) -> dict:

@@ -68,6 +68,7 @@ class ShadowKV:
         self.finished = {}  # request id -> tokens computed when it finished (not aborted)
         self.refused = set()  # keys a prepare_store refused (the tier could not allocate)
         self.evicted = set()  # keys the tier evicted
+        self.refused_by = {}  # request id -> prepare_store calls refused
         self.ver = {}  # GPU block id -> version, bumped when a slot someone verified changes
         self.checked_hi = {}  # GPU block id -> slots [0, hi) verified at this version (by anyone)
         self.verified = {}  # request -> {(group, block index) -> (block id, version, lo, hi) read clean
@@ -202,7 +203,7 @@ class ShadowKV:
                      expected=want, found=None if got is None else list(got), provenance=via)
 
     def write(self, req, start, end, drafts):
-        nt = req.num_tokens
+        nt = end - len(drafts)  # where the drafts start
         for g, kind in enumerate(self.kinds):
             if kind == "mamba":
                 # the state after the step's last token; under spec decode also after each
@@ -237,13 +238,15 @@ class ShadowKV:
                 content[off] = (g, self.draft_ident(req, p, nt, drafts), req.request_id, p)
                 self.stats["shadow_writes"] += 1
 
-    def draft_ident(self, req, p, nt, drafts):
+    def draft_ident(self, req, p, ds, drafts):
         """The identity the forward computes at ``p``: real tokens, then the scheduled draft
-        tokens (a rejected draft's KV stays in its slot until overwritten)."""
-        if not drafts or p < nt:
+        tokens from position ``ds`` on (the last ``len(drafts)`` scheduled positions; async
+        scheduling's placeholders included); a rejected draft's KV stays in its slot until
+        overwritten."""
+        if not drafts or p < ds:
             return self.ident(req, p)
-        ident = self.ident(req, nt - 1)
-        for d in drafts[:p - nt + 1]:
+        ident = self.ident(req, ds - 1)
+        for d in drafts[:p - ds + 1]:
             ident = chain(ident, d)
         return ident
 
@@ -260,6 +263,9 @@ class ShadowKV:
             out = orig_prepare_store(keys, *a, **k)
             if out is None:
                 sh.refused.update(keys)
+                ctx = a[0] if a else k.get("req_context")
+                rid = getattr(ctx, "req_id", None)
+                sh.refused_by[rid] = sh.refused_by.get(rid, 0) + 1
             else:
                 sh.evicted.update(getattr(out, "evicted_keys", None) or ())
                 for key, cb in zip(out.keys_to_store, out.store_spec.block_ids):
@@ -298,6 +304,7 @@ class ShadowKV:
             return orig_finished(request, *a, **k)
 
         cs.request_finished = request_finished
+        self._install_store_capture()
         sched = eng.sched
         orig_horizon = getattr(cs, "_calc_num_offloadable_tokens", None)
         if eng.mutant == "store_past_horizon" and orig_horizon is not None:
@@ -308,6 +315,45 @@ class ShadowKV:
                 return min(n + tpb, req_status.req.num_tokens)  # planted: one chunk past computed
             cs._calc_num_offloadable_tokens = _calc_num_offloadable_tokens
         del sched
+
+    def _install_store_capture(self):
+        """Every ``_build_store_jobs`` call, per request, for group 0 when it is full
+        attention and not a drafter's: [status, num_prompt_tokens, num_tokens,
+        num_computed_tokens, num_scheduled_tokens, max_offload_tokens, allocated chunks,
+        next_stored_chunk_idx before, after, refused] (judged by spec/store.py on the host)."""
+        eng, sh = self.eng, self
+        cs = eng.csched
+        if self.kinds[0] != "full_attention" or eng.lay["groups"][0].get("eagle") \
+                or not hasattr(cs, "_build_store_jobs"):
+            return
+        eng.store_calls = []
+        orig = cs._build_store_jobs
+        RS = eng.rel.RequestStatus
+
+        def _build_store_jobs(so, *a, **k):
+            before = {}
+            for rid in list(so.num_scheduled_tokens) + list(so.finished_req_ids or ()):
+                st = getattr(cs, "_req_status", {}).get(rid)
+                if st is None or rid in before:
+                    continue
+                req = st.req
+                status = "aborted" if req.status == RS.FINISHED_ABORTED else (
+                    "finished" if req.is_finished() else "running")
+                gs = st.group_states[0]
+                before[rid] = [status, req.num_prompt_tokens, req.num_tokens, req.num_computed_tokens,
+                               so.num_scheduled_tokens.get(rid, 0), getattr(st, "max_offload_tokens", None),
+                               len(gs.block_ids) // self.bpc, gs.next_stored_chunk_idx]
+            refused0 = dict(sh.refused_by)
+            out = orig(so, *a, **k)
+            for rid, rec in before.items():
+                st = getattr(cs, "_req_status", {}).get(rid)
+                if st is None:
+                    continue
+                eng.store_calls.append([eng.step_no, rid] + rec + [
+                    st.group_states[0].next_stored_chunk_idx, sh.refused_by.get(rid, 0) != refused0.get(rid, 0)])
+            return out
+
+        cs._build_store_jobs = _build_store_jobs
 
     def pairs(self, gpu_spec, cpu_ids):
         """(group, GPU block, CPU block, sub-block) of each GPU block of a job, as

@@ -78,6 +78,12 @@ def workload(n: int, seed, layout: dict, engine: dict, first_id: int = 0) -> lis
         if not prompt:
             prompt = [["uniq", rid, 1]]
         max_tokens = rng.choice((1, 2, 4, rng.randint(1, 16), rng.randint(1, 48)))
+        if engine.get("aligned_decode_p") and rng.random() < engine["aligned_decode_p"]:
+            # a decode that ends on a chunk boundary: the finished request's last chunk
+            # ends at its final sampled token (the store horizon at finish)
+            tpc = min(block_sizes(layout)) * layout.get("blocks_per_chunk", 1)
+            n = prompt_len(prompt)
+            max_tokens = (n // tpc + 1 + rng.randint(0, 2)) * tpc - n
         abort = rng.randint(0, 8) if rng.random() < engine.get("abort_p", 0.04) else None
         reqs.append({"id": rid, "arrive": step, "prompt": prompt, "max_tokens": max_tokens,
                      "abort_after": abort})

@@ -1,0 +1,40 @@
+"""Host side: every captured ``_build_store_jobs`` call judged by the store spec.
+
+The worker (``shadow.py``) records, per request and call, group 0's inputs and its
+``next_stored_chunk_idx`` before and after; ``spec/store.py`` says where the release
+advances it. A call the tier refused (``prepare_store`` returned None: nothing advances)
+is set aside.
+"""
+
+from __future__ import annotations
+
+from kvbound.spec.store import next_stored_chunk_idx, store_horizon
+
+
+def judge_store_calls(release: str, job: dict, res: dict) -> tuple[list[dict], int]:
+    """(disagreements, calls judged): the first disagreement of a segment in detail, with
+    the count of all."""
+    calls = res.get("store_calls") or ()
+    if not calls:
+        return [], 0
+    lay, par = job["layout"], job["params"]
+    tpc = lay["groups"][0]["tokens_per_block"] * lay.get("blocks_per_chunk", 1)
+    prompt_only = bool(par.get("offload_prompt_only", True))
+    bad, judged = [], 0
+    for step, rid, status, P, T, C, S, mot, alloc, before, after, refused in calls:
+        if refused:
+            continue
+        judged += 1
+        h = store_horizon(release, status, P, T, C, S, prompt_only, mot)
+        want = next_stored_chunk_idx(before, h, tpc, alloc)
+        if want != after:
+            bad.append({"check": "store:spec_disagreement", "step": step, "request": rid,
+                        "message": f"request {rid} ({status}, {P} prompt tokens, {T} tokens, {C} computed,"
+                                   f" {S} scheduled): the release advanced group 0's next_stored_chunk_idx"
+                                   f" {before} -> {after}, the store spec says {want} (horizon {h} tokens,"
+                                   f" {alloc} chunks allocated)",
+                        "real": after, "spec": want, "horizon": h})
+    if bad:
+        first = dict(bad[0], count=len(bad))
+        return [first], judged
+    return [], judged

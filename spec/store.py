@@ -1,0 +1,98 @@
+"""The store path's executable spec: how far each release's ``_build_store_jobs`` stores.
+
+Per request and step, ``_build_store_jobs`` takes a token horizon (``tokens_after_batch``),
+caps it (``offloadable_tokens``, the release's ``_calc_num_offloadable_tokens``) and stores
+a full-attention, non-draft group's whole chunks below it that are allocated
+(``RequestOffloadState.storable_chunks``), advancing ``next_stored_chunk_idx`` to that
+count. The rows below are the first release of each behaviour (file:line in
+docs/trace.md, "Shadow KV"):
+
+- 0.26: a finished request's horizon is ``num_tokens``, aborted or not
+  (0.26.0 ``offloading/scheduler.py:941-945``);
+- 0.27: an aborted request's horizon is ``num_computed_tokens`` (0.27.0 ``:1038-1041``);
+- 0.30: a finished request's horizon is clamped to ``max(num_prompt_tokens,
+  num_tokens - 1)``, the GPU prefix cache's commit point (0.30.0 ``:1482-1485``).
+
+What the KV promise needs (``computed_tokens``): every stored chunk's tokens were
+forwarded; the final sampled token never is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .versions import parse_version
+
+RUNNING, FINISHED, ABORTED = "running", "finished", "aborted"
+
+
+@dataclass(frozen=True)
+class StoreFeatures:
+    release: str
+    aborted_at_computed: bool  # an aborted request stores up to num_computed_tokens
+    finished_clamp: bool  # a finished request stores up to max(prompt, num_tokens - 1)
+
+
+STORE_RELEASES = (
+    ((0, 26), StoreFeatures("0.26.0", False, False)),
+    ((0, 27), StoreFeatures("0.27.0", True, False)),
+    ((0, 30), StoreFeatures("0.30.0", True, True)),
+)
+
+
+def store_features(version: str) -> StoreFeatures:
+    v = parse_version(version)[:2]
+    feats = None
+    for first, f in STORE_RELEASES:
+        if v >= first:
+            feats = f
+    if feats is None:
+        raise ValueError(f"vllm {version}: the store spec starts at 0.26")
+    return feats
+
+
+def tokens_after_batch(version: str, status: str, num_prompt_tokens: int, num_tokens: int,
+                       num_computed_tokens: int, num_scheduled_tokens: int = 0) -> int:
+    f = store_features(version)
+    if status == ABORTED and f.aborted_at_computed:
+        return num_computed_tokens
+    if status in (FINISHED, ABORTED):
+        return max(num_prompt_tokens, num_tokens - 1) if f.finished_clamp else num_tokens
+    return num_computed_tokens + num_scheduled_tokens
+
+
+def offloadable_tokens(n: int, num_tokens: int, num_prompt_tokens: int, offload_prompt_only: bool,
+                       max_offload_tokens: int | None = None) -> int:
+    n = min(n, num_tokens)
+    if max_offload_tokens is not None:
+        n = min(n, max_offload_tokens)
+    if offload_prompt_only:
+        n = min(n, num_prompt_tokens)
+    return n
+
+
+def store_horizon(version: str, status: str, num_prompt_tokens: int, num_tokens: int,
+                  num_computed_tokens: int, num_scheduled_tokens: int = 0, offload_prompt_only: bool = True,
+                  max_offload_tokens: int | None = None) -> int:
+    """The tokens ``_build_store_jobs`` may store for this request in this step."""
+    return offloadable_tokens(
+        tokens_after_batch(version, status, num_prompt_tokens, num_tokens, num_computed_tokens,
+                           num_scheduled_tokens),
+        num_tokens, num_prompt_tokens, offload_prompt_only, max_offload_tokens)
+
+
+def next_stored_chunk_idx(before: int, horizon: int, tokens_per_chunk: int, num_allocated_chunks: int) -> int:
+    """A full-attention, non-draft group's ``next_stored_chunk_idx`` after the step (when the
+    tier accepted the store): the allocated whole chunks below the horizon."""
+    return max(before, min(horizon // tokens_per_chunk, num_allocated_chunks))
+
+
+def computed_tokens(status: str, num_tokens: int, num_computed_tokens: int, num_scheduled_tokens: int = 0) -> int:
+    """Tokens whose KV the forward has written once this step's batch ran: a running
+    request's computed and scheduled tokens; a finished one never forwards its final
+    sampled token; an aborted one stops at what it computed."""
+    if status == RUNNING:
+        return num_computed_tokens + num_scheduled_tokens
+    if status == FINISHED:
+        return min(num_computed_tokens, num_tokens - 1)
+    return num_computed_tokens
