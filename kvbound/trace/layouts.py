@@ -150,6 +150,7 @@ NEEDS = {
     "eagle": ("single_attention_hybrid",),
     "mamba-eagle": _MAMBA16, "mamba-eagle-untagged": _MAMBA16,
     "full-scripted": ("schedule_end_hook",),
+    "swa-scripted": ("schedule_end_hook",), "full-stalled": ("schedule_end_hook",),
     "mamba-eagle-scripted": _MAMBA16 + ("schedule_end_hook",),
 }
 
