@@ -203,6 +203,10 @@ def test_trace_needs_a_release(capsys):
 # --- real vLLM ---------------------------------------------------------------------------
 
 REAL = ("0.29.0", "0.33.0")
+# Real vLLM efficiency findings of the lookup on drafter and scripted-tier layouts (a
+# deferral on a chunk the EAGLE pop or a sibling group rules out; the EAGLE pop of 0.24-0.29
+# losing a chunk, #52735): docs/lookup.md lists them; the checks here are about the rest.
+LOOKUP_EFFICIENCY = ("lookup:lost_hit", "lookup:needless_deferral")
 
 
 def _env(version):
@@ -245,6 +249,7 @@ def test_real_trace_eagle_drafter_layouts(workers):
     env, w = workers("0.33.0")
     summaries, findings = R.run_trace(env, ["eagle", "mamba-eagle", "mamba-eagle-untagged"], 120, seed=1,
                                       segment=60, worker=w)
+    findings = [f for f in findings if f.kind not in LOOKUP_EFFICIENCY]
     assert findings == [], [f.key() for f in findings]
     by = {s.layout: s for s in summaries}
     for s in summaries:
@@ -270,6 +275,7 @@ def test_real_trace_scripted_tier(workers):
     env, w = workers("0.33.0")
     summaries, findings = R.run_trace(env, ["full-scripted", "mamba-eagle-scripted"], 120, seed=1,
                                       segment=60, worker=w)
+    findings = [f for f in findings if f.kind not in LOOKUP_EFFICIENCY]
     assert findings == [], [f.key() for f in findings]
     for s in summaries:
         assert s.stats["requests"] == 120 and s.stats["loads"] > 0
@@ -305,6 +311,8 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-30-0-eagle-lifecycle-not-drained-82req.json", None),
     ("0-27-0-mamba-eagle-untagged-vllm-exception-truncate-computed-blocks-7req.json", "truncate_computed_blocks"),
     ("0-26-0-mamba-eagle-vllm-exception-apply-cow-2req.json", "_apply_cow"),
+    # the calibration of the lookup checks: a HIT_PENDING right of a gap defers (docs/lookup.md)
+    ("0-29-0-swa-scripted-lookup-needless-deferral-13req.json", None),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""
