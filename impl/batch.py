@@ -14,17 +14,33 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from kvbound.errors import BatchError
-from kvbound.spec import Block, BlockState, Case, Group, GroupConfig, GroupKind
+from kvbound.spec import KIND_CODES, STATE_CODES, Block, BlockState, Case, Group, GroupConfig, GroupKind
+from kvbound.spec import cdiv as spec_cdiv  # ints; the tensor cdiv is below
 
-# Small integer codes; the order of the enums is the code.
-STATE_CODES = {s: i for i, s in enumerate(BlockState)}  # N=0, H=1, U=2
+# The spec's codes (kvbound.spec.STATE_CODES, KIND_CODES), named for the tensor code.
 STATE_N, STATE_H, STATE_U = (STATE_CODES[s] for s in (BlockState.NULL, BlockState.HASHED, BlockState.UNHASHED))
-KIND_CODES = {k: i for i, k in enumerate(GroupKind)}
 KIND_FULL, KIND_SLIDING, KIND_CHUNKED, KIND_MAMBA = (
     KIND_CODES[k] for k in (GroupKind.FULL_ATTENTION, GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL, GroupKind.MAMBA)
 )
 _STATES = tuple(BlockState)
 _KINDS = tuple(GroupKind)
+
+# --- arithmetic on tensors ---------------------------------------------------------
+
+def floordiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Floor division of non-negative ``a`` by positive ``b`` (int64 exact; int32 through float32)."""
+    if a.dtype == torch.int64:
+        return torch.div(a, b, rounding_mode="floor")
+    return torch.div(a.to(torch.float32), b.to(torch.float32)).floor_().to(a.dtype)
+
+
+def cdiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """cdiv of non-negative ``a`` by positive ``b``, as vLLM's ``cdiv``: the one ceiling division of tensors
+    (``kvbound.spec.cdiv`` is the one of ints)."""
+    if a.dtype == torch.int64:
+        return torch.div(a + b - 1, b, rounding_mode="floor")
+    return torch.div(a.to(torch.float32), b.to(torch.float32)).ceil_().to(a.dtype)
+
 
 # --- block states packed into bit words ------------------------------------------
 
@@ -46,7 +62,7 @@ def pack_slots(bits: torch.Tensor) -> torch.Tensor:
         bits = torch.cat([bits, bits.new_zeros((C, -L % 8))], dim=-1)
     n_oct = bits.shape[1] // 8
     per_word = SLOT_WORD // 8
-    W = -(-n_oct // per_word)
+    W = spec_cdiv(n_oct, per_word)
     if C == 0 or n_oct == 0:
         return torch.zeros((max(W, 1), C), dtype=torch.int64, device=bits.device)
     top = (bits.contiguous().view(torch.int64) * _BYTES_TO_BITS).view(torch.uint8).view(C, n_oct, 8)[:, :, 7]
@@ -59,7 +75,7 @@ def pack_slots(bits: torch.Tensor) -> torch.Tensor:
 
 
 def num_slot_words(L: int) -> int:
-    return max(1, -(-L // SLOT_WORD))
+    return max(1, spec_cdiv(L, SLOT_WORD))
 
 
 def pack_states(state: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,9 @@ import torch
 from kvbound.spec import Case, LoadPlan, Variant, plan_load
 
 from .batch import KIND_CODES, PlanBatch, batch_from_cases, cases_from_batch
-from .plan import (ASSERT_CODES, ASSERTION_VALUE_FIELDS, CODE_UNSUPPORTED, GROUP_FIELDS, NO_KEY, plan_fields,
+from kvbound.spec.asserts import ASSERT_CODE
+
+from .plan import (ASSERTION_VALUE_FIELDS, CODE_UNSUPPORTED, GROUP_FIELDS, NO_KEY, plan_fields,
                    plan_variants, to_load_plans)
 
 _VALUE_KEYS = tuple(ASSERTION_VALUE_FIELDS)
@@ -76,7 +78,7 @@ def spec_side(cases, variant: Variant, asserts: bool = True) -> SpecSide:
         plan = plan_load(case, variant, asserts=asserts)
         a = plan.assertion
         failing.append(-1 if a is None or a.group_index is None else a.group_index)
-        code.append(CODE_UNSUPPORTED if plan.unsupported is not None else 0 if a is None else ASSERT_CODES[a.name])
+        code.append(CODE_UNSUPPORTED if plan.unsupported is not None else 0 if a is None else ASSERT_CODE[a.name])
         reached.append(len(plan.groups))
         for gp in plan.groups:
             fields += [getattr(gp, f) for f in GROUP_FIELDS[:-1]]

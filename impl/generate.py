@@ -33,7 +33,7 @@ import torch
 from kvbound.spec import Case
 from kvbound.spec.strategies import ADVERSARIAL_MUTATIONS, FAMILIES, MAX_TABLE
 
-from .batch import (KIND_CHUNKED, KIND_CODES, KIND_FULL, KIND_MAMBA, KIND_SLIDING, STATE_H, STATE_N, STATE_U,
+from .batch import (cdiv, KIND_CHUNKED, KIND_CODES, KIND_FULL, KIND_MAMBA, KIND_SLIDING, STATE_H, STATE_N, STATE_U,
                     PlanBatch, cases_from_batch, pack_states, resolve_device)
 
 FAMILY_CODES = {f: i for i, f in enumerate(FAMILIES)}
@@ -104,10 +104,6 @@ class _Rng:
         return self.uniform(shape) < p
 
 
-def _cdiv(a, b):
-    return -torch.div(-a, b, rounding_mode="floor")
-
-
 def _reduce_groups(t: torch.Tensor, valid: torch.Tensor, op, neutral: int) -> torch.Tensor:
     out = torch.full_like(t[:, 0], neutral)
     for g in range(t.shape[1]):  # a loop over the (at most max_groups) group columns, not over requests
@@ -169,16 +165,16 @@ def generate_batch(n: int, seed: int = 0, family: str | None = None, device=None
     budget = MAX_TABLE * b_min - 2 * b_max
     max_t_units = torch.clamp(torch.div(budget, unit_t, rounding_mode="floor"), min=1)
     N = unit_n * rng.integer(0, torch.div((max_t_units - 1) * unit_t, unit_n, rounding_mode="floor"))
-    t_min = _cdiv(N + unit_t, unit_t)
+    t_min = cdiv(N + unit_t, unit_t)
     T = unit_t * rng.integer(t_min, torch.maximum(t_min, max_t_units))
     fix = recurrent & (N == 0)  # the recurrent shape needs a computed prefix
     N = torch.where(fix, unit_n, N)
-    T = torch.where(fix, _cdiv(torch.maximum(T, N + unit_t), unit_t) * unit_t, T)
+    T = torch.where(fix, cdiv(torch.maximum(T, N + unit_t), unit_t) * unit_t, T)
     sync = (fam == _REALISTIC) & rng.boolean(0.15, (R,))
 
     # --- tables (allocator_table / recurrent_state_table) ---
     Nc, Tc = N.unsqueeze(1), T.unsqueeze(1)
-    k, local, f = _cdiv(Tc, b), torch.div(Nc, b, rounding_mode="floor"), _cdiv(Nc, b)
+    k, local, f = cdiv(Tc, b), torch.div(Nc, b, rounding_mode="floor"), cdiv(Nc, b)
     skipped_tokens = torch.where(sliding, torch.clamp(Tc - window + 1, min=0),
                                  torch.where(chunked, torch.div(Tc, window.clamp(min=1), rounding_mode="floor")
                                              * window, 0))

@@ -15,9 +15,10 @@ from dataclasses import replace
 import torch
 
 from kvbound.spec import AssertName, Variant
+from kvbound.spec.asserts import ASSERT_CODE
 
 from . import plan as P
-from .batch import STATE_H, STATE_N
+from .batch import STATE_H, STATE_N, floordiv
 
 
 def _start_in(lo_offset: int = 0, hi_offset: int = 0):
@@ -41,7 +42,7 @@ def _codes_with_past_end(orig):
         past = getattr(cells, "past_end", None)
         if past is None:
             return code
-        return torch.where((code == 0) & past, P.ASSERT_CODES[AssertName.TABLE_LENGTH], code).to(torch.uint8)
+        return torch.where((code == 0) & past, ASSERT_CODE[AssertName.TABLE_LENGTH], code).to(torch.uint8)
     return assert_codes
 
 
@@ -82,11 +83,11 @@ def _by_position(batch, cells) -> None:
 
 
 def _floor_f(cells, geo) -> None:
-    geo.f = P._floordiv(cells.N, cells.b)
+    geo.f = floordiv(cells.N, cells.b)
 
 
 def _floor_end(cells, geo) -> None:
-    end = P._floordiv(cells.T, geo.tpc)
+    end = floordiv(cells.T, geo.tpc)
     geo.num_chunks = end
     geo.end_chunk_limit = end if cells.tail is None else end - cells.tail
 
@@ -111,8 +112,8 @@ def _assert_order(orig):
         if not asserts or variant is Variant.LEGACY or release.window_slack is None:
             return code
         over = geo.windowed & (pending > window * cells.bpc + release.window_slack)
-        swap = (code == P.ASSERT_CODES[AssertName.ALIGNMENT]) & over
-        return torch.where(swap, P.ASSERT_CODES[AssertName.WINDOW_BOUND], code).to(torch.uint8)
+        swap = (code == ASSERT_CODE[AssertName.ALIGNMENT]) & over
+        return torch.where(swap, ASSERT_CODE[AssertName.WINDOW_BOUND], code).to(torch.uint8)
     return assert_codes
 
 

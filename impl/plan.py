@@ -26,14 +26,13 @@ import torch
 from kvbound.spec import Assertion, AssertName, GroupPlan, LoadPlan, ReleaseFeatures, Variant, variant_features
 from kvbound.spec.asserts import ASSERT_CODE, ASSERT_OF_CODE, ASSERTS, NO_ASSERT
 
-from .batch import (KIND_FULL, KIND_MAMBA, KIND_SLIDING, MAMBA_MODE_CODES, PLANE_NONNULL, PLANE_UNHASHED,
+from .batch import (KIND_FULL, cdiv, floordiv, KIND_MAMBA, KIND_SLIDING, MAMBA_MODE_CODES, PLANE_NONNULL, PLANE_UNHASHED,
                     SLOT_WORD, STATE_H, STATE_N, STATE_U, PlanBatch, pack_slots, unpack_states)
 
 assert (STATE_N, STATE_H, STATE_U) == (0, 1, 2), "the scan's bit tricks assume these codes"
 
 # Outcome codes, names and reported values: spec/asserts.py's table (vLLM's per-group order).
-CODE_OK, ASSERT_CODES, ASSERT_NAMES = NO_ASSERT, ASSERT_CODE, ASSERT_OF_CODE
-CODE_UNSUPPORTED = len(ASSERT_CODES) + 1  # request outcome "unsupported": the release lacks a v2 feature
+CODE_UNSUPPORTED = len(ASSERT_CODE) + 1  # request outcome "unsupported": the release lacks a v2 feature
 
 # An Assertion's ``values`` key -> the BatchPlan field that holds it, so the impl's
 # numbers at the failing group can be compared with the spec's one for one.
@@ -267,19 +266,6 @@ def real_cells(batch: PlanBatch) -> Cells:
     return cells
 
 
-def _floordiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    if a.dtype == torch.int64:
-        return torch.div(a, b, rounding_mode="floor")
-    return torch.div(a.to(torch.float32), b.to(torch.float32)).floor_().to(a.dtype)
-
-
-def _cdiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """cdiv of non-negative ``a`` by positive ``b``, as vLLM's ``cdiv``."""
-    if a.dtype == torch.int64:
-        return torch.div(a + b - 1, b, rounding_mode="floor")
-    return torch.div(a.to(torch.float32), b.to(torch.float32)).ceil_().to(a.dtype)
-
-
 # --- the scan over packed block states ------------------------------------------
 
 _WORD = SLOT_WORD
@@ -346,9 +332,9 @@ class Geometry:
 def group_geometry(cells: Cells) -> Geometry:
     """k, f and the per-group bounds the asserts compare against."""
     b, bpc = cells.b, cells.bpc
-    k, f = _cdiv(cells.T, b), _cdiv(cells.N, b)
+    k, f = cdiv(cells.T, b), cdiv(cells.N, b)
     tpc = b * bpc
-    num_chunks = _cdiv(k, bpc)  # cdiv(cdiv(T, b), bpc) == cdiv(T, b * bpc)
+    num_chunks = cdiv(k, bpc)  # cdiv(cdiv(T, b), bpc) == cdiv(T, b * bpc)
     return Geometry(
         k=k, f=f,
         table_short=cells.table_length < k,
@@ -358,7 +344,7 @@ def group_geometry(cells: Cells) -> Geometry:
         num_chunks=num_chunks,
         end_chunk_limit=num_chunks if cells.tail is None else num_chunks - cells.tail,
         # (num_tokens // tokens_per_hash) // (tpc // tokens_per_hash) == num_tokens // tpc
-        num_offload_keys=_floordiv(cells.num_tokens, tpc),
+        num_offload_keys=floordiv(cells.num_tokens, tpc),
         _windows={},
     )
 
@@ -370,9 +356,9 @@ def window_in_chunks(cells: Cells, geo: Geometry, release: ReleaseFeatures) -> t
     state"; -1 for full attention (no window)."""
     counts = bool(release.window_counts_retained and cells.extra_retained is not None)
     if counts not in geo._windows:
-        window = torch.where(cells.kind == KIND_MAMBA, 1, _cdiv(cells.window_tokens, geo.tpc))
+        window = torch.where(cells.kind == KIND_MAMBA, 1, cdiv(cells.window_tokens, geo.tpc))
         if counts:
-            retained = _cdiv((cells.window_tokens - 1 + cells.extra_retained).clamp(min=0), geo.tpc)
+            retained = cdiv((cells.window_tokens - 1 + cells.extra_retained).clamp(min=0), geo.tpc)
             use = (cells.kind == KIND_SLIDING) & (cells.extra_retained > 0)
             window = torch.where(use, torch.maximum(window, retained), window)
         geo._windows[counts] = torch.where(geo.windowed, window, -1)
@@ -400,7 +386,7 @@ def offload_key_chunks(cells: Cells, geo: Geometry, start: torch.Tensor, pending
     partial tail's boundary key (the token position its hash is read at, NO_KEY for
     none); empty when nothing is pending. vLLM slices ``offload_keys[start:end]``:
     a short key list just yields fewer keys (python -O)."""
-    start_chunk = _floordiv(start, cells.bpc)
+    start_chunk = floordiv(start, cells.bpc)
     end = torch.maximum(start_chunk, torch.minimum(geo.end_chunk_limit, geo.num_offload_keys))
     loads = pending > 0
     # where(c, x, y) as y + c * (x - y): torch's CPU where is many times slower
@@ -415,19 +401,19 @@ def assert_codes(cells: Cells, geo: Geometry, variant: Variant, release: Release
     """The first assert each group hits in vLLM's order (table length, the scan's
     assert, window bound, keys length), 0 if none. ``asserts=False`` is python -O:
     only the table length, which would index past the table, still stops the plan."""
-    code = geo.table_short * ASSERT_CODES[AssertName.TABLE_LENGTH]
+    code = geo.table_short * ASSERT_CODE[AssertName.TABLE_LENGTH]
     if not asserts:
         return code.to(torch.uint8)
     if variant is Variant.LEGACY:
-        scan_fail, scan_code = cells.N > start * cells.b, ASSERT_CODES[AssertName.BOUNDARY]
+        scan_fail, scan_code = cells.N > start * cells.b, ASSERT_CODE[AssertName.BOUNDARY]
     else:
-        scan_fail, scan_code = geo.misaligned, ASSERT_CODES[AssertName.ALIGNMENT]
+        scan_fail, scan_code = geo.misaligned, ASSERT_CODE[AssertName.ALIGNMENT]
     checks = [(scan_fail, scan_code)]
     if release.window_slack is not None:  # 0.20 has no window assert
         over = geo.windowed & (pending > window * cells.bpc + release.window_slack)
-        checks.append((over, ASSERT_CODES[AssertName.WINDOW_BOUND]))
+        checks.append((over, ASSERT_CODE[AssertName.WINDOW_BOUND]))
     keyed = (pending > 0) | release.keys_every_group  # up to 0.27 every group's keys are checked
-    checks.append((keyed & (geo.num_offload_keys < geo.end_chunk_limit), ASSERT_CODES[AssertName.KEYS_LENGTH]))
+    checks.append((keyed & (geo.num_offload_keys < geo.end_chunk_limit), ASSERT_CODE[AssertName.KEYS_LENGTH]))
     # later in vLLM's order = lower priority: each is written only where no earlier one fired
     for fired, c in checks:
         code = code + ((code == 0) & fired) * c
@@ -450,7 +436,7 @@ def request_outcome(cells: Cells, release: ReleaseFeatures, asserts: bool) -> to
     req = cells.requests
     if req is None:
         return None
-    code = (req.tail & (req.boundary != req.T)).to(torch.uint8) * ASSERT_CODES[AssertName.PARTIAL_TAIL]
+    code = (req.tail & (req.boundary != req.T)).to(torch.uint8) * ASSERT_CODE[AssertName.PARTIAL_TAIL]
     if not asserts:
         code.zero_()
     bad = unsupported(req, release)
@@ -701,7 +687,7 @@ def to_load_plans(batch: PlanBatch, out: BatchPlan, rows=None) -> list[LoadPlan]
         assertion = None
         if failing[r] >= 0:
             c = s + len(upto)
-            name = ASSERT_NAMES[col["code"][c]]
+            name = ASSERT_OF_CODE[col["code"][c]]
             values = {key: vals[key][c] for key in ASSERTION_VALUES[name]}
             shown = ", ".join(f"{k}={v}" for k, v in values.items())
             assertion = Assertion(name, failing[r], f"(batched impl) {name.value}: {shown}", values)

@@ -15,8 +15,6 @@ from kvbound.draw import LEGEND, describe_plan, draw_case
 from kvbound.spec import Case, Variant, plan_load
 from kvbound.spec.verdicts import Verdict
 
-PROVED = Verdict.PROVED
-
 # Relative to the working directory (the checkout whose docs/ it regenerates): an installed
 # kvbound has no docs/ beside its package.
 DOC = Path("docs") / "invariants.md"
@@ -65,10 +63,10 @@ def _anchor(oid: str) -> str:
 
 def entry(result) -> str:
     o = result.obligation
-    proved = o.expected == PROVED
+    proved = o.expected == Verdict.PROVED
     got = result.verdict
     verdict = f"**{got}**" + ("" if got == o.expected else f" — EXPECTED {o.expected.upper()}")
-    if got == PROVED and result.vacuity:
+    if got == Verdict.PROVED and result.vacuity:
         verdict += f" (non-vacuous: {result.vacuity})"
     lines = [
         f"## `{o.id}`",

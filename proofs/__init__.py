@@ -8,12 +8,12 @@ Imports only kvbound.spec (and z3). ``check_plan`` holds any plan to the encodin
 ``run_all`` runs the suite (``kvbound prove`` draws and reports it).
 """
 
-from .obligations import OBLIGATIONS, PROVED, REFUTED, Obligation
+from .obligations import OBLIGATIONS, Obligation
 from .mutants import ENCODING_KNOB_MUTANTS
-from .runner import UNKNOWN, Report, Result, run_all, run_obligation, witness_cases
+from .runner import Report, Result, run_all, run_obligation, witness_cases
 from .symbolic import SymbolicCheck, check_plan, solve_plan
 
 __all__ = [
-    "OBLIGATIONS", "PROVED", "REFUTED", "UNKNOWN", "ENCODING_KNOB_MUTANTS", "Obligation", "Report", "Result",
+    "OBLIGATIONS", "ENCODING_KNOB_MUTANTS", "Obligation", "Report", "Result",
     "SymbolicCheck", "check_plan", "run_all", "run_obligation", "solve_plan", "witness_cases",
 ]

@@ -33,14 +33,14 @@ from math import gcd
 
 import z3
 
-from kvbound.spec import NULL, Case, Group, GroupKind, H, U, cdiv
+from kvbound.spec import KIND_CODES, NULL, Case, Group, GroupKind, H, U, cdiv
 
 from .terms import AND, IF
 from .world import config_for
 
 MAX_GROUPS = 8
-KINDS = (GroupKind.FULL_ATTENTION, GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL, GroupKind.MAMBA)
-MAMBA = KINDS.index(GroupKind.MAMBA)
+MAMBA = KIND_CODES[GroupKind.MAMBA]
+_KIND_OF_CODE = {c: k for k, c in KIND_CODES.items()}
 
 
 class AlignWorld:
@@ -79,7 +79,7 @@ class AlignWorld:
         out = [self.n >= 1, self.n <= MAX_GROUPS, self.dcp >= 1, self.cache_block_size >= 1,
                self.N_local >= 0, self.bpc >= 1]
         for j in range(MAX_GROUPS):
-            out += [self.kind[j] >= 0, self.kind[j] < len(KINDS), self.spec_bs[j] >= 1,
+            out += [self.kind[j] >= 0, self.kind[j] < len(KIND_CODES), self.spec_bs[j] >= 1,
                     self.scale[j] == IF(self.sharded(j), self.dcp, 1),
                     self.tpb[j] == self.spec_bs[j] * self.scale[j]]
         return out
@@ -125,7 +125,7 @@ class AlignWorld:
         v = lambda t: model.eval(t, model_completion=True).as_long()  # noqa: E731
         n, bpc = v(self.n), v(self.bpc)
         bs = [v(self.tokens_per_block(j)) for j in range(n)]
-        kinds = [KINDS[v(self.kind[j])] for j in range(n)]
+        kinds = [_KIND_OF_CODE[v(self.kind[j])] for j in range(n)]
         N = v(self.N()) if N is None else v(N)
         M = bs[0] * bpc  # one chunk of the first group
         T = N + M
@@ -149,4 +149,4 @@ class AlignWorld:
                     num_locally_computed_tokens=N, num_external_tokens=M, groups=tuple(groups))
 
 
-__all__ = ["AlignWorld", "MAX_GROUPS", "KINDS"]
+__all__ = ["AlignWorld", "MAX_GROUPS"]

@@ -18,18 +18,16 @@ from dataclasses import dataclass, replace
 
 import z3
 
-from kvbound.spec import AssertName, ReleaseFeatures, Variant
+from kvbound.spec import STATE_CODES, AssertName, BlockState, ReleaseFeatures, Variant
 from kvbound.spec.asserts import ASSERT_CODE, ASSERT_OF_CODE, NO_ASSERT
 from kvbound.spec.versions import release_features
 
 from .terms import AND, CDIV, FLOORDIV, IF, MAX, MIN, MOD, NOT, OR, Sx
 
-# Block states as integers in the encoding (spec's BlockState N / H / U).
-NUL, HSH, UNH = 0, 1, 2
-STATE_CODE = {"N": NUL, "H": HSH, "U": UNH}
+# Block states as the spec codes them (kvbound.spec.STATE_CODES), named for the formulas.
+NUL, HSH, UNH = (STATE_CODES[s] for s in (BlockState.NULL, BlockState.HASHED, BlockState.UNHASHED))
 
-# Outcome codes: OK the group plans; otherwise the assert that fires first (spec/asserts.py's table).
-OK, FAIL_CODE, CODE_FAIL = NO_ASSERT, ASSERT_CODE, ASSERT_OF_CODE
+# Outcome codes: spec/asserts.py's NO_ASSERT (the group plans), else ASSERT_CODE of the assert that fires first.
 
 
 @dataclass(frozen=True)
@@ -135,7 +133,7 @@ class ConcreteTable:
 
     def __init__(self, blocks):
         self.length = len(blocks)
-        self.states = [STATE_CODE[b.state.value] for b in blocks]
+        self.states = [STATE_CODES[b.state] for b in blocks]
         self.ids = [b.block_id for b in blocks]
 
     def state(self, i):
@@ -240,7 +238,7 @@ class GroupOut:
     start_chunk: object
     end_chunk: object  # after vLLM's slice of offload_keys
     end_chunk_wanted: object  # end_chunk_idx: cdiv(T, tpc), minus 1 with a partial tail (what the keys assert compares)
-    checks: tuple  # ((FAIL_CODE, holds), ...) in vLLM's assert order
+    checks: tuple  # ((ASSERT_CODE, holds), ...) in vLLM's assert order
     constraints: list
     unknowns: tuple  # the Int unknowns the constraints pin (the scan's result)
     has_boundary_key: object = False  # a partial tail's boundary key follows the chunk keys (pending > 0)
@@ -260,8 +258,8 @@ class GroupOut:
 
     @property
     def fail(self):
-        """OK or the code of the first assert that fires, as one term."""
-        out = OK
+        """NO_ASSERT or the code of the first assert that fires, as one term."""
+        out = NO_ASSERT
         for c, ok in reversed(self.checks):
             out = IF(NOT(ok), c, out)
         return out
@@ -302,9 +300,9 @@ def encode_group(gi: int, g: GroupInputs, code: Code, tag: str = "") -> GroupOut
             cs = table.first_match(start, lo, k + knobs.hi_offset, pred)
     table_ok = table.length >= k
     if code.legacy_assert:
-        assert_ok, assert_code = g.N <= start * g.b, FAIL_CODE[AssertName.BOUNDARY]
+        assert_ok, assert_code = g.N <= start * g.b, ASSERT_CODE[AssertName.BOUNDARY]
     else:
-        assert_ok, assert_code = MOD(g.N, g.b) == 0, FAIL_CODE[AssertName.ALIGNMENT]
+        assert_ok, assert_code = MOD(g.N, g.b) == 0, ASSERT_CODE[AssertName.ALIGNMENT]
     dst_len = k - start
     pending = k - start + knobs.pending_offset
     slack = code.window_slack
@@ -320,14 +318,14 @@ def encode_group(gi: int, g: GroupInputs, code: Code, tag: str = "") -> GroupOut
     key_tokens = g.boundary + g.margin if knobs.tail_margin else g.boundary
     checks = []
     if knobs.asserts and knobs.tail_assert and g.first:  # request level, before any group
-        checks.append((FAIL_CODE[AssertName.PARTIAL_TAIL], OR(NOT(g.tail), g.boundary == T)))
-    checks.append((FAIL_CODE[AssertName.TABLE_LENGTH], table_ok))
+        checks.append((ASSERT_CODE[AssertName.PARTIAL_TAIL], OR(NOT(g.tail), g.boundary == T)))
+    checks.append((ASSERT_CODE[AssertName.TABLE_LENGTH], table_ok))
     if knobs.asserts:
         kept = knobs.boundary_assert if code.legacy_assert else knobs.alignment_assert
         scan_check = [(assert_code, assert_ok)] if kept else []
-        window_check = [(FAIL_CODE[AssertName.WINDOW_BOUND], window_ok)]
+        window_check = [(ASSERT_CODE[AssertName.WINDOW_BOUND], window_ok)]
         checks += (window_check + scan_check if knobs.window_before_scan_assert else scan_check + window_check)
-        checks += [(FAIL_CODE[AssertName.KEYS_LENGTH], keys_ok)]
+        checks += [(ASSERT_CODE[AssertName.KEYS_LENGTH], keys_ok)]
     unknowns = (start, raw) if knobs.hi_offset < 0 and not knobs.no_scan else (start,)
     return GroupOut(k, f, start, pending, dst_len, start_chunk, end_chunk, wanted, tuple(checks), cs, unknowns,
                     has_boundary_key, key_tokens)

@@ -18,7 +18,7 @@ from math import gcd
 
 import z3
 
-from kvbound.spec import Block, BlockState, Case, Group, GroupKind
+from kvbound.spec import KIND_CODES, Block, BlockState, Case, Group, GroupKind, cdiv
 
 from .encoding import HSH, NUL, UNH, Code, GroupInputs, SymTable, encode_group, window_in_chunks
 from .premises import PREMISES, when_kind
@@ -28,7 +28,6 @@ from .world import _EXPAND, config_for
 GROUPS = 4
 SHARED = ("keys-cover-hit", "hit-a-chunk")  # premises of every group that bound the shared M and T
 TABLE_LENGTH = 0  # 0: symbolic tables (every length), quantifiers left to Z3
-KINDS = (GroupKind.FULL_ATTENTION, GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL, GroupKind.MAMBA)
 
 
 class Slot:
@@ -55,7 +54,7 @@ class Slot:
         self.eagle = z3.Bool(f"is_eagle_group[{s}]")
 
     def is_kind(self, kind: GroupKind):
-        return self.kind == KINDS.index(kind)
+        return self.kind == KIND_CODES[kind]
 
     def inputs(self) -> GroupInputs:
         return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load,
@@ -103,7 +102,7 @@ class HybridWorld:
         out = [self.n >= 1, self.n <= len(self.slots), self.bpc >= 1, self.N >= 0, self.M >= 1,
                self.unit >= 1, self.q >= 0, self.N == self.q * self.unit]
         for s in self.slots:
-            out += [s.kind >= 0, s.kind < len(KINDS), s.b >= 1, s.num_keys >= 0,
+            out += [s.kind >= 0, s.kind < len(KIND_CODES), s.b >= 1, s.num_keys >= 0,
                     z3.Implies(self.active(s.index), AND(s.c >= 1, self.unit == s.c * s.b,
                                                          )),
                     s.table.wellformed(), *([] if self.length is None else [s.table.length == self.length])]
@@ -115,7 +114,7 @@ class HybridWorld:
         tokens_per_block > tokens_per_hash); an EAGLE full-attention group keys it ``margin`` past the
         boundary (0.33 kv_cache_utils.eagle_proof_margin: one hash unit or one block)."""
         s0 = self.slots[0]
-        fa, mamba = KINDS.index(GroupKind.FULL_ATTENTION), KINDS.index(GroupKind.MAMBA)
+        fa, mamba = KIND_CODES[GroupKind.FULL_ATTENTION], KIND_CODES[GroupKind.MAMBA]
         supported = AND(self.bpc == 1, self.tph >= 1, s0.b > self.tph, s0.b % self.tph == 0,
                         *[z3.Implies(self.active(s.index), AND(s.b == s0.b, OR(s.kind == fa, s.kind == mamba)))
                           for s in self.slots],
@@ -132,7 +131,7 @@ class HybridWorld:
         chosen = [p for p in PREMISES if p.id in ids]
         for s in self.slots:
             for p in chosen if s.index == 0 else [p for p in chosen if p.id in SHARED]:
-                codes = sorted(KINDS.index(k) for k in p.kinds)  # sorted: frozenset order varies per process
+                codes = sorted(KIND_CODES[k] for k in p.kinds)  # sorted: frozenset order varies per process
                 out.append(z3.Implies(self.active(s.index), when_kind(s.kind, codes, p.term(s))))
             # kinds without a window: the config premise the window assert reads
             out.append(z3.Implies(s.is_kind(GroupKind.FULL_ATTENTION), AND(s.window == 0, s.extra == 0)))
@@ -168,8 +167,8 @@ class HybridWorld:
         groups, tpcs, prompt = [], [], 0
         next_id = 1
         for s in self.slots[:n]:
-            kind, b = KINDS[v(s.kind)], v(s.b)
-            k = -(-T // b)
+            kind, b = _KIND_OF_CODE[v(s.kind)], v(s.b)
+            k = cdiv(T, b)
             blocks = []
             if s.index == 0:
                 length = v(s.table.length) if s.table.expand is None else s.table.expand
@@ -188,7 +187,7 @@ class HybridWorld:
                     blocks = [Block(BlockState.NULL)] * (k - 1) + [Block(BlockState.UNHASHED, next_id)]
                     next_id += 1
                 else:
-                    f = -(-N // b)
+                    f = cdiv(N, b)
                     blocks = [Block(BlockState.HASHED if i < f else BlockState.UNHASHED, next_id + i) for i in range(k)]
                     next_id += k
             extra = v(s.extra) if kind is GroupKind.SLIDING_WINDOW and s.index == 0 else 0
@@ -202,6 +201,9 @@ class HybridWorld:
             tph = gcd(tph, t)
         return Case(name=name, blocks_per_chunk=bpc, tokens_per_hash=tph, num_prompt_tokens=prompt,
                     num_locally_computed_tokens=N, num_external_tokens=M, groups=tuple(groups), sync_load=sync)
+
+
+_KIND_OF_CODE = {c: k for k, c in KIND_CODES.items()}
 
 
 def _windowed_config(kind, b, span, extra=0):

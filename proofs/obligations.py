@@ -13,17 +13,17 @@ from typing import Callable
 
 import z3
 
-from kvbound.spec import AssertName, GroupKind, Variant, plan_load
+from kvbound.spec import AssertName, GroupKind, Variant, cdiv, plan_load
 from kvbound.spec.verdicts import Verdict
 
-from .encoding import FAIL_CODE, HSH, NUL, UNH, Code, code_for
+from kvbound.spec.asserts import ASSERT_CODE
+
+from .encoding import HSH, NUL, UNH, Code, code_for
 from .terms import AND, FLOORDIV, IF, IMPLIES, NOT, OR
 from .alignment import MAX_GROUPS, AlignWorld
 from .hybrid import GROUPS, HybridWorld, safe_parts
 from .problem import NO_TABLE, ONE_GROUP, Bound, Obligation, Problem, problem
 from .world import TailWorld, World
-
-PROVED, REFUTED = Verdict.PROVED, Verdict.REFUTED
 
 
 # --- spec replays: a witness must show its failure on the executable spec -----------
@@ -113,7 +113,7 @@ def _legacy_refuted(code):
 
 def _legacy_full_attention(code):
     w = World(GroupKind.FULL_ATTENTION)
-    legacy, fixed = w.plan(code_for(LEGACY_LAST), "L"), w.plan(code, "F")
+    legacy, fixed = w.plan(code_for(LEGACY_LAST_RELEASE), "L"), w.plan(code, "F")
     t = w.table
     prem = w.base() + [t.forall(0, w.f, lambda i: t.state(i) == HSH)]
     return Problem(prem, legacy.start == fixed.start, w)
@@ -121,14 +121,14 @@ def _legacy_full_attention(code):
 
 def _legacy_agrees_when_passing(code):
     w = World(GroupKind.MAMBA)
-    legacy, fixed = w.plan(code_for(LEGACY_LAST), "L"), w.plan(code, "F")
+    legacy, fixed = w.plan(code_for(LEGACY_LAST_RELEASE), "L"), w.plan(code, "F")
     prem = w.base() + [w.aligned(), w.N <= legacy.start * w.b]
     return Problem(prem, legacy.start == fixed.start, w)
 
 
 def _legacy_without_asserts(code):
     w = World(GroupKind.MAMBA)
-    legacy, fixed = w.plan(code_for(LEGACY_LAST, asserts=False), "L"), w.plan(code, "F")
+    legacy, fixed = w.plan(code_for(LEGACY_LAST_RELEASE, asserts=False), "L"), w.plan(code, "F")
     prem = w.base() + [NOT(w.sync_load), w.j < w.k] + _recurrent_below_f(w)
     claim = OR(legacy.start >= w.f, legacy.start_chunk == fixed.start_chunk)
     return Problem(prem, claim, w, witness=lambda m: w.to_case(m, "witness-legacy-without-asserts"),
@@ -229,7 +229,7 @@ def _window_nulls(kind):
     def build(code):
         w = World(kind)
         p = w.plan(code)
-        window_ok = dict(p.checks).get(FAIL_CODE[AssertName.WINDOW_BOUND], True)  # the assert, as encoded
+        window_ok = dict(p.checks).get(ASSERT_CODE[AssertName.WINDOW_BOUND], True)  # the assert, as encoded
         return Problem(w.base() + [NOT(w.sync_load)], window_ok, w)
 
     return build
@@ -267,7 +267,7 @@ def _replay_sync_needed(case):
 def _assert_order(code):
     w = World(GroupKind.SLIDING_WINDOW)
     p = w.plan(code)
-    return Problem(w.base() + [w.N % w.b != 0], p.fails_with(FAIL_CODE[AssertName.ALIGNMENT]), w)
+    return Problem(w.base() + [w.N % w.b != 0], p.fails_with(ASSERT_CODE[AssertName.ALIGNMENT]), w)
 
 
 def _legacy_guarded(code):
@@ -297,7 +297,7 @@ def _window_retained_before_031(code):
     window in chunks does not count them (cdiv(w, tpc))."""
     w = World(GroupKind.SLIDING_WINDOW)
     p = w.plan(code)  # 0.28 - 0.30: the window in chunks is cdiv(w, tpc)
-    window_ok = dict(p.checks)[FAIL_CODE[AssertName.WINDOW_BOUND]]
+    window_ok = dict(p.checks)[ASSERT_CODE[AssertName.WINDOW_BOUND]]
     return Problem(w.base() + [NOT(w.sync_load)], window_ok, w,
                    witness=lambda m: w.to_case(m, "witness-window-bound.retained-before-0.31"),
                    shaping=w.small(max_len=8, max_tokens=128) + [w.b == 16, w.bpc == 1, w.extra >= 1, w.extra <= 3,
@@ -325,12 +325,14 @@ def _partial_tail_loads(kind):
         p = w.plan(code)
         t = w.table
         lookup_key_tokens = w.boundary + w.margin  # 0.33 scheduler.py:1154-1158, as the lookup used it
-        claim = AND(p.passes(), p.start == w.j, p.start >= w.f,
-                    t.forall(p.start, p.k, lambda i: t.state(i) != NUL),
-                    IMPLIES(p.pending > 0, AND(
-                        p.start_chunk >= FLOORDIV(w.N, w.tpc), p.end_chunk == p.k - 1,
-                        p.has_boundary_key, p.key_tokens == lookup_key_tokens)))
-        return Problem(w.base(), claim, w)
+        parts = [p.passes(), p.start == w.j, p.start >= w.f,
+                 t.forall(p.start, p.k, lambda i: t.state(i) != NUL),
+                 IMPLIES(p.pending > 0, AND(
+                     p.start_chunk >= FLOORDIV(w.N, w.tpc), p.end_chunk == p.k - 1,
+                     p.has_boundary_key, p.key_tokens == lookup_key_tokens))]
+        # one split per conjunct (their negations cover ¬claim): each settles at once, whatever Z3
+        # built earlier in the process (one search over the whole claim can wander past the timeout)
+        return Problem(w.base(), AND(*parts), w, splits=tuple(NOT(x) for x in parts))
 
     return build
 
@@ -338,21 +340,21 @@ def _partial_tail_loads(kind):
 def _partial_tail_assert_holds(code):
     w = TailWorld(GroupKind.MAMBA)
     p = w.plan(code)
-    return Problem(w.base(), NOT(p.fails_with(FAIL_CODE[AssertName.PARTIAL_TAIL])), w)
+    return Problem(w.base(), NOT(p.fails_with(ASSERT_CODE[AssertName.PARTIAL_TAIL])), w)
 
 
 def _partial_tail_guard(code):
     w = TailWorld(GroupKind.MAMBA)
     p = w.plan(code)
     prem = w.base() + [w.boundary != w.T]
-    return Problem(prem, p.fails_with(FAIL_CODE[AssertName.PARTIAL_TAIL]), w)
+    return Problem(prem, p.fails_with(ASSERT_CODE[AssertName.PARTIAL_TAIL]), w)
 
 
 def _partial_tail_chunk_needed(code):
     w = TailWorld(GroupKind.FULL_ATTENTION)
     p = w.plan(code.mutate(tail_chunk_dropped=False))  # keeps the boundary's chunk as a chunk key
     prem = w.base() + [NOT(w.eagle), NOT(w.sync_load)]
-    return Problem(prem, NOT(p.fails_with(FAIL_CODE[AssertName.KEYS_LENGTH])), w,
+    return Problem(prem, NOT(p.fails_with(ASSERT_CODE[AssertName.KEYS_LENGTH])), w,
                    witness=lambda m: w.to_case(m, "witness-partial-tail.boundary-chunk-dropped"),
                    shaping=w.small() + [w.N == 0, w.b == 16, w.tph == 4, w.j == w.f])
 
@@ -419,7 +421,7 @@ def _replay_pr_shape(case):
         return f"spec legacy gives {legacy.assertion.name.value if legacy.assertion else 'ok'}, expected boundary"
     g = case.groups[legacy.assertion.group_index]
     b = g.config.tokens_per_block
-    f = -(-case.num_locally_computed_tokens // b)
+    f = cdiv(case.num_locally_computed_tokens, b)
     if g.config.kind is not GroupKind.MAMBA or not any(blk.state.value == "U" for blk in g.blocks[:f]):
         return "the failing group is not a recurrent group with an unhashed block below f"
     for v in (Variant.FIXED, Variant.FIXED_SYNC):
@@ -429,10 +431,10 @@ def _replay_pr_shape(case):
 
 
 # The code each obligation encodes, by the first release of its row of RELEASES.
-LEGACY, LEGACY_LAST = code_for("0.28.0"), "0.29.0"  # the proofs model 0.28+ (the legacy rows 0.28, 0.29)
-FIXED_030 = code_for("0.30.0")  # the fixed scan; the window in chunks ignores retained tokens
-FIXED = code_for("0.31.0")  # 0.31 - 0.32: the window counts retained tokens
-FIXED_SYNC = code_for("0.33.0")  # sync loads, EAGLE partial tails
+CODE_LEGACY, LEGACY_LAST_RELEASE = code_for("0.28.0"), "0.29.0"  # the proofs model 0.28+ (the legacy rows 0.28, 0.29)
+CODE_030 = code_for("0.30.0")  # the fixed scan; the window in chunks ignores retained tokens
+CODE_031 = code_for("0.31.0")  # 0.31 - 0.32: the window counts retained tokens
+CODE_033 = code_for("0.33.0")  # sync loads, EAGLE partial tails
 LATEST = "0.33.0"
 
 SINGLE = "one group; groups are planned independently, so one group stands for each"
@@ -463,7 +465,7 @@ OBLIGATIONS: list[Obligation] = [
         "builds them) no assert fires, exactly the fresh blocks are loaded (no null block, no computed block "
         "written), and only keys inside the lookup's range are requested (a partial tail's boundary key at the "
         "position the lookup confirmed).",
-        SAFE_MATH, "every premise of every group's kind; the LCM rule", PROVED, _safe_load("safe-load.fixed"), FIXED,
+        SAFE_MATH, "every premise of every group's kind; the LCM rule", Verdict.PROVED, _safe_load("safe-load.fixed"), CODE_031,
         bound=HYBRID_BOUND, premises=HYBRID, last="0.32.0"),
     Obligation(
         "safe-load.fixed.0.30",
@@ -473,39 +475,39 @@ OBLIGATIONS: list[Obligation] = [
         "get_num_skipped_tokens keeps the retained tokens' blocks), fires the window assert; 0.31 counts them. "
         "On a lookup whose T is a whole number of chunks this needs extra_retained_tokens >= tokens_per_block + 2 "
         "(w a multiple of the block size, one block per chunk).",
-        SAFE_MATH.replace("∀ n", "¬ ∀ n"), "the window in chunks counts extra_retained_tokens (0.31+)", REFUTED,
-        _safe_load("safe-load.fixed.0.30"), FIXED_030, reproduce=_replay_retained_hybrid, mutable=False,
+        SAFE_MATH.replace("∀ n", "¬ ∀ n"), "the window in chunks counts extra_retained_tokens (0.31+)", Verdict.REFUTED,
+        _safe_load("safe-load.fixed.0.30"), CODE_030, reproduce=_replay_retained_hybrid, mutable=False,
         bound=HYBRID_BOUND, premises=HYBRID),
     Obligation(
         "safe-load.fixed-sync",
         "0.33's plan (sync loads match by position) is safe on every hybrid model, sync or async load, partial "
         "tails with EAGLE proof margins included: the same claim as safe-load.fixed.",
-        SAFE_MATH, "every premise of every group's kind; the LCM rule", PROVED, _safe_load("safe-load.fixed-sync"), FIXED_SYNC, bound=HYBRID_BOUND, premises=HYBRID, last=LATEST),
+        SAFE_MATH, "every premise of every group's kind; the LCM rule", Verdict.PROVED, _safe_load("safe-load.fixed-sync"), CODE_033, bound=HYBRID_BOUND, premises=HYBRID, last=LATEST),
     Obligation(
         "safe-load.legacy",
         "0.29's plan is not safe on hybrid models: a recurrent group that keeps its state block below f (the "
         "PR's shape, which the allocator premises admit) fires the boundary assert.",
-        SAFE_MATH.replace("∀ n", "¬ ∀ n"), "the scan starts at f (0.29 scans from 0)", REFUTED,
-        _safe_load("safe-load.legacy"), LEGACY, reproduce=_replay_pr_shape, mutable=False, bound=HYBRID_BOUND,
-        premises=HYBRID, last=LEGACY_LAST),
+        SAFE_MATH.replace("∀ n", "¬ ∀ n"), "the scan starts at f (0.29 scans from 0)", Verdict.REFUTED,
+        _safe_load("safe-load.legacy"), CODE_LEGACY, reproduce=_replay_pr_shape, mutable=False, bound=HYBRID_BOUND,
+        premises=HYBRID, last=LEGACY_LAST_RELEASE),
     Obligation(
         "boundary",
         "The fixed scan never starts below the computed tokens: N <= start*b, for any table.",
         "∀ table, N ≥ 0, M ≥ 1, b ≥ 1:  start = min{i ∈ [⌈N/b⌉, k) : P(i)} ∪ {k}  ⟹  N ≤ start·b",
-        "the scan starts at f = cdiv(N, b)", PROVED, _boundary, FIXED_030, last=LATEST),
+        "the scan starts at f = cdiv(N, b)", Verdict.PROVED, _boundary, CODE_030, last=LATEST),
     Obligation(
         "alignment",
         "Every group's tokens_per_block divides the unit the scheduler rounds N to, for every mix of group "
         "kinds, block sizes and DCP size; so the N a load sees is a multiple of every tokens_per_block.",
         "unit = (n = 1 ? cache_bs·dcp₀ : lcm_j bs_j·dcp_j)  ⟹  ∀ g: tpb_g | unit ∧ tpb_g | (N_local − N_local mod unit)",
         "the scheduler rounds N to the LCM of every group's DCP-scaled block size (a lone group: its "
-        "spec.block_size is cache_config.block_size)", PROVED, _alignment, mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
+        "spec.block_size is cache_config.block_size)", Verdict.PROVED, _alignment, mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
     Obligation(
         "alignment.weaker-premise",
         "The weaker premise 'N is a multiple of the full-attention group's tokens_per_chunk' does not make "
         "every group aligned.",
         "∃ config: tpc_FA | N ∧ ∃ g: tpb_g ∤ N",
-        "the scheduler rounds to the LCM, not to the full-attention chunk", REFUTED, _alignment_weaker,
+        "the scheduler rounds to the LCM, not to the full-attention chunk", Verdict.REFUTED, _alignment_weaker,
         reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
     Obligation(
         "alignment.lone-group",
@@ -513,82 +515,82 @@ OBLIGATIONS: list[Obligation] = [
         "block size: alignment needs them equal (a Mamba-only model without prefix caching has "
         "mamba_block_size = max_model_len; a sliding-window layer may pick its own block size).",
         "∃ lone group: spec.block_size ≠ cache_config.block_size ∧ tpb ∤ N",
-        "a lone group's spec.block_size is cache_config.block_size", REFUTED, _alignment_lone,
+        "a lone group's spec.block_size is cache_config.block_size", Verdict.REFUTED, _alignment_lone,
         reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
     Obligation(
         "fixed-assert-subsumes-legacy",
         "Whenever the fixed code passes its alignment assert, the legacy assert holds on its start.",
         "N mod b = 0 ∧ start = scan_fixed  ⟹  N ≤ start·b",
-        "the scan starts at f = cdiv(N, b)", PROVED, _fixed_subsumes, FIXED_030, last=LATEST),
+        "the scan starts at f = cdiv(N, b)", Verdict.PROVED, _fixed_subsumes, CODE_030, last=LATEST),
     Obligation(
         "fixed-assert-subsumes-legacy.converse",
         "The converse fails: the legacy assert can hold where the alignment assert fires.",
         "¬(N ≤ start·b  ⟹  N mod b = 0)",
-        "the scheduler's rounding of N (without it N may be unaligned)", REFUTED, _fixed_subsumes_converse, FIXED_030,
+        "the scheduler's rounding of N (without it N may be unaligned)", Verdict.REFUTED, _fixed_subsumes_converse, CODE_030,
         reproduce=_replay_converse, mutable=False),
     Obligation(
         "legacy-refuted",
         "The legacy scan fires its boundary assert on a recurrent table with a non-null unhashed block below f.",
         "∃ table, i < f: state(i) = U ∧ N mod b = 0 ∧ N > scan_legacy·b",
-        "a recurrent group keeps its state block below f", REFUTED, _legacy_refuted, LEGACY,
-        reproduce=replay_assert(Variant.LEGACY, AssertName.BOUNDARY), mutable=False, premises=ALLOC, last=LEGACY_LAST),
+        "a recurrent group keeps its state block below f", Verdict.REFUTED, _legacy_refuted, CODE_LEGACY,
+        reproduce=replay_assert(Variant.LEGACY, AssertName.BOUNDARY), mutable=False, premises=ALLOC, last=LEGACY_LAST_RELEASE),
     Obligation(
         "legacy-refuted.full-attention",
         "On full-attention tables (every block below f hashed) legacy and fixed scans agree.",
         "(∀ i < f: state(i) = H)  ⟹  scan_legacy = scan_fixed",
-        "full attention: every block below f is full and cached", PROVED, _legacy_full_attention, FIXED_030,
+        "full attention: every block below f is full and cached", Verdict.PROVED, _legacy_full_attention, CODE_030,
         premises=("computed-hashed",), last="0.32.0"),
     Obligation(
         "legacy-refuted.agrees-when-passing",
         "Under alignment, whenever the legacy assert passes, legacy and fixed give the same start.",
         "N mod b = 0 ∧ N ≤ scan_legacy·b  ⟹  scan_legacy = scan_fixed",
-        "the scheduler's rounding of N", PROVED, _legacy_agrees_when_passing, FIXED_030, premises=("n-aligned",), last="0.32.0"),
+        "the scheduler's rounding of N", Verdict.PROVED, _legacy_agrees_when_passing, CODE_030, premises=("n-aligned",), last="0.32.0"),
     Obligation(
         "legacy-without-asserts",
         "With asserts stripped (python -O) the legacy plan loads into a computed block and requests wrong keys.",
         "∃ table: scan_legacy < f ∧ scan_legacy // bpc ≠ scan_fixed // bpc",
-        "a recurrent group keeps its state block below f", REFUTED, _legacy_without_asserts, FIXED_030,
+        "a recurrent group keeps its state block below f", Verdict.REFUTED, _legacy_without_asserts, CODE_030,
         reproduce=_replay_without_asserts, mutable=False, premises=ALLOC),
     Obligation(
         "null-skip-needed",
         "The variant start = f writes into the shared null block.",
         "∃ allocator table: ∃ i ∈ [f, k): state(i) = null",
-        "the scan skips null blocks", REFUTED, _null_skip_needed, FIXED_030,
-        reproduce=_replay_null_skip, mutable=False, about=FIXED_030.mutate(no_scan=True), premises=ALLOC),
+        "the scan skips null blocks", Verdict.REFUTED, _null_skip_needed, CODE_030,
+        reproduce=_replay_null_skip, mutable=False, about=CODE_030.mutate(no_scan=True), premises=ALLOC),
     Obligation(
         "null-skip-needed.fixed",
         "The fixed scan never targets the null block when [f, k) is nulls then fresh blocks.",
         "[f, j) null ∧ [j, k) fresh  ⟹  ∀ i ∈ [start, k): state(i) ≠ null",
-        "the allocator puts nulls before fresh blocks", PROVED, _null_skip_fixed, FIXED_030, premises=ALLOC, last=LATEST),
+        "the allocator puts nulls before fresh blocks", Verdict.PROVED, _null_skip_fixed, CODE_030, premises=ALLOC, last=LATEST),
     Obligation(
         "destinations-exact",
         "Under the allocator precondition the destinations are exactly the fresh blocks, no hashed block is "
         "overwritten, and the group size equals the number of destinations.",
         "[f, j) null ∧ [j, k) fresh  ⟹  start = j ∧ pending = |blocks[start:k]| ∧ (sync ∨ ∀ i ∈ [start, k): state(i) ≠ H)",
-        "the allocator puts nulls before fresh blocks", PROVED, _destinations_exact, FIXED_030, premises=ALLOC, last=LATEST),
+        "the allocator puts nulls before fresh blocks", Verdict.PROVED, _destinations_exact, CODE_030, premises=ALLOC, last=LATEST),
     Obligation(
         "keys-in-lookup-range",
         "A group that loads requests exactly the chunks from its load start's chunk to the end of the range "
         "the lookup confirmed, [N // tpc, cdiv(T, tpc)) (the lookup starts at chunk N // tpc and caps T at "
         "keys·tpc): no key before the lookup's start, none past its end, none of its tail left out.",
         "keys·tpc ≥ T ∧ pending > 0  ⟹  ⌊N/tpc⌋ ≤ start_chunk < end_chunk = ⌈T/tpc⌉",
-        "the scan starts at f = cdiv(N, b); the lookup caps T at keys·tpc", PROVED, _keys_in_range, FIXED_030,
+        "the scan starts at f = cdiv(N, b); the lookup caps T at keys·tpc", Verdict.PROVED, _keys_in_range, CODE_030,
         premises=("keys-cover-hit",), last=LATEST),
     Obligation(
         "keys-from-lookup-start",
         "The first requested key is at or after the chunk the lookup started from: start // bpc >= N // tpc.",
         "⌊start/bpc⌋ ≥ ⌊N/(b·bpc)⌋",
-        "the scan starts at f = cdiv(N, b)", PROVED, _keys_from_lookup_start, FIXED_030, last=LATEST),
+        "the scan starts at f = cdiv(N, b)", Verdict.PROVED, _keys_from_lookup_start, CODE_030, last=LATEST),
     Obligation(
         "keys-count-matches-worker",
         "Per group the key count equals cdiv(pending + start % bpc, bpc), as vLLM's worker requires.",
         "pending > 0 ∧ keys ≥ ⌈T/tpc⌉  ⟹  end_chunk − start_chunk = ⌈(pending + start mod bpc)/bpc⌉",
-        "keys are chunks [start // bpc, cdiv(T, tpc))", PROVED, _keys_count, FIXED_030, last=LATEST),
+        "keys are chunks [start // bpc, cdiv(T, tpc))", Verdict.PROVED, _keys_count, CODE_030, last=LATEST),
     Obligation(
         "window-bound",
         "The allocator shape alone does not bound a windowed group's pending blocks by window*bpc + 1.",
         "∃ allocator table: pending > window_in_chunks·bpc + 1",
-        "the window's skipped blocks are null", REFUTED, _window_bound, FIXED_030,
+        "the window's skipped blocks are null", Verdict.REFUTED, _window_bound, CODE_030,
         reproduce=replay_assert(Variant.FIXED, AssertName.WINDOW_BOUND), mutable=False, premises=ALLOC),
     Obligation(
         "window-bound.window-nulls",
@@ -596,7 +598,7 @@ OBLIGATIONS: list[Obligation] = [
         "T - w + 1 - extra_retained_tokens tokens) has pending <= window_in_chunks*bpc + 1, with 0.33's "
         "window in chunks max(cdiv(w, tpc), cdiv(w - 1 + extra, tpc)).",
         "[0, ⌊max(0, T−w+1−extra)/b⌋) null ∧ [f, j) null ∧ [j, k) fresh  ⟹  pending ≤ window·bpc + 1",
-        "the window's skipped blocks are null", PROVED, _window_nulls(GroupKind.SLIDING_WINDOW), FIXED,
+        "the window's skipped blocks are null", Verdict.PROVED, _window_nulls(GroupKind.SLIDING_WINDOW), CODE_031,
         premises=ALLOC + ("window-skipped-null",), last=LATEST),
     Obligation(
         "window-bound.retained-before-0.31",
@@ -606,50 +608,50 @@ OBLIGATIONS: list[Obligation] = [
         "is not modelled here (its T is a chunk multiple or num_tokens - 1, and the gap then needs "
         "extra_retained_tokens comparable to a block).",
         "∃ allocator table, extra > 0: pending > ⌈w/tpc⌉·bpc + 1",
-        "the window in chunks counts extra_retained_tokens (0.31+)", REFUTED, _window_retained_before_031, FIXED_030, reproduce=_replay_retained, mutable=False, 
+        "the window in chunks counts extra_retained_tokens (0.31+)", Verdict.REFUTED, _window_retained_before_031, CODE_030, reproduce=_replay_retained, mutable=False, 
         premises=ALLOC + ("window-skipped-null",)),
     Obligation(
         "window-bound.chunked-local",
         "A chunked-local group whose blocks before T's chunk are null has pending <= window_in_chunks*bpc + 1.",
         "[0, ⌊⌊T/c⌋·c/b⌋) null ∧ [f, j) null ∧ [j, k) fresh  ⟹  pending ≤ ⌈c/tpc⌉·bpc + 1",
-        "the chunks before T's chunk are null", PROVED, _window_nulls(GroupKind.CHUNKED_LOCAL), FIXED_030,
+        "the chunks before T's chunk are null", Verdict.PROVED, _window_nulls(GroupKind.CHUNKED_LOCAL), CODE_030,
         premises=ALLOC + ("chunk-skipped-null",), last=LATEST),
     Obligation(
         "window-bound.mamba",
         "A Mamba group in align mode (one fresh state block after nulls) has pending <= bpc + 1.",
         "[f, k−1) null ∧ [k−1, k) fresh  ⟹  pending ≤ 1·bpc + 1",
-        "Mamba align mode allocates one state block", PROVED, _window_nulls(GroupKind.MAMBA), FIXED_030,
+        "Mamba align mode allocates one state block", Verdict.PROVED, _window_nulls(GroupKind.MAMBA), CODE_030,
         premises=ALLOC + ("mamba-one-state-block",), last=LATEST),
     Obligation(
         "fixed-sync",
         "A sync load matches by position: the load starts at the first non-null block at or after f.",
         "sync  ⟹  (∀ i ∈ [f, start): state(i) = null) ∧ (start = k ∨ state(start) ≠ null)",
-        "0.33 hashes sync-loaded blocks at allocation", PROVED, _fixed_sync, FIXED_SYNC, last=LATEST),
+        "0.33 hashes sync-loaded blocks at allocation", Verdict.PROVED, _fixed_sync, CODE_033, last=LATEST),
     Obligation(
         "fixed-sync.needed",
         "Without the positional match, a sync load (fresh blocks hashed at allocation) loads nothing.",
         "∃ sync allocator table: scan_fixed ≠ j",
-        "0.33 hashes sync-loaded blocks at allocation", REFUTED, _fixed_sync_needed, code_for("0.32.0"),
+        "0.33 hashes sync-loaded blocks at allocation", Verdict.REFUTED, _fixed_sync_needed, code_for("0.32.0"),
         reproduce=_replay_sync_needed, mutable=False, premises=ALLOC),
     Obligation(
         "assert-order",
         "An unaligned N is reported as the alignment assert (the first after table_length), whatever the "
         "window bound would say: vLLM's assert order per group.",
         "len ≥ k ∧ N mod b ≠ 0  ⟹  the first assert to fire is alignment",
-        "the asserts run in vLLM's order: table_length, alignment, window_bound, keys_length", PROVED,
-        _assert_order, FIXED_030, last=LATEST),
+        "the asserts run in vLLM's order: table_length, alignment, window_bound, keys_length", Verdict.PROVED,
+        _assert_order, CODE_030, last=LATEST),
     Obligation(
         "legacy-guarded",
         "0.29's boundary assert guards every load: whenever the legacy plan passes, it starts at or after f "
         "(so the PR's bug is a crash, never a silent wrong load, with asserts on).",
         "N mod b = 0 ∧ the legacy plan passes  ⟹  start ≥ f",
-        "the scheduler's rounding of N", PROVED, _legacy_guarded, LEGACY, premises=("n-aligned",), last=LEGACY_LAST),
+        "the scheduler's rounding of N", Verdict.PROVED, _legacy_guarded, CODE_LEGACY, premises=("n-aligned",), last=LEGACY_LAST_RELEASE),
     Obligation(
         "keys-from-all-tokens",
         "Offload keys are counted from all num_tokens (a resumed request's output tokens included), so a load "
         "the lookup returned never fires keys_length, however far T runs past the prompt.",
         "keys = ⌊num_tokens/tpc⌋ ∧ T ≤ keys·tpc ∧ pending > 0  ⟹  keys ≥ ⌈T/tpc⌉",
-        "request.block_hashes covers every token; the lookup caps T at keys·tpc", PROVED, _keys_from_all_tokens, FIXED_030, last=LATEST),
+        "request.block_hashes covers every token; the lookup caps T at keys·tpc", Verdict.PROVED, _keys_from_all_tokens, CODE_030, last=LATEST),
     Obligation(
         "partial-tail.full-attention",
         "A partial tail on a full-attention group (an EAGLE group included) loads exactly the fresh blocks, "
@@ -657,38 +659,38 @@ OBLIGATIONS: list[Obligation] = [
         "at the token position the lookup confirmed (boundary + the EAGLE proof margin).",
         "tail lookup ∧ allocator  ⟹  no assert ∧ start = j ≥ f ∧ no null in [start, k) ∧ "
         "(pending > 0 ⟹ ⌊N/tpc⌋ ≤ start_chunk ∧ end_chunk = k − 1 ∧ boundary key at B + margin)",
-        "the lookup chose the boundary (partial-tail-lookup)", PROVED,
-        _partial_tail_loads(GroupKind.FULL_ATTENTION), FIXED_SYNC, premises=TAIL + ("computed-hashed",), last=LATEST),
+        "the lookup chose the boundary (partial-tail-lookup)", Verdict.PROVED,
+        _partial_tail_loads(GroupKind.FULL_ATTENTION), CODE_033, premises=TAIL + ("computed-hashed",), last=LATEST),
     Obligation(
         "partial-tail.mamba",
         "A partial tail on the Mamba align group loads its one state block with one boundary key.",
         "tail lookup ∧ [f, k−1) null  ⟹  the same claim as partial-tail.full-attention",
-        "the lookup chose the boundary (partial-tail-lookup)", PROVED,
-        _partial_tail_loads(GroupKind.MAMBA), FIXED_SYNC, premises=TAIL + ("mamba-one-state-block",), last=LATEST),
+        "the lookup chose the boundary (partial-tail-lookup)", Verdict.PROVED,
+        _partial_tail_loads(GroupKind.MAMBA), CODE_033, premises=TAIL + ("mamba-one-state-block",), last=LATEST),
     Obligation(
         "partial-tail.assert-holds",
         "The request-level partial_tail assert (partial_tail_boundary == num_cached_tokens) cannot fire when M "
         "is the lookup's answer (boundary - N).",
         "M = B − N  ⟹  ¬ partial_tail fires",
-        "the scheduler passes the lookup's M unchanged", PROVED, _partial_tail_assert_holds, FIXED_SYNC,
+        "the scheduler passes the lookup's M unchanged", Verdict.PROVED, _partial_tail_assert_holds, CODE_033,
         premises=("partial-tail-lookup",), last=LATEST),
     Obligation(
         "partial-tail.guard",
         "Any other M (boundary != T) is stopped by the partial_tail assert, before any group is planned.",
         "B ≠ N + M  ⟹  partial_tail is the first assert to fire",
-        "the assert runs before the group loop", PROVED, _partial_tail_guard, FIXED_SYNC, last=LATEST),
+        "the assert runs before the group loop", Verdict.PROVED, _partial_tail_guard, CODE_033, last=LATEST),
     Obligation(
         "partial-tail.boundary-chunk-dropped",
         "Keeping the boundary's chunk as a chunk key (no -1 on end_chunk_idx) fires keys_length on a short "
         "prompt's partial tail: the boundary key must replace it.",
         "∃ tail lookup: end_chunk_idx = ⌈T/tpc⌉ ∧ keys < ⌈T/tpc⌉",
-        "a partial tail's last chunk is its boundary key", REFUTED, _partial_tail_chunk_needed, FIXED_SYNC,
-        reproduce=_replay_tail_chunk, mutable=False, about=FIXED_SYNC.mutate(tail_chunk_dropped=False), premises=TAIL),
+        "a partial tail's last chunk is its boundary key", Verdict.REFUTED, _partial_tail_chunk_needed, CODE_033,
+        reproduce=_replay_tail_chunk, mutable=False, about=CODE_033.mutate(tail_chunk_dropped=False), premises=TAIL),
     Obligation(
         "load-start-is-fresh",
         "The fixed scan (not a sync load) starts at a non-null unhashed block, or loads nothing.",
         "¬sync  ⟹  start = k ∨ state(start) = U",
-        "the scan requires block_hash is None", PROVED, _start_is_fresh, FIXED_030, last=LATEST),
+        "the scan requires block_hash is None", Verdict.PROVED, _start_is_fresh, CODE_030, last=LATEST),
 ]
 
 from .reservation import obligations as _reservation_obligations  # noqa: E402

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from kvbound.spec import BlockState, Case, GroupKind, cdiv
+from kvbound.spec import STATE_CODES, BlockState, Case, GroupKind, cdiv
 
 from .encoding import HSH, NUL, UNH
 from .terms import AND, CDIV, FLOORDIV, IF, IMPLIES, MAX, OR
@@ -523,7 +523,6 @@ def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
     ``p.check`` exactly when the two faces state the same thing."""
     import z3
 
-    from .encoding import STATE_CODE
     from .options import PREMISE, is_sat
     from .world import World, expanded
 
@@ -535,7 +534,7 @@ def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
           w.b == g.config.tokens_per_block, w.bpc == case.blocks_per_chunk,
           w.num_keys == case.num_offload_keys(gi), w.sync_load == case.sync_load)
     s.add(w.table.length == len(g.blocks),
-          *[w.table.state(i) == STATE_CODE[blk.state.value] for i, blk in enumerate(g.blocks)])
+          *[w.table.state(i) == STATE_CODES[blk.state] for i, blk in enumerate(g.blocks)])
     if w.span is not None:
         s.add(w.span == (g.config.sliding_window or g.config.attention_chunk_size),
               w.extra == g.config.extra_retained_tokens)

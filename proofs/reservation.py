@@ -465,7 +465,6 @@ def concrete_world(calls: "AllocCalls") -> _Concrete:
 
 from .problem import Bound, Obligation, Problem  # noqa: E402
 
-PROVED, REFUTED = Verdict.PROVED, Verdict.REFUTED
 
 ALLOC_PREMISES = ("alloc-call-adopts-or-computes", "alloc-evictable-hit", "alloc-running-computed",
                   "alloc-checkpoint-index", "alloc-window-config")
@@ -532,7 +531,7 @@ def obligations() -> list:
             "reserved, on a request's first call (a local hit, a partial hit's CoW block, connector tokens "
             "loaded sync or async, lookahead tokens) and on the running call after it.",
             MATH, "reserve and allocate count the same blocks (max(cdiv(num_tokens, b) − max(skipped, hit), 0), "
-            "plus the CoW block and the touched evictable hit blocks)", PROVED,
+            "plus the CoW block and the touched evictable hit blocks)", Verdict.PROVED,
             _build(kind, _LATEST, "any"), mutable=False, bound=BOUND, premises=ALLOC_PREMISES,
             releases="0.28.0 – 0.33.0"))
     for first, last, code in _mamba_ranges():
@@ -544,7 +543,7 @@ def obligations() -> list:
             "asynchronously (adopted with no new tokens, computed by the running call after), speculative and "
             "checkpoint blocks.",
             MATH, "an async load adopts its tokens alone: one block for the loaded state, reserved by the cap",
-            PROVED, _build(GroupKind.MAMBA, first, "async"), mutable=False, bound=BOUND,
+            Verdict.PROVED, _build(GroupKind.MAMBA, first, "async"), mutable=False, bound=BOUND,
             premises=ALLOC_PREMISES + ("alloc-async-load",), releases=rng))
     out.append(Obligation(
         "reservation.mamba-align.sync-load",
@@ -554,7 +553,7 @@ def obligations() -> list:
         "+ checkpoint (+ speculative blocks) — the loaded-state block is not counted. With exactly the reserved "
         "blocks free, get_new_blocks raises mid-step.",
         MATH.replace("∀", "¬ ∀", 1), "the cap counts the loaded-state block (it does not: 0.33.0 STM 1787-1790)",
-        REFUTED, _build(GroupKind.MAMBA, "0.33.0", "sync"), reproduce=_replay_over_take, mutable=False,
+        Verdict.REFUTED, _build(GroupKind.MAMBA, "0.33.0", "sync"), reproduce=_replay_over_take, mutable=False,
         bound=BOUND, premises=ALLOC_PREMISES, releases="0.33.0 (the allocators of 0.28.0 – 0.32.0 count the "
         "same way; their offloading connector never loads synchronously)"))
     return out

@@ -15,12 +15,10 @@ from kvbound.spec.verdicts import Verdict
 
 from .encoding import Code
 from .mutants import ENCODING_KNOB_MUTANTS
-from .obligations import OBLIGATIONS, PROVED, REFUTED, Obligation, problem
+from .obligations import OBLIGATIONS, Obligation, problem
 from .options import OBLIGATION, PROVE, SolverOptions
 from .terms import NOT, as_bool
 from .world import expanded
-
-UNKNOWN = Verdict.UNKNOWN
 
 
 @dataclass
@@ -38,7 +36,7 @@ class Result:
         o = self.obligation
         if self.verdict != o.expected:
             return False
-        if self.verdict == PROVED:
+        if self.verdict == Verdict.PROVED:
             return self.vacuity == "premises satisfiable"
         return self.witness is not None and self.replay is None
 
@@ -53,7 +51,7 @@ def decide(ob: Obligation, code: Code | None = None, options: SolverOptions = OB
     a genuine counterexample. The verdict "proved" only ever comes from the
     unbounded check."""
     code = code or ob.code
-    if seek if seek is not None else ob.expected == REFUTED:
+    if seek if seek is not None else ob.expected == Verdict.REFUTED:
         for shaped in (True, False):  # a shaped (readable) witness at any length before an unshaped one
             for length in WITNESS_LENGTHS:
                 with expanded(length):
@@ -63,7 +61,7 @@ def decide(ob: Obligation, code: Code | None = None, options: SolverOptions = OB
                 s = _assert_negation(prob, options.solver())
                 s.add(*[as_bool(c) for c in (prob.shaping if shaped else [])])
                 if s.check() == z3.sat:
-                    return REFUTED, s.model(), prob
+                    return Verdict.REFUTED, s.model(), prob
                 if not _has_table(prob):
                     break
     prob = problem(ob, code)
@@ -72,18 +70,18 @@ def decide(ob: Obligation, code: Code | None = None, options: SolverOptions = OB
         s.push()
         s.add(*[as_bool(c) for c in prob.shaping])
         if s.check() == z3.sat:
-            return REFUTED, s.model(), prob
+            return Verdict.REFUTED, s.model(), prob
         s.pop()
     for split in prob.splits:
         s.push()
         s.add(as_bool(split))
         r = s.check()
         if r == z3.unknown:
-            return UNKNOWN, s.reason_unknown(), prob
+            return Verdict.UNKNOWN, s.reason_unknown(), prob
         if r == z3.sat:
-            return REFUTED, s.model(), prob
+            return Verdict.REFUTED, s.model(), prob
         s.pop()
-    return PROVED, None, prob
+    return Verdict.PROVED, None, prob
 
 
 WITNESS_LENGTHS = (2, 4, 6, 8)
@@ -127,22 +125,22 @@ def run_obligation(ob: Obligation, options: SolverOptions = OBLIGATION) -> Resul
     """Decide the obligation on its code; a proved one also on every later release it covers whose
     code the encoding reads differently (``Obligation.covered_codes``): proved only if proved on each."""
     t0 = time.perf_counter()
-    codes = ob.covered_codes() if ob.expected == PROVED else [ob.code]
+    codes = ob.covered_codes() if ob.expected == Verdict.PROVED else [ob.code]
     for code in codes:
         verdict, model, prob = decide(ob, code, options=options)
-        if verdict != PROVED:
+        if verdict != Verdict.PROVED:
             break
     res = Result(ob, verdict, 0.0)
     where = "" if code is ob.code else f" (on {code.release.release}'s code)"
-    if verdict == UNKNOWN:
+    if verdict == Verdict.UNKNOWN:
         res.detail = f"solver unknown{where}: {model}"
-    elif verdict == PROVED:
+    elif verdict == Verdict.PROVED:
         rs = [premises_instance(ob, c, options) for c in codes]
         r = next((x for x in rs if x != z3.sat), z3.sat)
         res.vacuity = "premises satisfiable" if r == z3.sat else f"premises {r}: the proof is vacuous"
         if len(codes) > 1:
             res.detail = "proved on the code of " + ", ".join(c.release.release for c in codes)
-    elif verdict == REFUTED:
+    elif verdict == Verdict.REFUTED:
         if prob.witness is None:  # an unexpected refutation: still show the counterexample
             res.witness = prob.world.to_case(model, f"counterexample-{ob.id}")
             res.replay = f"unexpected refutation{where}"
@@ -177,7 +175,7 @@ class Report:
 
     @property
     def unknown(self) -> list:
-        return [r for r in self.results if r.verdict == UNKNOWN]
+        return [r for r in self.results if r.verdict == Verdict.UNKNOWN]
 
     @property
     def ok(self) -> bool:
@@ -220,7 +218,7 @@ def run_mutants_one(name: str, options: SolverOptions) -> str | None:
     hint = BY_NAME[name].killer
     order = sorted(OBLIGATIONS, key=lambda o: (o.id != hint, o.bound.groups != 1))
     for ob in order:
-        if ob.expected == PROVED and ob.mutable and kills(ob, ob.code.mutate(**change), options):
+        if ob.expected == Verdict.PROVED and ob.mutable and kills(ob, ob.code.mutate(**change), options):
             return ob.id
     return None
 
@@ -241,7 +239,7 @@ def kills(ob: Obligation, code: Code, options: SolverOptions) -> bool:
         return True
     if all(v == z3.unsat for v in verdicts):
         return False
-    return decide(ob, code, options, seek=True)[0] == REFUTED
+    return decide(ob, code, options, seek=True)[0] == Verdict.REFUTED
 
 
 def run_all(ids=None, options: SolverOptions = PROVE, mutants: bool = True, jobs: int = 2) -> Report:
@@ -286,7 +284,7 @@ def witness_cases(options: SolverOptions = PROVE) -> list:
 
     out = []
     for ob in OBLIGATIONS:
-        if ob.expected == REFUTED:
+        if ob.expected == Verdict.REFUTED:
             r = run_obligation(ob, options)
             if isinstance(r.witness, Case):
                 out.append(replace(r.witness, name=f"witness-{ob.id}"))

@@ -18,7 +18,9 @@ from kvbound.spec import AssertName, Variant
 from kvbound.spec.verdicts import Verdict
 
 from .options import PLAN_CHECK, SolverOptions
-from .encoding import CODE_FAIL, FAIL_CODE, OK, Code, case_inputs, encode_group
+from kvbound.spec.asserts import ASSERT_CODE, ASSERT_OF_CODE, NO_ASSERT
+
+from .encoding import Code, case_inputs, encode_group
 from .terms import AND, NOT, OR, Sx, _lit
 
 
@@ -128,7 +130,7 @@ def plan_claim(case, outs, plan_json):
     n = len(outs)
     if not ok:
         try:
-            code = FAIL_CODE[AssertName(plan_json.get("assertion"))]
+            code = ASSERT_CODE[AssertName(plan_json.get("assertion"))]
         except ValueError:
             return False
         if not empty:
@@ -179,8 +181,8 @@ def model_plan(case, outs, model) -> dict:
     group_ids = case.offloaded_group_indices
     for g, o in enumerate(outs):
         code = val(o.fail)
-        if code != OK:
-            name = CODE_FAIL[code]
+        if code != NO_ASSERT:
+            name = ASSERT_OF_CODE[code]
             return {"outcome": "assertion_error", "assertion": name.value,
                     "group": None if name is AssertName.PARTIAL_TAIL else group_ids[g]}
     dst, sizes, starts, keys = [], [], [], []

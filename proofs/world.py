@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import z3
 
-from kvbound.spec import NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind
+from kvbound.spec import NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind, cdiv
 
 from .encoding import HSH, NUL, UNH, Code, GroupInputs, SymTable, encode_group, window_in_chunks
 from .terms import CDIV
@@ -150,7 +150,7 @@ class TailWorld(World):
         cfg = replace(config_for(self.kind, b, 1, 1 if self.kind is GroupKind.MAMBA else None), is_eagle_group=eagle)
         groups = (Group(cfg, blocks),)
         if self.kind is not GroupKind.MAMBA:  # partial tails need a Mamba align group beside it
-            k = -(-(N + M) // b)
+            k = cdiv(N + M, b)
             groups += (Group(config_for(GroupKind.MAMBA, b, 1, 1),
                              tuple([NULL] * (k - 1) + [Block(BlockState.UNHASHED, 90 + k)])),)
         return Case(name=name, blocks_per_chunk=1, tokens_per_hash=tph, num_prompt_tokens=v(self.prompt),

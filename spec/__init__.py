@@ -24,7 +24,6 @@ from .versions import (
     UnsupportedVersion,
     parse_version,
     plan_for_version,
-    release_asserts,
     release_features,
     unsupported_reason,
     variant_features,
@@ -42,10 +41,10 @@ from .vocab import (
     GroupKind,
     GroupPlan,
     H,
-    LATEST_ASSERTS,
+    KIND_CODES,
     LoadPlan,
-    ReleaseAsserts,
     ReleaseFeatures,
+    STATE_CODES,
     U,
     Variant,
     cdiv,
@@ -54,3 +53,15 @@ from .vocab import (
 )
 
 __all__ = [name for name in dir() if not name.startswith("_")]
+
+
+def __getattr__(name):
+    """The v1 names (``ReleaseAsserts``, ``LATEST_ASSERTS``, ``release_asserts``), each with a DeprecationWarning."""
+    from . import versions, vocab
+
+    for module in (vocab, versions):
+        try:
+            return module.__getattr__(name)
+        except AttributeError:
+            pass
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,7 +38,7 @@ ASSERTS = (
               rf"^assert num_locally_computed_tokens <= \w+ \* \w*{_BLOCK}\w*$"),
     AssertRow(AssertName.ALIGNMENT, ("num_locally_computed_tokens", "tokens_per_block", "load_start_gpu_block_idx"),
               rf"^assert num_locally_computed_tokens % \w*{_BLOCK}\w* == 0$"),
-    # 0.27+ allow one block more than the window (``+ 1``, ReleaseAsserts.window_slack); 0.21 – 0.26 did not.
+    # 0.27+ allow one block more than the window (``+ 1``, ReleaseFeatures.window_slack); 0.21 – 0.26 did not.
     AssertRow(AssertName.WINDOW_BOUND, ("num_pending_gpu_blocks", "sliding_window_size_in_chunks", "blocks_per_chunk",
                                         "load_start_gpu_block_idx"),
               r"^assert \w+ <= [\w.]*sliding_window_size_in_chunks \* [\w.]+( \+ 1)?$"),

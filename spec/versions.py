@@ -119,9 +119,15 @@ def variant_for_version(version: str) -> Variant:
     return release_features(version).variant
 
 
-def release_asserts(version: str) -> ReleaseFeatures:
-    """The v1 name of ``release_features`` (the window and keys asserts were its first fields)."""
-    return release_features(version)
+def __getattr__(name):
+    """``release_asserts``, the v1 name of ``release_features``, behind a DeprecationWarning."""
+    if name == "release_asserts":
+        import warnings
+
+        warnings.warn("kvbound.spec.release_asserts is the v1 name of release_features", DeprecationWarning,
+                      stacklevel=2)
+        return release_features
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def variant_features(variant: Variant | str) -> ReleaseFeatures:

@@ -59,6 +59,11 @@ class BlockState(str, Enum):
     UNHASHED = "U"  # non-null, ``block_hash is None``
 
 
+# The integer codes every encoding of a table uses (the Z3 encoding, the torch batches): the
+# order of the enums is the code.
+STATE_CODES = {s: i for i, s in enumerate(BlockState)}  # N=0, H=1, U=2
+KIND_CODES = {k: i for i, k in enumerate(GroupKind)}  # full_attention=0, sliding_window, chunked_local, mamba=3
+
 NULL_BLOCK_ID = 0
 
 
@@ -315,8 +320,19 @@ class ReleaseFeatures:
     release: str = "0.33.0"  # the release these facts were read from (for reasons)
 
 
-ReleaseAsserts = ReleaseFeatures  # the v1 name: the asserts were its first fields
-LATEST_ASSERTS = ReleaseFeatures()  # 0.33.0
+# The v1 names (the asserts were ReleaseFeatures' first fields), kept behind a DeprecationWarning.
+_V1_NAMES = {"ReleaseAsserts": ("ReleaseFeatures", lambda: ReleaseFeatures),
+             "LATEST_ASSERTS": ("ReleaseFeatures()", lambda: ReleaseFeatures())}
+
+
+def __getattr__(name):
+    if name in _V1_NAMES:
+        import warnings
+
+        new, value = _V1_NAMES[name]
+        warnings.warn(f"kvbound.spec.{name} is the v1 name of {new}", DeprecationWarning, stacklevel=2)
+        return value()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class AssertName(str, Enum):

@@ -36,11 +36,15 @@ V1_EXAMPLES = (
 VERSIONS = ("0.20.0", "0.21.0", "0.26.0", "0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.32.0", "0.33.0")
 
 
-# --- v1 means what it meant --------------------------------------------------------------
+# --- v1 means what it meant: characterisation tests --------------------------------------
+#
+# These two are characterisation (golden-file) tests: they pin what the v1 spec and tool printed,
+# not what vLLM does. They fail on any change of output, a correct one included; what vLLM does is
+# checked by conform (real releases) and the proofs. A deliberate change regenerates the files.
 
-def test_v1_cases_plan_byte_identical_to_case_format_v1():
-    """tests/golden/v1-plan.jsonl was written by the v1 spec (commit 0fb3592) for 190 v1 cases
-    (the examples and 60 generated cases of each v1 family), every variant and nine releases."""
+def test_characterisation_v1_cases_plan_byte_identical_to_case_format_v1():
+    """Characterisation: tests/golden/v1-plan.jsonl was written by the v1 spec (commit 0fb3592) for 190
+    v1 cases (the examples and 60 generated cases of each v1 family), every variant and nine releases."""
     lines = (GOLDEN / "v1-cases.jsonl").read_text().splitlines()
     got = []
     for line in lines:
@@ -59,8 +63,9 @@ def test_v1_cases_plan_byte_identical_to_case_format_v1():
     assert got == want
 
 
-def test_v1_example_files_kvbound_plan_byte_identical():
-    """`kvbound plan` on the v1 example files prints what the v1 tool printed (tests/golden/v1-plan-cli.txt)."""
+def test_characterisation_v1_example_files_kvbound_plan_byte_identical():
+    """Characterisation: `kvbound plan` on the v1 example files prints what the v1 tool printed
+    (tests/golden/v1-plan-cli.txt)."""
     files = [EXAMPLES / f for f in V1_EXAMPLES]
     out = ""
     for extra in ([], ["--variant", "legacy"], ["--vllm-version", "0.26.0"], ["--vllm-version", "0.29.0"]):

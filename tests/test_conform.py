@@ -489,3 +489,12 @@ def test_the_0_30_retained_window_witness_fires_window_bound_on_real_0_30():
     rec = C.judge(case, "0.30.0", real)
     assert rec["verdict"] == C.AGREE and C.outcome_label(rec) == "window_bound", json.dumps(rec, indent=1)
     assert plan_for_version(case, "0.31.0").ok
+
+
+def test_capture_kinds_are_the_specs():
+    """capture.py runs inside vLLM's venv without kvbound, so it keeps a stdlib copy of the kind
+    names: it must be the spec's GroupKind, every one."""
+    from kvbound.conform import capture
+    from kvbound.spec import GroupKind
+
+    assert sorted(kind for _, kind in capture._KINDS) == sorted(k.value for k in GroupKind)

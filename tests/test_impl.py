@@ -26,6 +26,7 @@ from kvbound.impl import (
 from kvbound.impl import plan as impl_plan
 from kvbound.impl.batch import STATE_H
 from kvbound.spec import AssertName, Variant, case_to_dict, load_case_paths, load_cases, plan_load
+from kvbound.spec.asserts import ASSERT_CODE
 from kvbound.spec.strategies import cases, random_cases
 
 from conftest import CORPUS, EXAMPLES, ROOT
@@ -73,7 +74,7 @@ def test_first_failing_group_in_config_order():
     b = batch_from_cases([pr])
     out = plan_batch(b, Variant.LEGACY)
     assert out.failing_group.tolist() == [1]  # the mamba group, after the full-attention group planned
-    assert out.dense("code")[0].tolist() == [0, impl_plan.ASSERT_CODES[AssertName.BOUNDARY]]
+    assert out.dense("code")[0].tolist() == [0, ASSERT_CODE[AssertName.BOUNDARY]]
     plan = to_load_plans(b, out)[0]
     assert plan.assertion.name is AssertName.BOUNDARY and plan.dst_block_ids == ()
     assert plan_fields(plan) == plan_fields(plan_load(pr, Variant.LEGACY))

@@ -11,8 +11,9 @@ import pytest
 
 from kvbound.cli import main
 from kvbound.proofs import (
-    ENCODING_KNOB_MUTANTS, OBLIGATIONS, PROVED, REFUTED, UNKNOWN, check_plan, run_obligation, solve_plan, witness_cases,
+    ENCODING_KNOB_MUTANTS, OBLIGATIONS, check_plan, run_obligation, solve_plan, witness_cases,
 )
+from kvbound.spec.verdicts import Verdict
 from kvbound.proofs.encoding import Code, code_for
 from kvbound.spec import variant_features
 from kvbound.proofs.options import CATALOGUE
@@ -27,7 +28,7 @@ OPTIONS = CATALOGUE  # the generous budget: a loaded CI machine must not turn a 
 def test_obligation_meets_expected_verdict(ob):
     r = run_obligation(ob, OPTIONS)
     assert r.verdict == ob.expected, (r.verdict, r.detail)
-    if ob.expected == PROVED:
+    if ob.expected == Verdict.PROVED:
         assert r.vacuity == "premises satisfiable"
         assert r.witness is None
     else:
@@ -42,8 +43,8 @@ def test_obligations_are_declarative_and_documented():
                 "null-skip-needed", "destinations-exact", "keys-in-lookup-range", "window-bound", "fixed-sync"}
     assert required <= set(ids)
     for o in OBLIGATIONS:
-        assert o.statement and o.math and o.premise and o.expected in (PROVED, REFUTED)
-        assert o.expected == PROVED or o.reproduce is not None, f"{o.id}: a refutation needs a spec replay"
+        assert o.statement and o.math and o.premise and o.expected in (Verdict.PROVED, Verdict.REFUTED)
+        assert o.expected == Verdict.PROVED or o.reproduce is not None, f"{o.id}: a refutation needs a spec replay"
 
 
 def test_a_witness_the_spec_does_not_reproduce_fails_the_obligation():
@@ -78,7 +79,7 @@ def test_witness_cases_replay_on_the_spec(witnesses):
 
     cases = witnesses
     other = {o.id for o in reservation_obligations()} | {o.id for o in lookup_obligations()}
-    refuted = [o for o in OBLIGATIONS if o.expected == REFUTED and o.id not in other]
+    refuted = [o for o in OBLIGATIONS if o.expected == Verdict.REFUTED and o.id not in other]
     assert sorted(c.name for c in cases) == sorted(f"witness-{o.id}" for o in refuted)
     by_name = {c.name: c for c in cases}
     for o in refuted:
@@ -175,7 +176,7 @@ def test_prove_unknown_exits_2_naming_the_obligation(monkeypatch, capsys):
     import kvbound.proofs as proofs
 
     ob = OBLIGATIONS[0]
-    fake = Report([Result(ob, UNKNOWN, 0.1, detail="timeout")], None, 0.1)
+    fake = Report([Result(ob, Verdict.UNKNOWN, 0.1, detail="timeout")], None, 0.1)
     monkeypatch.setattr(proofs, "run_all", lambda *a, **k: fake)
     rc = main(["prove", "--only", ob.id])
     captured = capsys.readouterr()
@@ -300,7 +301,7 @@ def test_issue9_obligations_each_kill_their_own_mutant(mutant, killers):
     from kvbound.proofs.runner import kills
 
     change = ENCODING_KNOB_MUTANTS[mutant]
-    got = [o.id for o in OBLIGATIONS if o.expected == PROVED and o.mutable and o.bound.groups == 1
+    got = [o.id for o in OBLIGATIONS if o.expected == Verdict.PROVED and o.mutable and o.bound.groups == 1
            and kills(o, o.code.mutate(**change), OPTIONS)]
     assert got == killers
 
@@ -354,6 +355,6 @@ def test_check_plan_models_case_format_v2(family):
 def test_every_mutant_killer_hint_names_a_proved_obligation():
     from kvbound.proofs.mutants import MUTANTS as TABLE
 
-    proved = {o.id for o in OBLIGATIONS if o.expected == PROVED and o.mutable}
+    proved = {o.id for o in OBLIGATIONS if o.expected == Verdict.PROVED and o.mutable}
     for m in TABLE:
         assert m.killer is None or m.killer in proved, (m.name, m.killer)

@@ -171,10 +171,6 @@ def test_legacy_equals_fixed_on_full_attention_configs(case):
     assert _same(plan_load(case, Variant.LEGACY), plan_load(case, Variant.FIXED))
 
 
-ALL_FAMILIES = ("realistic", "recurrent_state", "adversarial", "partial_tail", "short_prompt", "retained_window",
-                "resumed", "eagle", "group_subset", "adversarial_tail")
-
-
 def test_fixed_variants_never_assert_on_calls_that_meet_the_allocator_premises():
     """Not a check of our generator: every family, adversarial ones included, is filtered by the
     proofs' premises (what vLLM's allocator, scheduler and lookup guarantee, each read from
@@ -182,6 +178,7 @@ def test_fixed_variants_never_assert_on_calls_that_meet_the_allocator_premises()
     shape (a Mamba group's unhashed block below f) or, lacking 0.31's retained-token window,
     on a window with extra_retained_tokens."""
     from kvbound.proofs.premises import evaluate
+    from kvbound.spec.strategies import ALL_FAMILIES  # every family the generators have, by their own list
 
     kept, legacy_boundary = 0, 0
     for family in ALL_FAMILIES:
@@ -270,14 +267,26 @@ def test_version_map_refuses_what_it_cannot_model(version, words):
 # --- release details beside the scan (read from each wheel) -----------------------------
 
 def test_release_asserts_per_release():
-    from kvbound.spec import LATEST_ASSERTS, release_asserts
+    from kvbound.spec import ReleaseFeatures, release_features
 
-    assert release_asserts("0.20.0").window_slack is None
-    assert release_asserts("0.26.0").window_slack == 0 and release_asserts("0.26.0").keys_every_group
-    assert release_asserts("0.27.0").window_slack == 1 and release_asserts("0.27.0").keys_every_group
+    latest = ReleaseFeatures()
+    assert release_features("0.20.0").window_slack is None
+    assert release_features("0.26.0").window_slack == 0 and release_features("0.26.0").keys_every_group
+    assert release_features("0.27.0").window_slack == 1 and release_features("0.27.0").keys_every_group
     for v in ("0.28.0", "0.29.0", "0.30.0", "0.33.0"):
-        a = release_asserts(v)
-        assert (a.window_slack, a.keys_every_group) == (LATEST_ASSERTS.window_slack, LATEST_ASSERTS.keys_every_group)
+        a = release_features(v)
+        assert (a.window_slack, a.keys_every_group) == (latest.window_slack, latest.keys_every_group)
+
+
+def test_the_v1_release_names_warn_and_still_answer():
+    import kvbound.spec as spec
+
+    for name in ("ReleaseAsserts", "LATEST_ASSERTS", "release_asserts"):
+        with pytest.warns(DeprecationWarning, match=name):
+            assert getattr(spec, name) is not None
+    with pytest.warns(DeprecationWarning):
+        assert spec.release_asserts("0.29.0") == spec.release_features("0.29.0")
+    assert not {"ReleaseAsserts", "LATEST_ASSERTS", "release_asserts"} & set(spec.__all__)
 
 
 def test_0_26_window_bound_has_no_slack():

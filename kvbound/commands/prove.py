@@ -129,15 +129,15 @@ def _knobs_text(code) -> str:
 
 
 def _problem(r) -> str:
-    from kvbound.proofs import PROVED, UNKNOWN
+    from kvbound.spec.verdicts import Verdict
 
     if r.met:
         return ""
-    if r.verdict == UNKNOWN:
+    if r.verdict == Verdict.UNKNOWN:
         return r.detail or "solver unknown"
     if r.verdict != r.obligation.expected:
         return f"expected {r.obligation.expected}, got {r.verdict}"
-    if r.verdict == PROVED:
+    if r.verdict == Verdict.PROVED:
         return f"vacuous proof: {r.vacuity}"
     return f"the spec does not reproduce the witness: {r.replay}" if r.replay else r.detail
 
