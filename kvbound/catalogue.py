@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvbound.draw import LEGEND, describe_plan, draw_case
-from kvbound.spec import Variant, plan_load
+from kvbound.spec import Case, Variant, plan_load
 from kvbound.spec.verdicts import Verdict
 
 PROVED = Verdict.PROVED
@@ -77,12 +77,20 @@ def entry(result) -> str:
         "",
         f"* {'Holds because' if proved else 'Premise at stake'}: {o.premise}.",
         f"* Verdict: {verdict}; expected {o.expected}.",
+        *([f"* Releases: {o.release_range}."] if o.release_range else []),
         f"* Bound: {o.bound.text()}" + (f" — {o.bound.why}." if o.bound.why else "."),
         *([f"* Premises: {', '.join(f'[`{p}`](#premise-{p})' for p in o.premises)}."] if o.premises else []),
     ]
     if proved and o.mutable:
         lines.append("* Used by the mutation check: a mutant of the scan or plan should refute it.")
-    if result.witness is not None:
+    if result.witness is not None and not isinstance(result.witness, Case):  # an allocate_slots witness
+        w = result.witness
+        replay = ("the model reproduces the failure" if result.replay is None
+                  else f"REPLAY FAILED: {result.replay}")
+        hint = getattr(w, "replay_hint", None) or (
+            f"`scripts/repro_0_33_sync_mamba.py --calls` replays it on the real KVCacheManager of {w.release}")
+        lines += ["", f"Witness `{w.name}` ({replay}; {hint}):", "", "```text", w.draw(), "```"]
+    elif result.witness is not None:
         case = result.witness
         replay = "the spec reproduces the failure" if result.replay is None else f"REPLAY FAILED: {result.replay}"
         lines += [
@@ -101,13 +109,16 @@ def entry(result) -> str:
 
 
 def premises_section() -> str:
-    from kvbound.proofs.premises import PREMISES
+    from kvbound.proofs.premises import ALLOCATION_PREMISES, PREMISES
 
     out = ["# Premises", "",
-           "What the obligations assume about the inputs, each read from vLLM's source. Every premise is "
-           "checked on concrete calls by `kvbound premises CASE...` (cases captured from a running vLLM "
-           "included) with the predicate beside its Z3 term."]
-    for p in PREMISES:
+           "What the obligations assume about the inputs, each read from vLLM's source. Every premise of a load "
+           "is checked on concrete calls by `kvbound premises CASE...` (cases captured from a running vLLM "
+           "included) with the predicate beside its Z3 term. The `alloc-*` premises are about allocate_slots "
+           "calls (the reservation obligations); their terms fold on a witness's numbers, and "
+           "tests/test_reservation.py checks them on the calls it replays on real vLLM."]
+
+    for p in PREMISES + ALLOCATION_PREMISES:
         out += ["", f"<a id=\"premise-{p.id}\"></a>", f"## premise `{p.id}` ({p.kinds_label})", "", p.statement, "",
                 "```text", p.math, "```", "", "Read from:", "", *[f"* {src}" for src in p.sources]]
     return "\n".join(out)

@@ -218,6 +218,12 @@ def case_header(case: Case) -> str:
     )
 
 
+def draw_witness(witness, legend: bool = True) -> str:
+    """A proof witness drawn: a load (a spec Case) as block tables, an allocate_slots witness
+    (``kvbound.proofs.reservation.AllocCalls``) as its calls and the model's numbers."""
+    return draw_case(witness, legend=legend) if isinstance(witness, Case) else witness.draw()
+
+
 def draw_case(case: Case, variants=tuple(Variant), plans: dict | None = None, legend: bool = True) -> str:
     """The whole case, one drawn table per group; ``plans`` overrides the spec's (e.g. impl's)."""
     plans = plans or {Variant(v): plan_load(case, v) for v in variants}

@@ -73,6 +73,11 @@ class TraceError(KvboundError, RuntimeError):
     """The trace harness (not vLLM) failed: the message says where."""
 
 
+class LayoutUnsupported(TraceError):
+    """The release lacks what a trace layout needs (``kvbound.trace.layouts.layout_support``):
+    the layout is skipped with this one line, and the run goes on."""
+
+
 class MutantError(KvboundError, RuntimeError):
     """A spec mutant that cannot be applied to the current spec (its text is gone)."""
 

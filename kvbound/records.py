@@ -71,19 +71,19 @@ class ObligationRecord:
     premises: list  # ids of the premise objects the obligation rests on
     vacuity: str | None  # proved: "premises satisfiable" or why not
     replay_failure: str | None  # refuted: why the spec did not reproduce the witness
-    witness: dict | None  # a case file (case_to_dict), for a refutation
+    witness: dict | None  # a case file (case_to_dict), or an allocate_slots witness (reservation), for a refutation
 
     @classmethod
     def of(cls, result) -> ObligationRecord:
         """From a ``kvbound.proofs.Result``."""
-        from kvbound.spec import case_to_dict
+        from kvbound.proofs.reservation import witness_to_dict
 
         o = result.obligation
         return cls(
             id=o.id, statement=o.statement, math=o.math, premise=o.premise, expected=o.expected,
             verdict=result.verdict, met=result.met, seconds=round(result.seconds, SECONDS_DIGITS),
             bound=o.bound.to_json(), premises=list(o.premises), vacuity=result.vacuity or None,
-            replay_failure=result.replay, witness=None if result.witness is None else case_to_dict(result.witness))
+            replay_failure=result.replay, witness=None if result.witness is None else witness_to_dict(result.witness))
 
     @classmethod
     def from_json(cls, d, where: str) -> ObligationRecord:

@@ -233,7 +233,9 @@ def prove_section(data) -> Section:
     for i, o in enumerate(rec.obligations):
         wlink = Markup()
         if o.witness is not None:
-            witnesses.append((o, case_of(o.witness, f"{where}.obligations[{i}].witness")))
+            w = o.witness if o.witness.get("witness") == "allocate_slots" else \
+                case_of(o.witness, f"{where}.obligations[{i}].witness")
+            witnesses.append((o, w))
             wlink = html('<a href="#w-{}">drawn below</a>', o.id)
         problems = [x for x in (o.replay_failure, o.vacuity if o.verdict == Verdict.PROVED and not o.met else None) if x]
         rows.append([
@@ -263,8 +265,18 @@ def prove_section(data) -> Section:
     if witnesses:
         out.append(Markup("<h3>Witnesses (refutations), drawn and replayed through the spec</h3>"))
         for o, case in witnesses:
-            out.append(html('<div id="w-{}"></div>{}', o.id,
-                            drawn_case(case, caption=html('<b class="mono">{}</b> — {}', o.id, o.statement))))
+            caption = html('<b class="mono">{}</b> — {}', o.id, o.statement)
+            if isinstance(case, dict):  # an allocate_slots witness (the reservation property): its calls as text
+                from kvbound.proofs.reservation import AllocCalls
+
+                try:
+                    text = AllocCalls.from_dict(case).draw()
+                except (TypeError, ValueError, KeyError) as e:
+                    raise ReportInputError(f"{where}: obligation {o.id}: not an allocate_slots witness: {e}") from None
+                out.append(html('<div id="w-{}"></div><figure class="case"><figcaption>{}</figcaption><pre>{}</pre>'
+                                '</figure>', o.id, caption, text))
+                continue
+            out.append(html('<div id="w-{}"></div>{}', o.id, drawn_case(case, caption=caption)))
     sec.body = join(out)
     return sec
 

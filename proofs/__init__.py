@@ -9,10 +9,11 @@ Imports only kvbound.spec (and z3). ``check_plan`` holds any plan to the encodin
 """
 
 from .obligations import OBLIGATIONS, PROVED, REFUTED, Obligation
-from .runner import MUTANTS, UNKNOWN, Report, Result, run_all, run_obligation, witness_cases
+from .mutants import ENCODING_KNOB_MUTANTS
+from .runner import UNKNOWN, Report, Result, run_all, run_obligation, witness_cases
 from .symbolic import SymbolicCheck, check_plan, solve_plan
 
 __all__ = [
-    "OBLIGATIONS", "PROVED", "REFUTED", "UNKNOWN", "MUTANTS", "Obligation", "Report", "Result",
+    "OBLIGATIONS", "PROVED", "REFUTED", "UNKNOWN", "ENCODING_KNOB_MUTANTS", "Obligation", "Report", "Result",
     "SymbolicCheck", "check_plan", "run_all", "run_obligation", "solve_plan", "witness_cases",
 ]

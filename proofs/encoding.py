@@ -8,7 +8,8 @@ over a concrete one. The request's numbers (N, M, b, bpc, ...) are unbounded
 integers. The assert order per group is spec/plan.py's: table_length, scan,
 boundary (legacy) / alignment (fixed*), window_bound, keys_length (pending > 0).
 
-``Knobs`` says which code is encoded: a spec variant, or a seeded mutant of it.
+``Code`` says which code is encoded: a release's features (a row of the one release table,
+``kvbound.spec.versions.RELEASES``) and the mutations planted in it (``Knobs``, mutations only).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dataclasses import dataclass, replace
 
 import z3
 
-from kvbound.spec import LATEST_ASSERTS, AssertName, Variant
+from kvbound.spec import AssertName, ReleaseFeatures, Variant
 from kvbound.spec.asserts import ASSERT_CODE, ASSERT_OF_CODE, NO_ASSERT
+from kvbound.spec.versions import release_features
 
 from .terms import AND, CDIV, FLOORDIV, IF, MAX, MIN, MOD, NOT, OR, Sx
 
@@ -32,42 +34,100 @@ OK, FAIL_CODE, CODE_FAIL = NO_ASSERT, ASSERT_CODE, ASSERT_OF_CODE
 
 @dataclass(frozen=True)
 class Knobs:
-    """The code being encoded. The defaults are 0.30's fixed scan; a mutant flips one."""
+    """Mutations planted in a release's code (every default: no mutation), and python -O."""
 
-    scan_from_zero: bool = False  # legacy: range(0, k) instead of range(f, k)
+    scan_from_zero: bool = False  # mutant: the fixed variants scan range(0, k), as legacy does
     f_floor: bool = False  # mutant: f = N // b instead of cdiv(N, b)
-    null_skip: bool = True  # the scan skips null blocks
-    unhashed_test: bool = True  # the scan requires block_hash is None
+    null_skip: bool = True  # False: mutant, the scan stops at null blocks too
+    unhashed_test: bool = True  # False: mutant, the scan drops its block_hash is None test
     no_scan: bool = False  # mutant: start = f (no loop at all)
     lo_offset: int = 0  # mutant: range(f + lo_offset, ...)
     hi_offset: int = 0  # mutant: range(..., k + hi_offset); -1 keeps the default k, +1 defaults to k + 1
     key_start_offset: int = 0  # mutant: keys from start // bpc + offset
     pending_offset: int = 0  # mutant: group size k - start + offset
     end_chunk_floor: bool = False  # mutant: end chunk T // tpc instead of cdiv
-    legacy_assert: bool = False  # assert N <= start*b (legacy) instead of N % b == 0
-    match_hashed_on_sync: bool = False  # 0.33: a sync load matches by position
+    sync_rule_dropped: bool = False  # mutant: a 0.33 sync load no longer matches hashed blocks by position
     asserts: bool = True  # False models python -O
-    alignment_assert: bool = True  # mutant: the fixed variants' alignment assert is gone
-    boundary_assert: bool = True  # mutant: the legacy boundary assert is gone
+    alignment_assert: bool = True  # False: mutant, the fixed variants' alignment assert is gone
+    boundary_assert: bool = True  # False: mutant, the legacy boundary assert is gone
     window_before_scan_assert: bool = False  # mutant: the window bound is checked first
-    window_slack: int = LATEST_ASSERTS.window_slack  # pending <= window*bpc + slack (ReleaseAsserts; 0.27+: 1)
+    window_slack_delta: int = 0  # mutant: pending <= window*bpc + the release's slack + delta
     key_start_ceil: bool = False  # mutant: keys from cdiv(start, bpc)
-    window_counts_retained: bool = True  # 0.31+: the window in chunks counts extra_retained_tokens
+    retained_ignored: bool = False  # mutant: the window in chunks ignores extra_retained_tokens (0.31+ count them)
     keys_from_prompt: bool = False  # mutant: offload keys counted from the prompt, not all num_tokens
-    tail_chunk_dropped: bool = True  # a partial tail's last chunk is its boundary key (end_chunk_idx - 1)
-    tail_margin: bool = True  # a partial tail's key is at boundary + the group's EAGLE proof margin
-    tail_assert: bool = True  # the request-level assert partial_tail_boundary == num_cached_tokens
+    tail_chunk_dropped: bool = True  # False: mutant, a partial tail's last chunk stays a chunk key
+    tail_margin: bool = True  # False: mutant, a partial tail's key ignores the EAGLE proof margin
+    tail_assert: bool = True  # False: mutant, the request-level assert partial_tail_boundary == num_cached_tokens
 
 
-VARIANT_KNOBS = {
-    Variant.LEGACY: Knobs(scan_from_zero=True, legacy_assert=True),
-    Variant.FIXED: Knobs(),
-    Variant.FIXED_SYNC: Knobs(match_hashed_on_sync=True),
-}
+@dataclass(frozen=True)
+class Code:
+    """The code being encoded: one row of ``RELEASES`` (what that release does) and the mutations
+    planted in it. Every release fact the encoding reads comes from ``release``."""
+
+    release: ReleaseFeatures
+    knobs: Knobs = Knobs()
+
+    @property
+    def variant(self) -> Variant:
+        return self.release.variant
+
+    @property
+    def scan_from_zero(self) -> bool:
+        """0.20 - 0.29 scan range(0, k) (or the mutant)."""
+        return self.variant is Variant.LEGACY or self.knobs.scan_from_zero
+
+    @property
+    def legacy_assert(self) -> bool:
+        """0.20 - 0.29 assert N <= start*b; 0.30+ N % b == 0."""
+        return self.variant is Variant.LEGACY
+
+    @property
+    def match_hashed_on_sync(self) -> bool:
+        """0.33+: a sync load matches by position."""
+        return self.variant is Variant.FIXED_SYNC and not self.knobs.sync_rule_dropped
+
+    @property
+    def window_slack(self) -> int | None:
+        """The window assert's slack (None: no window assert)."""
+        slack = self.release.window_slack
+        return None if slack is None else slack + self.knobs.window_slack_delta
+
+    @property
+    def window_counts_retained(self) -> bool:
+        """0.31+: the window in chunks counts extra_retained_tokens."""
+        return self.release.window_counts_retained and not self.knobs.retained_ignored
+
+    @property
+    def sync_loads(self) -> bool:
+        """0.33+: the connector may load synchronously."""
+        return self.release.sync_loads
+
+    @property
+    def eagle_margins(self) -> bool:
+        """0.33+: partial tails with EAGLE groups, keyed boundary + margin."""
+        return self.release.eagle_partial_tails
+
+    @property
+    def signature(self) -> tuple:
+        """What the encoding reads of the release: two rows with one signature encode alike."""
+        return (self.variant, self.window_slack, self.window_counts_retained, self.sync_loads, self.eagle_margins)
+
+    def mutate(self, **change) -> "Code":
+        return replace(self, knobs=replace(self.knobs, **change))
 
 
-def knobs_for(variant, asserts: bool = True) -> Knobs:
-    return replace(VARIANT_KNOBS[Variant(variant)], asserts=asserts)
+def code_for(version: str, asserts: bool = True, **mutations) -> Code:
+    """The code of vLLM ``version`` (its row of RELEASES), with ``mutations`` planted."""
+    return Code(release_features(version), Knobs(asserts=asserts, **mutations))
+
+
+def window_in_chunks(kind_is_sliding, span, extra, tpc, counts_retained: bool):
+    """``get_sliding_window_size_in_chunks`` as terms (spec: GroupConfig.sliding_window_size_in_chunks):
+    a sliding window cdiv(w, tpc), from 0.31 max(that, cdiv(w - 1 + extra, tpc)); a chunk cdiv(c, tpc)."""
+    plain = CDIV(span, tpc)
+    sliding = MAX(plain, CDIV(span - 1 + extra, tpc)) if counts_retained else plain
+    return IF(kind_is_sliding, sliding, plain)
 
 
 class ConcreteTable:
@@ -220,19 +280,20 @@ def scan_pred(table, knobs: Knobs, match_hashed):
     return pred
 
 
-def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupOut:
+def encode_group(gi: int, g: GroupInputs, code: Code, tag: str = "") -> GroupOut:
     """What one group of ``update_state_after_alloc`` computes, as terms and constraints."""
+    knobs = code.knobs
     T = g.N + g.M
     k = CDIV(T, g.b)
     f = FLOORDIV(g.N, g.b) if knobs.f_floor else CDIV(g.N, g.b)
     table = g.table
     start = table.new_int(f"start{tag}.{gi}")
-    match_hashed = AND(g.sync_load, True) if knobs.match_hashed_on_sync else False
+    match_hashed = AND(g.sync_load, True) if code.match_hashed_on_sync else False
     pred = scan_pred(table, knobs, match_hashed)
     if knobs.no_scan:
         cs = [start == f]
     else:
-        lo = 0 if knobs.scan_from_zero else f + knobs.lo_offset
+        lo = 0 if code.scan_from_zero else f + knobs.lo_offset
         if knobs.hi_offset < 0:  # the short loop still defaults to k when nothing matched
             raw = table.new_int(f"start{tag}.{gi}.raw")
             cs = table.first_match(raw, lo, k + knobs.hi_offset, pred)
@@ -240,13 +301,14 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
         else:
             cs = table.first_match(start, lo, k + knobs.hi_offset, pred)
     table_ok = table.length >= k
-    if knobs.legacy_assert:
+    if code.legacy_assert:
         assert_ok, assert_code = g.N <= start * g.b, FAIL_CODE[AssertName.BOUNDARY]
     else:
         assert_ok, assert_code = MOD(g.N, g.b) == 0, FAIL_CODE[AssertName.ALIGNMENT]
     dst_len = k - start
     pending = k - start + knobs.pending_offset
-    window_ok = True if g.window is None else OR(NOT(g.windowed), pending <= g.window * g.bpc + knobs.window_slack)
+    slack = code.window_slack
+    window_ok = True if g.window is None or slack is None else OR(NOT(g.windowed), pending <= g.window * g.bpc + slack)
     tpc = g.b * g.bpc
     num_chunks = FLOORDIV(T, tpc) if knobs.end_chunk_floor else CDIV(T, tpc)
     wanted = num_chunks - IF(g.tail, 1, 0) if knobs.tail_chunk_dropped else num_chunks  # end_chunk_idx
@@ -261,7 +323,7 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
         checks.append((FAIL_CODE[AssertName.PARTIAL_TAIL], OR(NOT(g.tail), g.boundary == T)))
     checks.append((FAIL_CODE[AssertName.TABLE_LENGTH], table_ok))
     if knobs.asserts:
-        kept = knobs.boundary_assert if knobs.legacy_assert else knobs.alignment_assert
+        kept = knobs.boundary_assert if code.legacy_assert else knobs.alignment_assert
         scan_check = [(assert_code, assert_ok)] if kept else []
         window_check = [(FAIL_CODE[AssertName.WINDOW_BOUND], window_ok)]
         checks += (window_check + scan_check if knobs.window_before_scan_assert else scan_check + window_check)
@@ -271,15 +333,13 @@ def encode_group(gi: int, g: GroupInputs, knobs: Knobs, tag: str = "") -> GroupO
                     has_boundary_key, key_tokens)
 
 
-def case_inputs(case, variant=Variant.FIXED_SYNC, knobs: Knobs = Knobs()) -> list[GroupInputs]:
+def case_inputs(case, code: Code) -> list[GroupInputs]:
     """A spec Case as concrete group inputs (numbers folded in Python): its offloaded groups
-    in order, each reading ``blocks.blocks[group_idx]``, as ``variant``'s last release has them
-    (``knobs`` may mutate how keys and windows are derived from the case)."""
+    in order, each reading ``blocks.blocks[group_idx]``, as ``code``'s release has them
+    (its knobs may mutate how keys and windows are derived from the case)."""
     from dataclasses import replace as _replace
 
-    from kvbound.spec import variant_features
-
-    release = variant_features(variant)
+    knobs = code.knobs
     counted = _replace(case, num_tokens=case.num_prompt_tokens) if knobs.keys_from_prompt else case
     tail = case.partial_tail_boundary is not None
     out = []
@@ -291,13 +351,13 @@ def case_inputs(case, variant=Variant.FIXED_SYNC, knobs: Knobs = Knobs()) -> lis
             b=grp.config.tokens_per_block,
             bpc=case.blocks_per_chunk,
             window=grp.config.sliding_window_size_in_chunks(
-                case.blocks_per_chunk, release.window_counts_retained and knobs.window_counts_retained),
+                case.blocks_per_chunk, code.window_counts_retained),
             num_keys=counted.num_offload_keys(gi),
             sync_load=case.sync_load,
             table=ConcreteTable(grp.blocks),
             tail=tail,
             boundary=case.partial_tail_boundary if tail else 0,
-            margin=case.eagle_proof_margin(gi) if tail and release.eagle_partial_tails else 0,
+            margin=case.eagle_proof_margin(gi) if tail and code.eagle_margins else 0,
             first=n == 0,
         ))
     return out

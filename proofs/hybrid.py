@@ -20,9 +20,9 @@ import z3
 
 from kvbound.spec import Block, BlockState, Case, Group, GroupKind
 
-from .encoding import HSH, NUL, UNH, GroupInputs, SymTable, encode_group
+from .encoding import HSH, NUL, UNH, Code, GroupInputs, SymTable, encode_group, window_in_chunks
 from .premises import PREMISES, when_kind
-from .terms import AND, CDIV, IF, IMPLIES, OR
+from .terms import AND, CDIV, IF, IMPLIES, NOT, OR
 from .world import _EXPAND, config_for
 
 GROUPS = 4
@@ -83,12 +83,17 @@ class HybridWorld:
     def active(self, s: int):
         return s < self.n
 
-    def plan(self, knobs, tag: str = ""):
+    def plan(self, code: Code, tag: str = ""):
         """The plan of group 0, the group the claim is about (w.l.o.g.: the plan carries no state
-        from one group to the next, so any group of the model can be numbered 0)."""
-        self.slots[0].window_counts_retained = knobs.window_counts_retained  # premise window-skipped-null
-        out = encode_group(0, self.slots[0].inputs(), knobs, tag)
-        self.constraints += out.constraints
+        from one group to the next, so any group of the model can be numbered 0); a windowed group 0's
+        window in chunks is the config's, as ``code``'s release derives it."""
+        s0 = self.slots[0]
+        out = encode_group(0, s0.inputs(), code, tag)
+        sliding, chunked = s0.is_kind(GroupKind.SLIDING_WINDOW), s0.is_kind(GroupKind.CHUNKED_LOCAL)
+        self.constraints += out.constraints + [
+            z3.Implies(OR(sliding, chunked), AND(s0.span >= 1, s0.extra >= 0, s0.window == window_in_chunks(
+                sliding, s0.span, s0.extra, s0.tpc, code.window_counts_retained))),
+            z3.Implies(chunked, s0.extra == 0)]
         return out
 
     def base(self):
@@ -142,6 +147,17 @@ class HybridWorld:
                t.state(0) == HSH, t.state(1) == HSH, t.state(2) == NUL, t.state(3) == UNH, t.state(4) == NUL]
         return out + [s0.num_keys * s0.tpc <= 128, self.slots[1].num_keys * self.slots[1].tpc <= 128]
 
+    def retained_window_shape(self):
+        """Witness shaping: a sliding-window group 0 with retained tokens beside a full-attention group,
+        block size 16, one block per chunk, T a whole number of chunks (what the complete-chunk lookup
+        returns), small numbers."""
+        s0, s1 = self.slots[0], self.slots[1]
+        return [self.n == 2, s0.is_kind(GroupKind.SLIDING_WINDOW), s1.is_kind(GroupKind.FULL_ATTENTION),
+                self.bpc == 1, s0.b == 16, s1.b == 16, NOT(self.tail), self.T % 16 == 0, self.T <= 128,
+                s0.span % 16 == 0, s0.span <= 64, s0.extra >= 1, s0.extra <= 18, s0.num_keys * s0.tpc > self.T,
+                s0.table.length == s0.k,
+                s0.num_keys * s0.tpc <= 128, s1.num_keys * s1.tpc <= 128, NOT(self.sync_load)]
+
     def to_case(self, model, name: str) -> Case:
         """Group 0 as the model has it; the other groups (which the claim does not read) as
         vLLM's allocator builds a full-attention or Mamba table of their block size."""
@@ -175,8 +191,9 @@ class HybridWorld:
                     f = -(-N // b)
                     blocks = [Block(BlockState.HASHED if i < f else BlockState.UNHASHED, next_id + i) for i in range(k)]
                     next_id += k
+            extra = v(s.extra) if kind is GroupKind.SLIDING_WINDOW and s.index == 0 else 0
             cfg = config_for(kind, b, bpc, 1 if kind is GroupKind.MAMBA else None) if span is None \
-                else _windowed_config(kind, b, span)
+                else _windowed_config(kind, b, span, extra)
             groups.append(Group(cfg, tuple(blocks)))
             tpcs.append(b * bpc)
             prompt = max(prompt, v(s.num_keys) * b * bpc)
@@ -187,11 +204,11 @@ class HybridWorld:
                     num_locally_computed_tokens=N, num_external_tokens=M, groups=tuple(groups), sync_load=sync)
 
 
-def _windowed_config(kind, b, span):
+def _windowed_config(kind, b, span, extra=0):
     from kvbound.spec import GroupConfig
 
     if kind is GroupKind.SLIDING_WINDOW:
-        return GroupConfig(kind, b, sliding_window=span)
+        return GroupConfig(kind, b, sliding_window=span, extra_retained_tokens=extra)
     return GroupConfig(kind, b, attention_chunk_size=span)
 
 

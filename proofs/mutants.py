@@ -52,16 +52,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("assert-order", "the window bound is checked before the alignment assert (fixed variants)", "assert",
            dict(window_before_scan_assert=True), killer="assert-order"),
     Mutant("window-slack", "the window bound loses its + 1 (pending <= window * bpc)", "assert",
-           dict(window_slack=0), killer="window-bound.window-nulls"),
+           dict(window_slack_delta=-1), killer="window-bound.window-nulls"),
     Mutant("window-retained", "the window in chunks ignores extra_retained_tokens (0.31+ count them)", "assert",
-           dict(window_counts_retained=False), killer="window-bound.window-nulls"),
+           dict(retained_ignored=True), killer="window-bound.window-nulls"),
     Mutant("alignment-dropped", "the fixed variants' alignment assert N % b == 0 is gone", "assert",
            dict(alignment_assert=False), killer="assert-order"),
     Mutant("boundary-dropped", "the legacy boundary assert N <= start * b is gone", "assert",
            dict(boundary_assert=False), killer="legacy-guarded"),
     # the sync rule
     Mutant("sync-rule", "a 0.33 sync load no longer matches hashed blocks by position", "sync",
-           dict(match_hashed_on_sync=False), killer="fixed-sync"),
+           dict(sync_rule_dropped=True), killer="fixed-sync"),
     # the keys slice and the group size
     Mutant("keys-slice-start", "keys start at cdiv(start, bpc) instead of start // bpc", "keys",
            dict(key_start_ceil=True), killer="keys-in-lookup-range"),
@@ -84,7 +84,7 @@ MUTANTS: tuple[Mutant, ...] = (
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}
-ENCODING_MUTANTS = {m.name: m.encoding for m in MUTANTS if m.encoding is not None}
+ENCODING_KNOB_MUTANTS = {m.name: m.encoding for m in MUTANTS if m.encoding is not None}
 
 
 def applicable(checker: str) -> list[Mutant]:
@@ -113,4 +113,4 @@ def score(checker: str, killed: dict) -> dict:
     }
 
 
-__all__ = ["CHECKERS", "ENCODING_MUTANTS", "MUTANTS", "Mutant", "applicable", "score"]
+__all__ = ["CHECKERS", "ENCODING_KNOB_MUTANTS", "MUTANTS", "Mutant", "applicable", "score"]

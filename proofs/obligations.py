@@ -2,7 +2,7 @@
 
 An obligation says what it claims (English and math), which premise makes it
 hold, what verdict it expects, and how to build (premises, claim) over a
-symbolic ``World`` for given ``Knobs``. A refuted one also says how the spec
+symbolic ``World`` for a given ``Code`` (a release of RELEASES, or a mutant of one). A refuted one also says how the spec
 must reproduce its witness. Docs are generated from these objects.
 """
 
@@ -16,68 +16,14 @@ import z3
 from kvbound.spec import AssertName, GroupKind, Variant, plan_load
 from kvbound.spec.verdicts import Verdict
 
-from .encoding import FAIL_CODE, HSH, NUL, UNH, Knobs, knobs_for
+from .encoding import FAIL_CODE, HSH, NUL, UNH, Code, code_for
 from .terms import AND, FLOORDIV, IF, IMPLIES, NOT, OR
 from .alignment import MAX_GROUPS, AlignWorld
 from .hybrid import GROUPS, HybridWorld, safe_parts
+from .problem import NO_TABLE, ONE_GROUP, Bound, Obligation, Problem, problem
 from .world import TailWorld, World
 
 PROVED, REFUTED = Verdict.PROVED, Verdict.REFUTED
-
-
-@dataclass(frozen=True)
-class Problem:
-    premises: list
-    claim: object
-    world: World | None = None
-    witness: Callable | None = None  # model -> Case, for a refutation
-    shaping: list = field(default_factory=list)  # small-numbers constraints tried first for witnesses
-    splits: tuple = (True,)  # a case split covering every input; proved iff every case is unsat
-    cases: tuple = (True,)  # vacuity: the premises must admit an input in each of these cases
-
-
-@dataclass(frozen=True)
-class Bound:
-    """How far a claim reaches, per dimension, as data (printed by prove, JSON, JUnit, catalogue).
-
-    ``None`` in a dimension means Z3 reasons about every value (a symbolic table, an
-    unbounded integer); a number is the largest value covered."""
-
-    groups: int | None = 1  # KV-cache groups in one formula
-    table_length: int | None = None  # blocks per group's table
-    sizes: str = "unbounded"  # tokens_per_block, blocks_per_chunk, N, M: what ranges Z3 covers
-    why: str = ""  # why the bounded dimensions are bounded
-
-    def text(self) -> str:
-        g = "—" if self.groups == 0 else ("any" if self.groups is None else
-                                           ("1" if self.groups == 1 else f"≤{self.groups}"))
-        t = "—" if self.table_length == 0 else ("any" if self.table_length is None else f"≤{self.table_length}")
-        return f"groups {g}; table {t}; sizes {self.sizes}"
-
-    def to_json(self) -> dict:
-        return {"groups": self.groups, "table_length": self.table_length, "sizes": self.sizes, "why": self.why,
-                "text": self.text()}
-
-
-ONE_GROUP = Bound(1, None, "unbounded", "one group: the plan loops over groups with no state carried between "
-                  "them, so a claim about one group holds for each (the hybrid obligations check groups together)")
-NO_TABLE = Bound(0, 0, "unbounded", "arithmetic only: no table enters the formula")
-
-
-@dataclass(frozen=True)
-class Obligation:
-    id: str
-    statement: str  # English, for the report and the docs
-    math: str  # the claim as a formula, for the invariant catalogue
-    premise: str  # the premise that makes it hold (or whose absence the witness shows)
-    expected: Verdict  # PROVED or REFUTED
-    build: Callable  # (knobs) -> Problem
-    knobs: Knobs = Knobs()  # the code it is about; mutants perturb these
-    reproduce: Callable | None = None  # (Case) -> str | None: None when the spec shows the failure
-    bound: Bound = ONE_GROUP  # how far the claim reaches, per dimension
-    premises: tuple = ()  # ids of proofs.premises assumed (their Z3 faces are added by ``problem``)
-    mutable: bool = True  # does a mutant of the scan/plan change what it encodes?
-    about: Knobs | None = None  # a variant outside the spec the witness is about (shown beside the drawing)
 
 
 # --- spec replays: a witness must show its failure on the executable spec -----------
@@ -97,20 +43,20 @@ def replay_assert(variant, name: AssertName, asserts=True):
 
 # --- the obligations ------------------------------------------------------------
 
-def _boundary(knobs):
+def _boundary(code):
     w = World(GroupKind.MAMBA)
-    p = w.plan(knobs)
+    p = w.plan(code)
     return Problem(w.base(), w.N <= p.start * w.b, w)
 
 
-def _alignment(knobs):
+def _alignment(code):
     w = AlignWorld()
     prem = w.base() + w.scheduler_unit() + [w.lone_group_premise()]
     # split on the two branches of resolve_kv_cache_block_sizes: Z3 settles each at once
     return Problem(prem, w.unit_and_N_divisible(), w, splits=(w.n == 1, w.n >= 2))
 
 
-def _alignment_weaker(knobs):
+def _alignment_weaker(code):
     w = AlignWorld()
     fa_tpc = w.tokens_per_block(0) * w.bpc
     prem = w.base() + [w.n >= 2, w.kind[0] == 0, w.N_local % fa_tpc == 0]
@@ -119,22 +65,22 @@ def _alignment_weaker(knobs):
                    witness=lambda m: w.to_case(m, "witness-alignment.weaker-premise", N=w.N_local))
 
 
-def _alignment_lone(knobs):
+def _alignment_lone(code):
     w = AlignWorld()
     prem = w.base() + w.scheduler_unit() + [w.n == 1]
     return Problem(prem, w.every_group_aligned(w.N()), w, shaping=w.small() + [w.dcp == 1],
                    witness=lambda m: w.to_case(m, "witness-alignment.lone-group"))
 
 
-def _fixed_subsumes(knobs):
+def _fixed_subsumes(code):
     w = World(GroupKind.MAMBA)
-    p = w.plan(knobs)
+    p = w.plan(code)
     return Problem(w.base() + [w.aligned()], w.N <= p.start * w.b, w)
 
 
-def _fixed_subsumes_converse(knobs):
+def _fixed_subsumes_converse(code):
     w = World(GroupKind.FULL_ATTENTION)
-    p = w.plan(knobs)
+    p = w.plan(code)
     return Problem(w.base() + [w.N <= p.start * w.b], w.aligned(), w,
                    witness=lambda m: w.to_case(m, "witness-fixed-assert-subsumes-legacy.converse"),
                    shaping=w.small())
@@ -151,46 +97,38 @@ def _replay_converse(case):
     return None
 
 
-def problem(ob: "Obligation", knobs: Knobs | None = None) -> Problem:
-    """The obligation's problem for ``knobs`` (default its own), its premises' Z3 faces added."""
-    prob = ob.build(ob.knobs if knobs is None else knobs)
-    if ob.premises:
-        prob = replace(prob, premises=list(prob.premises) + prob.world.premise_terms(ob.premises))
-    return prob
-
-
 def _recurrent_below_f(w):
     t = w.table
     i = z3.Int("i_unhashed")
     return [0 <= i, i < w.f, t.state(i) == UNH]
 
 
-def _legacy_refuted(knobs):
+def _legacy_refuted(code):
     w = World(GroupKind.MAMBA)
-    p = w.plan(knobs)
+    p = w.plan(code)
     prem = w.base() + [NOT(w.sync_load), w.j < w.k] + _recurrent_below_f(w)
     return Problem(prem, w.N <= p.start * w.b, w,
                    witness=lambda m: w.to_case(m, "witness-legacy-refuted"), shaping=w.small())
 
 
-def _legacy_full_attention(knobs):
+def _legacy_full_attention(code):
     w = World(GroupKind.FULL_ATTENTION)
-    legacy, fixed = w.plan(knobs_for(Variant.LEGACY), "L"), w.plan(knobs, "F")
+    legacy, fixed = w.plan(code_for(LEGACY_LAST), "L"), w.plan(code, "F")
     t = w.table
     prem = w.base() + [t.forall(0, w.f, lambda i: t.state(i) == HSH)]
     return Problem(prem, legacy.start == fixed.start, w)
 
 
-def _legacy_agrees_when_passing(knobs):
+def _legacy_agrees_when_passing(code):
     w = World(GroupKind.MAMBA)
-    legacy, fixed = w.plan(knobs_for(Variant.LEGACY), "L"), w.plan(knobs, "F")
+    legacy, fixed = w.plan(code_for(LEGACY_LAST), "L"), w.plan(code, "F")
     prem = w.base() + [w.aligned(), w.N <= legacy.start * w.b]
     return Problem(prem, legacy.start == fixed.start, w)
 
 
-def _legacy_without_asserts(knobs):
+def _legacy_without_asserts(code):
     w = World(GroupKind.MAMBA)
-    legacy, fixed = w.plan(knobs_for(Variant.LEGACY, asserts=False), "L"), w.plan(knobs, "F")
+    legacy, fixed = w.plan(code_for(LEGACY_LAST, asserts=False), "L"), w.plan(code, "F")
     prem = w.base() + [NOT(w.sync_load), w.j < w.k] + _recurrent_below_f(w)
     claim = OR(legacy.start >= w.f, legacy.start_chunk == fixed.start_chunk)
     return Problem(prem, claim, w, witness=lambda m: w.to_case(m, "witness-legacy-without-asserts"),
@@ -210,9 +148,9 @@ def _replay_without_asserts(case):
     return None
 
 
-def _null_skip_needed(knobs):
+def _null_skip_needed(code):
     w = World(GroupKind.MAMBA)
-    p = w.plan(Knobs(no_scan=True))  # the variant start = f, no loop
+    p = w.plan(code.mutate(no_scan=True))  # the variant start = f, no loop
     t = w.table
     prem = w.base() + [NOT(w.sync_load), w.j < w.k]
     claim = t.forall(p.start, w.k, lambda i: t.state(i) != NUL)
@@ -233,82 +171,82 @@ def _replay_null_skip(case):
     return None
 
 
-def _null_skip_fixed(knobs):
+def _null_skip_fixed(code):
     w = World(GroupKind.MAMBA)
-    p = w.plan(knobs)
+    p = w.plan(code)
     t = w.table
     return Problem(w.base(), t.forall(p.start, w.k, lambda i: t.state(i) != NUL), w)
 
 
-def _destinations_exact(knobs):
+def _destinations_exact(code):
     w = World(GroupKind.SLIDING_WINDOW)
-    p = w.plan(knobs)
+    p = w.plan(code)
     t = w.table
-    prem = w.base() + ([] if knobs.match_hashed_on_sync else [NOT(w.sync_load)])  # sync loads: 0.33 only
+    prem = w.base() + ([] if code.sync_loads else [NOT(w.sync_load)])  # sync loads: 0.33+
     claim = AND(p.start == w.j, p.pending == p.dst_len,
                 OR(w.sync_load, t.forall(p.start, w.k, lambda i: t.state(i) != HSH)))
     return Problem(prem, claim, w)
 
 
-def _keys_in_range(knobs):
+def _keys_in_range(code):
     """The lookup (``_lookup_complete_chunks``) confirms chunks [N // tpc, cdiv(T, tpc)):
     it starts at ``start_chunk_idx = N // tpc`` and its hit T is capped at keys·tpc."""
     w = World(GroupKind.MAMBA)
-    p = w.plan(knobs)
+    p = w.plan(code)
     lookup_start, lookup_end = FLOORDIV(w.N, w.tpc), FLOORDIV(w.T + w.tpc - 1, w.tpc)
     claim = OR(p.pending == 0, AND(lookup_start <= p.start_chunk, p.start_chunk < p.end_chunk,
                                    p.end_chunk == lookup_end))
     return Problem(w.base(), claim, w)
 
 
-def _keys_from_lookup_start(knobs):
+def _keys_from_lookup_start(code):
     w = World(GroupKind.MAMBA)
-    p = w.plan(knobs)
+    p = w.plan(code)
     return Problem(w.base(), p.start_chunk >= FLOORDIV(w.N, w.tpc), w)
 
 
-def _keys_count(knobs):
+def _keys_count(code):
     w = World(GroupKind.MAMBA)
-    p = w.plan(knobs)
+    p = w.plan(code)
     prem = w.base() + [p.pending > 0, w.num_keys >= p.end_chunk_wanted]
     want = FLOORDIV(p.pending + p.start % w.bpc + w.bpc - 1, w.bpc)
     return Problem(prem, p.end_chunk - p.start_chunk == want, w)
 
 
-def _window_bound(knobs):
+def _window_bound(code):
     w = World(GroupKind.SLIDING_WINDOW)
-    p = w.plan(knobs)
+    p = w.plan(code)
     t = w.table
     below_f = t.forall(0, w.f, lambda i: t.state(i) != UNH)  # local blocks: hashed, or null when skipped
     prem = w.base() + [below_f, NOT(w.sync_load)]
-    return Problem(prem, p.pending <= w.window * w.bpc + knobs.window_slack, w,
+    return Problem(prem, p.pending <= w.window * w.bpc + code.window_slack, w,
                    witness=lambda m: w.to_case(m, "witness-window-bound"), shaping=w.small(max_len=8))
 
 
 def _window_nulls(kind):
     """pending <= window*bpc + 1 once the blocks the window's manager skips are null."""
 
-    def build(knobs):
+    def build(code):
         w = World(kind)
-        p = w.plan(knobs)
+        p = w.plan(code)
         window_ok = dict(p.checks).get(FAIL_CODE[AssertName.WINDOW_BOUND], True)  # the assert, as encoded
         return Problem(w.base() + [NOT(w.sync_load)], window_ok, w)
 
     return build
 
 
-def _fixed_sync(knobs):
+def _fixed_sync(code):
     w = World(GroupKind.MAMBA)
-    p = w.plan(knobs)
+    p = w.plan(code)
     t = w.table
     claim = AND(t.forall(w.f, p.start, lambda i: t.state(i) == NUL),
                 OR(p.start == w.k, AND(p.start >= w.f, p.start < w.k, t.state(p.start) != NUL)))
     return Problem(w.base() + [w.sync_load], claim, w)
 
 
-def _fixed_sync_needed(knobs):
+def _fixed_sync_needed(code):
     w = World(GroupKind.FULL_ATTENTION)
-    p = w.plan(knobs_for(Variant.FIXED))
+    p = w.plan(code)  # the 0.30 - 0.32 scan, which matches unhashed blocks only
     prem = w.base() + [w.sync_load, w.j < w.k]
     return Problem(prem, p.start == w.j, w,
                    witness=lambda m: w.to_case(m, "witness-fixed-sync.needed", sync_load=True),
@@ -326,25 +264,25 @@ def _replay_sync_needed(case):
     return None
 
 
-def _assert_order(knobs):
+def _assert_order(code):
     w = World(GroupKind.SLIDING_WINDOW)
-    p = w.plan(knobs)
+    p = w.plan(code)
     return Problem(w.base() + [w.N % w.b != 0], p.fails_with(FAIL_CODE[AssertName.ALIGNMENT]), w)
 
 
-def _legacy_guarded(knobs):
+def _legacy_guarded(code):
     w = World(GroupKind.MAMBA)
-    p = w.plan(knobs)
+    p = w.plan(code)
     return Problem(w.base(), IMPLIES(p.passes(), p.start >= w.f), w)
 
 
-def _keys_from_all_tokens(knobs):
+def _keys_from_all_tokens(code):
     """Keys exist for the hashes of all num_tokens (request.block_hashes covers every token,
     update_offload_keys); the lookup caps T at keys·tpc. (n // tph) // (tpc // tph) = n // tpc."""
     w = World(GroupKind.FULL_ATTENTION)
-    p = w.plan(knobs)
+    p = w.plan(code)
     prompt, tokens = z3.Int("num_prompt_tokens"), z3.Int("num_tokens")
-    counted = prompt if knobs.keys_from_prompt else tokens
+    counted = prompt if code.knobs.keys_from_prompt else tokens
     all_keys = FLOORDIV(tokens, w.tpc)
     prem = w.base() + [prompt >= 1, tokens >= prompt, w.num_keys == FLOORDIV(counted, w.tpc),
                        w.T <= all_keys * w.tpc]
@@ -354,11 +292,11 @@ def _keys_from_all_tokens(knobs):
 TAIL = ("n-aligned", "fresh-after-nulls", "keys-cover-hit", "hit-a-chunk", "partial-tail-lookup")
 
 
-def _window_retained_before_031(knobs):
+def _window_retained_before_031(code):
     """0.28-0.30: the allocator retains extra_retained_tokens below the window, the connector's
     window in chunks does not count them (cdiv(w, tpc))."""
     w = World(GroupKind.SLIDING_WINDOW)
-    p = w.plan(Knobs(window_counts_retained=False))
+    p = w.plan(code)  # 0.28 - 0.30: the window in chunks is cdiv(w, tpc)
     window_ok = dict(p.checks)[FAIL_CODE[AssertName.WINDOW_BOUND]]
     return Problem(w.base() + [NOT(w.sync_load)], window_ok, w,
                    witness=lambda m: w.to_case(m, "witness-window-bound.retained-before-0.31"),
@@ -382,9 +320,9 @@ def _partial_tail_loads(kind):
     position the lookup confirmed (``_lookup_partial_tail`` keys boundary + margin with the same
     ``_partial_tail_key_tokens``), no null block, within [f, k)."""
 
-    def build(knobs):
+    def build(code):
         w = TailWorld(kind)
-        p = w.plan(knobs)
+        p = w.plan(code)
         t = w.table
         lookup_key_tokens = w.boundary + w.margin  # 0.33 scheduler.py:1154-1158, as the lookup used it
         claim = AND(p.passes(), p.start == w.j, p.start >= w.f,
@@ -397,22 +335,22 @@ def _partial_tail_loads(kind):
     return build
 
 
-def _partial_tail_assert_holds(knobs):
+def _partial_tail_assert_holds(code):
     w = TailWorld(GroupKind.MAMBA)
-    p = w.plan(knobs)
+    p = w.plan(code)
     return Problem(w.base(), NOT(p.fails_with(FAIL_CODE[AssertName.PARTIAL_TAIL])), w)
 
 
-def _partial_tail_guard(knobs):
+def _partial_tail_guard(code):
     w = TailWorld(GroupKind.MAMBA)
-    p = w.plan(knobs)
+    p = w.plan(code)
     prem = w.base() + [w.boundary != w.T]
     return Problem(prem, p.fails_with(FAIL_CODE[AssertName.PARTIAL_TAIL]), w)
 
 
-def _partial_tail_chunk_needed(knobs):
+def _partial_tail_chunk_needed(code):
     w = TailWorld(GroupKind.FULL_ATTENTION)
-    p = w.plan(Knobs(tail_chunk_dropped=False))  # the variant that keeps the boundary's chunk as a chunk key
+    p = w.plan(code.mutate(tail_chunk_dropped=False))  # keeps the boundary's chunk as a chunk key
     prem = w.base() + [NOT(w.eagle), NOT(w.sync_load)]
     return Problem(prem, NOT(p.fails_with(FAIL_CODE[AssertName.KEYS_LENGTH])), w,
                    witness=lambda m: w.to_case(m, "witness-partial-tail.boundary-chunk-dropped"),
@@ -428,34 +366,49 @@ def _replay_tail_chunk(case):
     return None
 
 
-def _start_is_fresh(knobs):
+def _start_is_fresh(code):
     w = World(GroupKind.MAMBA)
-    p = w.plan(knobs)
+    p = w.plan(code)
     t = w.table
     return Problem(w.base() + [NOT(w.sync_load)], OR(p.start == w.k, t.state(p.start) == UNH), w)
 
 
-def _safe_load(variant):
+def _safe_load(oid: str):
     """The release's plan on a whole hybrid model (proofs/hybrid.py): no assert, exactly the
     fresh blocks, keys inside the lookup's range — for every group at once."""
 
-    def build(knobs):
+    def build(code):
         w = HybridWorld()
-        out = w.plan(knobs)
-        prem = w.base() + ([] if variant is Variant.FIXED_SYNC else [NOT(w.sync_load)])  # sync loads: 0.33+
-        if variant is not Variant.FIXED_SYNC:  # EAGLE groups key partial tails past the boundary from 0.33
+        out = w.plan(code)
+        prem = w.base() + ([] if code.sync_loads else [NOT(w.sync_load)])  # sync loads: 0.33+
+        if not code.eagle_margins:  # EAGLE groups key partial tails past the boundary from 0.33
             prem.append(w.slots[0].margin == 0)
         parts = safe_parts(w, out)
+        legacy = code.variant is Variant.LEGACY
         # one split per conjunct (their negations cover ¬claim): Z3 settles each at once
-        return Problem(prem, AND(*parts), w, shaping=w.pr_shape() if variant is Variant.LEGACY else [],
-                       witness=lambda m: w.to_case(m, f"witness-safe-load.{variant.value}"),
+        return Problem(prem, AND(*parts), w,
+                       shaping=w.pr_shape() if legacy else w.retained_window_shape(),
+                       witness=lambda m: w.to_case(m, f"witness-{oid}"),
                        splits=tuple(NOT(p) for p in parts),
                        # non-vacuous in each branch: a partial tail or not, each kind of group 0, several groups
                        cases=(w.tail, NOT(w.tail), w.n >= 2,
                               *[w.slots[0].kind == c for c in range(4)],
-                              *([w.sync_load] if variant is Variant.FIXED_SYNC else [])))
+                              *([w.sync_load] if code.sync_loads else [])))
 
     return build
+
+
+def _replay_retained_hybrid(case):
+    """0.30's plan fires window_bound on the witness (a sliding window whose retained tokens the
+    window in chunks does not count), 0.31's plans it."""
+    from kvbound.spec import plan_for_version
+
+    old, new = plan_for_version(case, "0.30.0"), plan_for_version(case, "0.31.0")
+    if old.ok or old.assertion.name is not AssertName.WINDOW_BOUND:
+        return f"spec 0.30 gives {old.assertion.name.value if old.assertion else 'ok'}, expected window_bound"
+    if not new.ok:
+        return f"spec 0.31 fails too: {new.assertion.name.value}"
+    return None
 
 
 def _replay_pr_shape(case):
@@ -475,9 +428,12 @@ def _replay_pr_shape(case):
     return None
 
 
-FIXED = knobs_for(Variant.FIXED)
-FIXED_SYNC = knobs_for(Variant.FIXED_SYNC)
-LEGACY = knobs_for(Variant.LEGACY)
+# The code each obligation encodes, by the first release of its row of RELEASES.
+LEGACY, LEGACY_LAST = code_for("0.28.0"), "0.29.0"  # the proofs model 0.28+ (the legacy rows 0.28, 0.29)
+FIXED_030 = code_for("0.30.0")  # the fixed scan; the window in chunks ignores retained tokens
+FIXED = code_for("0.31.0")  # 0.31 - 0.32: the window counts retained tokens
+FIXED_SYNC = code_for("0.33.0")  # sync loads, EAGLE partial tails
+LATEST = "0.33.0"
 
 SINGLE = "one group; groups are planned independently, so one group stands for each"
 
@@ -502,45 +458,55 @@ SAFE_MATH = ("∀ n ≤ G groups, kinds, b_g, bpc, N = q·unit (b_g | unit), M, 
 OBLIGATIONS: list[Obligation] = [
     Obligation(
         "safe-load.fixed",
-        "0.30's plan is safe on every hybrid model: for every group (mixed kinds and block sizes, N rounded by "
+        "0.31 – 0.32's plan is safe on every hybrid model: for every group (mixed kinds and block sizes, N rounded by "
         "the scheduler's LCM rule, M as the lookup returns it, a partial tail or not, tables as the allocator "
         "builds them) no assert fires, exactly the fresh blocks are loaded (no null block, no computed block "
         "written), and only keys inside the lookup's range are requested (a partial tail's boundary key at the "
         "position the lookup confirmed).",
-        SAFE_MATH, "every premise of every group's kind; the LCM rule", PROVED, _safe_load(Variant.FIXED), FIXED,
+        SAFE_MATH, "every premise of every group's kind; the LCM rule", PROVED, _safe_load("safe-load.fixed"), FIXED,
+        bound=HYBRID_BOUND, premises=HYBRID, last="0.32.0"),
+    Obligation(
+        "safe-load.fixed.0.30",
+        "0.30's plan (the fixed scan, but a window in chunks of cdiv(w, tpc) that does not count "
+        "extra_retained_tokens) is not safe on every hybrid model: a sliding-window group of a multi-module MTP "
+        "deployment (extra_retained_tokens = num_speculative_tokens - 1), on a table the allocator builds (its "
+        "get_num_skipped_tokens keeps the retained tokens' blocks), fires the window assert; 0.31 counts them. "
+        "On a lookup whose T is a whole number of chunks this needs extra_retained_tokens >= tokens_per_block + 2 "
+        "(w a multiple of the block size, one block per chunk).",
+        SAFE_MATH.replace("∀ n", "¬ ∀ n"), "the window in chunks counts extra_retained_tokens (0.31+)", REFUTED,
+        _safe_load("safe-load.fixed.0.30"), FIXED_030, reproduce=_replay_retained_hybrid, mutable=False,
         bound=HYBRID_BOUND, premises=HYBRID),
     Obligation(
         "safe-load.fixed-sync",
         "0.33's plan (sync loads match by position) is safe on every hybrid model, sync or async load, partial "
         "tails with EAGLE proof margins included: the same claim as safe-load.fixed.",
-        SAFE_MATH, "every premise of every group's kind; the LCM rule", PROVED, _safe_load(Variant.FIXED_SYNC),
-        FIXED_SYNC, bound=HYBRID_BOUND, premises=HYBRID),
+        SAFE_MATH, "every premise of every group's kind; the LCM rule", PROVED, _safe_load("safe-load.fixed-sync"), FIXED_SYNC, bound=HYBRID_BOUND, premises=HYBRID, last=LATEST),
     Obligation(
         "safe-load.legacy",
         "0.29's plan is not safe on hybrid models: a recurrent group that keeps its state block below f (the "
         "PR's shape, which the allocator premises admit) fires the boundary assert.",
         SAFE_MATH.replace("∀ n", "¬ ∀ n"), "the scan starts at f (0.29 scans from 0)", REFUTED,
-        _safe_load(Variant.LEGACY), LEGACY, reproduce=_replay_pr_shape, mutable=False, bound=HYBRID_BOUND,
-        premises=HYBRID),
+        _safe_load("safe-load.legacy"), LEGACY, reproduce=_replay_pr_shape, mutable=False, bound=HYBRID_BOUND,
+        premises=HYBRID, last=LEGACY_LAST),
     Obligation(
         "boundary",
         "The fixed scan never starts below the computed tokens: N <= start*b, for any table.",
         "∀ table, N ≥ 0, M ≥ 1, b ≥ 1:  start = min{i ∈ [⌈N/b⌉, k) : P(i)} ∪ {k}  ⟹  N ≤ start·b",
-        "the scan starts at f = cdiv(N, b)", PROVED, _boundary, FIXED),
+        "the scan starts at f = cdiv(N, b)", PROVED, _boundary, FIXED_030, last=LATEST),
     Obligation(
         "alignment",
         "Every group's tokens_per_block divides the unit the scheduler rounds N to, for every mix of group "
         "kinds, block sizes and DCP size; so the N a load sees is a multiple of every tokens_per_block.",
         "unit = (n = 1 ? cache_bs·dcp₀ : lcm_j bs_j·dcp_j)  ⟹  ∀ g: tpb_g | unit ∧ tpb_g | (N_local − N_local mod unit)",
         "the scheduler rounds N to the LCM of every group's DCP-scaled block size (a lone group: its "
-        "spec.block_size is cache_config.block_size)", PROVED, _alignment, mutable=False, bound=ALIGN_BOUND),
+        "spec.block_size is cache_config.block_size)", PROVED, _alignment, mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
     Obligation(
         "alignment.weaker-premise",
         "The weaker premise 'N is a multiple of the full-attention group's tokens_per_chunk' does not make "
         "every group aligned.",
         "∃ config: tpc_FA | N ∧ ∃ g: tpb_g ∤ N",
         "the scheduler rounds to the LCM, not to the full-attention chunk", REFUTED, _alignment_weaker,
-        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND),
+        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
     Obligation(
         "alignment.lone-group",
         "With one group the scheduler rounds to cache_config.block_size*dcp, the connector uses the spec's "
@@ -548,81 +514,81 @@ OBLIGATIONS: list[Obligation] = [
         "mamba_block_size = max_model_len; a sliding-window layer may pick its own block size).",
         "∃ lone group: spec.block_size ≠ cache_config.block_size ∧ tpb ∤ N",
         "a lone group's spec.block_size is cache_config.block_size", REFUTED, _alignment_lone,
-        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND),
+        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
     Obligation(
         "fixed-assert-subsumes-legacy",
         "Whenever the fixed code passes its alignment assert, the legacy assert holds on its start.",
         "N mod b = 0 ∧ start = scan_fixed  ⟹  N ≤ start·b",
-        "the scan starts at f = cdiv(N, b)", PROVED, _fixed_subsumes, FIXED),
+        "the scan starts at f = cdiv(N, b)", PROVED, _fixed_subsumes, FIXED_030, last=LATEST),
     Obligation(
         "fixed-assert-subsumes-legacy.converse",
         "The converse fails: the legacy assert can hold where the alignment assert fires.",
         "¬(N ≤ start·b  ⟹  N mod b = 0)",
-        "the scheduler's rounding of N (without it N may be unaligned)", REFUTED, _fixed_subsumes_converse, FIXED,
+        "the scheduler's rounding of N (without it N may be unaligned)", REFUTED, _fixed_subsumes_converse, FIXED_030,
         reproduce=_replay_converse, mutable=False),
     Obligation(
         "legacy-refuted",
         "The legacy scan fires its boundary assert on a recurrent table with a non-null unhashed block below f.",
         "∃ table, i < f: state(i) = U ∧ N mod b = 0 ∧ N > scan_legacy·b",
         "a recurrent group keeps its state block below f", REFUTED, _legacy_refuted, LEGACY,
-        reproduce=replay_assert(Variant.LEGACY, AssertName.BOUNDARY), mutable=False, premises=ALLOC),
+        reproduce=replay_assert(Variant.LEGACY, AssertName.BOUNDARY), mutable=False, premises=ALLOC, last=LEGACY_LAST),
     Obligation(
         "legacy-refuted.full-attention",
         "On full-attention tables (every block below f hashed) legacy and fixed scans agree.",
         "(∀ i < f: state(i) = H)  ⟹  scan_legacy = scan_fixed",
-        "full attention: every block below f is full and cached", PROVED, _legacy_full_attention, FIXED,
-        premises=("computed-hashed",)),
+        "full attention: every block below f is full and cached", PROVED, _legacy_full_attention, FIXED_030,
+        premises=("computed-hashed",), last="0.32.0"),
     Obligation(
         "legacy-refuted.agrees-when-passing",
         "Under alignment, whenever the legacy assert passes, legacy and fixed give the same start.",
         "N mod b = 0 ∧ N ≤ scan_legacy·b  ⟹  scan_legacy = scan_fixed",
-        "the scheduler's rounding of N", PROVED, _legacy_agrees_when_passing, FIXED, premises=("n-aligned",)),
+        "the scheduler's rounding of N", PROVED, _legacy_agrees_when_passing, FIXED_030, premises=("n-aligned",), last="0.32.0"),
     Obligation(
         "legacy-without-asserts",
         "With asserts stripped (python -O) the legacy plan loads into a computed block and requests wrong keys.",
         "∃ table: scan_legacy < f ∧ scan_legacy // bpc ≠ scan_fixed // bpc",
-        "a recurrent group keeps its state block below f", REFUTED, _legacy_without_asserts, FIXED,
+        "a recurrent group keeps its state block below f", REFUTED, _legacy_without_asserts, FIXED_030,
         reproduce=_replay_without_asserts, mutable=False, premises=ALLOC),
     Obligation(
         "null-skip-needed",
         "The variant start = f writes into the shared null block.",
         "∃ allocator table: ∃ i ∈ [f, k): state(i) = null",
-        "the scan skips null blocks", REFUTED, _null_skip_needed, FIXED,
-        reproduce=_replay_null_skip, mutable=False, about=Knobs(no_scan=True), premises=ALLOC),
+        "the scan skips null blocks", REFUTED, _null_skip_needed, FIXED_030,
+        reproduce=_replay_null_skip, mutable=False, about=FIXED_030.mutate(no_scan=True), premises=ALLOC),
     Obligation(
         "null-skip-needed.fixed",
         "The fixed scan never targets the null block when [f, k) is nulls then fresh blocks.",
         "[f, j) null ∧ [j, k) fresh  ⟹  ∀ i ∈ [start, k): state(i) ≠ null",
-        "the allocator puts nulls before fresh blocks", PROVED, _null_skip_fixed, FIXED, premises=ALLOC),
+        "the allocator puts nulls before fresh blocks", PROVED, _null_skip_fixed, FIXED_030, premises=ALLOC, last=LATEST),
     Obligation(
         "destinations-exact",
         "Under the allocator precondition the destinations are exactly the fresh blocks, no hashed block is "
         "overwritten, and the group size equals the number of destinations.",
         "[f, j) null ∧ [j, k) fresh  ⟹  start = j ∧ pending = |blocks[start:k]| ∧ (sync ∨ ∀ i ∈ [start, k): state(i) ≠ H)",
-        "the allocator puts nulls before fresh blocks", PROVED, _destinations_exact, FIXED_SYNC, premises=ALLOC),
+        "the allocator puts nulls before fresh blocks", PROVED, _destinations_exact, FIXED_030, premises=ALLOC, last=LATEST),
     Obligation(
         "keys-in-lookup-range",
         "A group that loads requests exactly the chunks from its load start's chunk to the end of the range "
         "the lookup confirmed, [N // tpc, cdiv(T, tpc)) (the lookup starts at chunk N // tpc and caps T at "
         "keys·tpc): no key before the lookup's start, none past its end, none of its tail left out.",
         "keys·tpc ≥ T ∧ pending > 0  ⟹  ⌊N/tpc⌋ ≤ start_chunk < end_chunk = ⌈T/tpc⌉",
-        "the scan starts at f = cdiv(N, b); the lookup caps T at keys·tpc", PROVED, _keys_in_range, FIXED,
-        premises=("keys-cover-hit",)),
+        "the scan starts at f = cdiv(N, b); the lookup caps T at keys·tpc", PROVED, _keys_in_range, FIXED_030,
+        premises=("keys-cover-hit",), last=LATEST),
     Obligation(
         "keys-from-lookup-start",
         "The first requested key is at or after the chunk the lookup started from: start // bpc >= N // tpc.",
         "⌊start/bpc⌋ ≥ ⌊N/(b·bpc)⌋",
-        "the scan starts at f = cdiv(N, b)", PROVED, _keys_from_lookup_start, FIXED),
+        "the scan starts at f = cdiv(N, b)", PROVED, _keys_from_lookup_start, FIXED_030, last=LATEST),
     Obligation(
         "keys-count-matches-worker",
         "Per group the key count equals cdiv(pending + start % bpc, bpc), as vLLM's worker requires.",
         "pending > 0 ∧ keys ≥ ⌈T/tpc⌉  ⟹  end_chunk − start_chunk = ⌈(pending + start mod bpc)/bpc⌉",
-        "keys are chunks [start // bpc, cdiv(T, tpc))", PROVED, _keys_count, FIXED),
+        "keys are chunks [start // bpc, cdiv(T, tpc))", PROVED, _keys_count, FIXED_030, last=LATEST),
     Obligation(
         "window-bound",
         "The allocator shape alone does not bound a windowed group's pending blocks by window*bpc + 1.",
         "∃ allocator table: pending > window_in_chunks·bpc + 1",
-        "the window's skipped blocks are null", REFUTED, _window_bound, FIXED,
+        "the window's skipped blocks are null", REFUTED, _window_bound, FIXED_030,
         reproduce=replay_assert(Variant.FIXED, AssertName.WINDOW_BOUND), mutable=False, premises=ALLOC),
     Obligation(
         "window-bound.window-nulls",
@@ -631,40 +597,39 @@ OBLIGATIONS: list[Obligation] = [
         "window in chunks max(cdiv(w, tpc), cdiv(w - 1 + extra, tpc)).",
         "[0, ⌊max(0, T−w+1−extra)/b⌋) null ∧ [f, j) null ∧ [j, k) fresh  ⟹  pending ≤ window·bpc + 1",
         "the window's skipped blocks are null", PROVED, _window_nulls(GroupKind.SLIDING_WINDOW), FIXED,
-        premises=ALLOC + ("window-skipped-null",)),
+        premises=ALLOC + ("window-skipped-null",), last=LATEST),
     Obligation(
         "window-bound.retained-before-0.31",
-        "On allocator-built tables of a sliding window with extra_retained_tokens (multi-module MTP), 0.28 - "
-        "0.30's window assert can fire: the allocator keeps the retained tokens' blocks, the connector's window "
+        "On allocator-built tables of a sliding window with extra_retained_tokens (multi-module MTP), 0.30's "
+        "window assert can fire (0.28 - 0.29 count the window the same way): the allocator keeps the retained tokens' blocks, the connector's window "
         "(cdiv(w, tpc)) does not count them; 0.31 counts them. Whether 0.28 - 0.30's lookup returns such a T "
         "is not modelled here (its T is a chunk multiple or num_tokens - 1, and the gap then needs "
         "extra_retained_tokens comparable to a block).",
         "∃ allocator table, extra > 0: pending > ⌈w/tpc⌉·bpc + 1",
-        "the window in chunks counts extra_retained_tokens (0.31+)", REFUTED, _window_retained_before_031,
-        FIXED, reproduce=_replay_retained, mutable=False, about=Knobs(window_counts_retained=False),
+        "the window in chunks counts extra_retained_tokens (0.31+)", REFUTED, _window_retained_before_031, FIXED_030, reproduce=_replay_retained, mutable=False, 
         premises=ALLOC + ("window-skipped-null",)),
     Obligation(
         "window-bound.chunked-local",
         "A chunked-local group whose blocks before T's chunk are null has pending <= window_in_chunks*bpc + 1.",
         "[0, ⌊⌊T/c⌋·c/b⌋) null ∧ [f, j) null ∧ [j, k) fresh  ⟹  pending ≤ ⌈c/tpc⌉·bpc + 1",
-        "the chunks before T's chunk are null", PROVED, _window_nulls(GroupKind.CHUNKED_LOCAL), FIXED,
-        premises=ALLOC + ("chunk-skipped-null",)),
+        "the chunks before T's chunk are null", PROVED, _window_nulls(GroupKind.CHUNKED_LOCAL), FIXED_030,
+        premises=ALLOC + ("chunk-skipped-null",), last=LATEST),
     Obligation(
         "window-bound.mamba",
         "A Mamba group in align mode (one fresh state block after nulls) has pending <= bpc + 1.",
         "[f, k−1) null ∧ [k−1, k) fresh  ⟹  pending ≤ 1·bpc + 1",
-        "Mamba align mode allocates one state block", PROVED, _window_nulls(GroupKind.MAMBA), FIXED,
-        premises=ALLOC + ("mamba-one-state-block",)),
+        "Mamba align mode allocates one state block", PROVED, _window_nulls(GroupKind.MAMBA), FIXED_030,
+        premises=ALLOC + ("mamba-one-state-block",), last=LATEST),
     Obligation(
         "fixed-sync",
         "A sync load matches by position: the load starts at the first non-null block at or after f.",
         "sync  ⟹  (∀ i ∈ [f, start): state(i) = null) ∧ (start = k ∨ state(start) ≠ null)",
-        "0.33 hashes sync-loaded blocks at allocation", PROVED, _fixed_sync, FIXED_SYNC),
+        "0.33 hashes sync-loaded blocks at allocation", PROVED, _fixed_sync, FIXED_SYNC, last=LATEST),
     Obligation(
         "fixed-sync.needed",
         "Without the positional match, a sync load (fresh blocks hashed at allocation) loads nothing.",
         "∃ sync allocator table: scan_fixed ≠ j",
-        "0.33 hashes sync-loaded blocks at allocation", REFUTED, _fixed_sync_needed, FIXED,
+        "0.33 hashes sync-loaded blocks at allocation", REFUTED, _fixed_sync_needed, code_for("0.32.0"),
         reproduce=_replay_sync_needed, mutable=False, premises=ALLOC),
     Obligation(
         "assert-order",
@@ -672,20 +637,19 @@ OBLIGATIONS: list[Obligation] = [
         "window bound would say: vLLM's assert order per group.",
         "len ≥ k ∧ N mod b ≠ 0  ⟹  the first assert to fire is alignment",
         "the asserts run in vLLM's order: table_length, alignment, window_bound, keys_length", PROVED,
-        _assert_order, FIXED),
+        _assert_order, FIXED_030, last=LATEST),
     Obligation(
         "legacy-guarded",
         "0.29's boundary assert guards every load: whenever the legacy plan passes, it starts at or after f "
         "(so the PR's bug is a crash, never a silent wrong load, with asserts on).",
         "N mod b = 0 ∧ the legacy plan passes  ⟹  start ≥ f",
-        "the scheduler's rounding of N", PROVED, _legacy_guarded, LEGACY, premises=("n-aligned",)),
+        "the scheduler's rounding of N", PROVED, _legacy_guarded, LEGACY, premises=("n-aligned",), last=LEGACY_LAST),
     Obligation(
         "keys-from-all-tokens",
         "Offload keys are counted from all num_tokens (a resumed request's output tokens included), so a load "
         "the lookup returned never fires keys_length, however far T runs past the prompt.",
         "keys = ⌊num_tokens/tpc⌋ ∧ T ≤ keys·tpc ∧ pending > 0  ⟹  keys ≥ ⌈T/tpc⌉",
-        "request.block_hashes covers every token; the lookup caps T at keys·tpc", PROVED, _keys_from_all_tokens,
-        FIXED),
+        "request.block_hashes covers every token; the lookup caps T at keys·tpc", PROVED, _keys_from_all_tokens, FIXED_030, last=LATEST),
     Obligation(
         "partial-tail.full-attention",
         "A partial tail on a full-attention group (an EAGLE group included) loads exactly the fresh blocks, "
@@ -694,35 +658,42 @@ OBLIGATIONS: list[Obligation] = [
         "tail lookup ∧ allocator  ⟹  no assert ∧ start = j ≥ f ∧ no null in [start, k) ∧ "
         "(pending > 0 ⟹ ⌊N/tpc⌋ ≤ start_chunk ∧ end_chunk = k − 1 ∧ boundary key at B + margin)",
         "the lookup chose the boundary (partial-tail-lookup)", PROVED,
-        _partial_tail_loads(GroupKind.FULL_ATTENTION), FIXED_SYNC, premises=TAIL + ("computed-hashed",)),
+        _partial_tail_loads(GroupKind.FULL_ATTENTION), FIXED_SYNC, premises=TAIL + ("computed-hashed",), last=LATEST),
     Obligation(
         "partial-tail.mamba",
         "A partial tail on the Mamba align group loads its one state block with one boundary key.",
         "tail lookup ∧ [f, k−1) null  ⟹  the same claim as partial-tail.full-attention",
         "the lookup chose the boundary (partial-tail-lookup)", PROVED,
-        _partial_tail_loads(GroupKind.MAMBA), FIXED_SYNC, premises=TAIL + ("mamba-one-state-block",)),
+        _partial_tail_loads(GroupKind.MAMBA), FIXED_SYNC, premises=TAIL + ("mamba-one-state-block",), last=LATEST),
     Obligation(
         "partial-tail.assert-holds",
         "The request-level partial_tail assert (partial_tail_boundary == num_cached_tokens) cannot fire when M "
         "is the lookup's answer (boundary - N).",
         "M = B − N  ⟹  ¬ partial_tail fires",
         "the scheduler passes the lookup's M unchanged", PROVED, _partial_tail_assert_holds, FIXED_SYNC,
-        premises=("partial-tail-lookup",)),
+        premises=("partial-tail-lookup",), last=LATEST),
     Obligation(
         "partial-tail.guard",
         "Any other M (boundary != T) is stopped by the partial_tail assert, before any group is planned.",
         "B ≠ N + M  ⟹  partial_tail is the first assert to fire",
-        "the assert runs before the group loop", PROVED, _partial_tail_guard, FIXED_SYNC),
+        "the assert runs before the group loop", PROVED, _partial_tail_guard, FIXED_SYNC, last=LATEST),
     Obligation(
         "partial-tail.boundary-chunk-dropped",
         "Keeping the boundary's chunk as a chunk key (no -1 on end_chunk_idx) fires keys_length on a short "
         "prompt's partial tail: the boundary key must replace it.",
         "∃ tail lookup: end_chunk_idx = ⌈T/tpc⌉ ∧ keys < ⌈T/tpc⌉",
         "a partial tail's last chunk is its boundary key", REFUTED, _partial_tail_chunk_needed, FIXED_SYNC,
-        reproduce=_replay_tail_chunk, mutable=False, about=Knobs(tail_chunk_dropped=False), premises=TAIL),
+        reproduce=_replay_tail_chunk, mutable=False, about=FIXED_SYNC.mutate(tail_chunk_dropped=False), premises=TAIL),
     Obligation(
         "load-start-is-fresh",
         "The fixed scan (not a sync load) starts at a non-null unhashed block, or loads nothing.",
         "¬sync  ⟹  start = k ∨ state(start) = U",
-        "the scan requires block_hash is None", PROVED, _start_is_fresh, FIXED),
+        "the scan requires block_hash is None", PROVED, _start_is_fresh, FIXED_030, last=LATEST),
 ]
+
+from .reservation import obligations as _reservation_obligations  # noqa: E402
+
+OBLIGATIONS += _reservation_obligations()
+from .lookup import obligations as _lookup_obligations  # noqa: E402
+
+OBLIGATIONS += _lookup_obligations()

@@ -122,7 +122,7 @@ def _skipped_blocks(case, gi) -> int:
     g, b, N, T, f, k = _numbers(case, gi)
     cfg = g.config
     if cfg.kind is GroupKind.SLIDING_WINDOW:
-        extra = getattr(cfg, "extra_retained_tokens", 0) or 0
+        extra = cfg.extra_retained_tokens
         return max(0, T - cfg.sliding_window + 1 - extra) // b
     if cfg.kind is GroupKind.CHUNKED_LOCAL:
         return (T // cfg.attention_chunk_size) * cfg.attention_chunk_size // b
@@ -147,7 +147,7 @@ def _check_mamba_one_block(case, gi):
 
 
 def _tail(case) -> bool:
-    return getattr(case, "partial_tail_boundary", None) is not None
+    return case.partial_tail_boundary is not None
 
 
 def _check_keys_cover(case, gi):
@@ -212,21 +212,15 @@ def _term_computed_cached(g):
 
 
 def _term_sliding_skipped_null(g):
+    """The skipped blocks are null (the window in chunks is the config's: the plan derives it)."""
     t = g.table
     skipped = MAX(g.T - g.span + 1 - g.extra, 0)
-    # window_in_chunks as 0.31+ derive it (config.get_sliding_window_size_in_chunks); the world's
-    # ``window_counts_retained`` is False for the mutant (or a release) that ignores the retained tokens
-    window = FLOORDIV(g.span + g.tpc - 1, g.tpc)
-    if getattr(g, "window_counts_retained", True):
-        window = MAX(window, FLOORDIV(g.span - 1 + g.extra + g.tpc - 1, g.tpc))
-    return AND(g.span >= 1, g.extra >= 0, g.window == window,
-               t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == NUL))
+    return AND(g.span >= 1, g.extra >= 0, t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == NUL))
 
 
 def _term_chunked_skipped_null(g):
     t = g.table
-    return AND(g.span >= 1, g.extra == 0, g.window == FLOORDIV(g.span + g.tpc - 1, g.tpc),
-               t.forall(0, FLOORDIV(FLOORDIV(g.T, g.span) * g.span, g.b), lambda i: t.state(i) == NUL))
+    return AND(g.span >= 1, t.forall(0, FLOORDIV(FLOORDIV(g.T, g.span) * g.span, g.b), lambda i: t.state(i) == NUL))
 
 
 def _term_mamba_one_block(g):
@@ -235,20 +229,20 @@ def _term_mamba_one_block(g):
 
 
 def _term_keys_cover(g):
-    tail = getattr(g, "tail", False)  # False, True (TailWorld) or a Z3 Bool (HybridWorld)
+    tail = g.tail  # False (World), True (TailWorld) or a Z3 Bool (a HybridWorld slot)
     whole = g.num_keys * g.tpc >= g.T
     return whole if tail is False else IF(tail, g.num_keys >= CDIV(g.T, g.tpc) - 1, whole)  # bpc = 1 with a tail
 
 
 def _term_hit_a_chunk(g):
-    tail = getattr(g, "tail", False)
+    tail = g.tail
     return g.M >= g.tpc if tail is False else IF(tail, g.M >= g.tph, g.M >= g.tpc)
 
 
 def _term_partial_tail_lookup(g):
     """``_lookup`` with a partial tail (0.33 scheduler.py:1068-1152): a hash-aligned boundary past N,
     before the prompt's last token, returned as M = boundary - N; keys from all tokens."""
-    tail = getattr(g, "tail", False)
+    tail = g.tail
     if tail is False:
         return True
     return IMPLIES(tail, AND(g.boundary == g.N + g.M, g.boundary > g.N, g.boundary % g.tph == 0,
@@ -308,7 +302,7 @@ PREMISES: tuple = (
         "window-skipped-null",
         "A sliding-window group's blocks before its window at T are null: SlidingWindowManager skips "
         "max(0, T - w + 1 - extra_retained_tokens) tokens.",
-        "∀ i < ⌊max(0, T − w + 1 − extra)/b⌋: null;  window = max(⌈w/tpc⌉, ⌈(w − 1 + extra)/tpc⌉)",
+        "∀ i < ⌊max(0, T − w + 1 − extra)/b⌋: null",
         frozenset({GroupKind.SLIDING_WINDOW}),
         (_src(V33, STM, 1148, "SlidingWindowManager.get_num_skipped_tokens"),
          _src(V33, STM, 268, "add_local_computed_blocks: num_skipped_blocks nulls"),
@@ -317,7 +311,7 @@ PREMISES: tuple = (
     Premise(
         "chunk-skipped-null",
         "A chunked-local group's blocks before T's attention chunk are null.",
-        "∀ i < ⌊⌊T/c⌋·c/b⌋: null;  window = ⌈c/tpc⌉", frozenset({GroupKind.CHUNKED_LOCAL}),
+        "∀ i < ⌊⌊T/c⌋·c/b⌋: null", frozenset({GroupKind.CHUNKED_LOCAL}),
         (_src(V33, STM, 1381, "ChunkedLocalAttentionManager.get_num_skipped_tokens"),
          _src(V29, STM, 1310, "ChunkedLocalAttentionManager.get_num_skipped_tokens")),
         _term_chunked_skipped_null, _check_skipped_null),
@@ -361,7 +355,141 @@ PREMISES += (
         _term_partial_tail_lookup, _check_partial_tail_lookup),
 )
 
-BY_ID = {p.id: p for p in PREMISES}
+
+
+# --- premises of the reservation property (an allocate_slots call, proofs/reservation.py) ---------
+#
+# Their subject is a pair of allocate_slots calls of one request on one manager (``reservation.Calls``:
+# the world's ``x``), not a load; the terms fold on ints, so ``check`` is the same formula evaluated
+# on a witness's numbers (``reservation.AllocCalls``).
+
+KVM = "v1/core/kv_cache_manager.py"
+RSCHED = "v1/core/sched/scheduler.py"
+V28, V32 = "vllm 0.28.0", "vllm 0.32.0"
+
+
+@dataclass(frozen=True)
+class AllocationPremise:
+    id: str
+    statement: str
+    math: str
+    kinds: frozenset
+    sources: tuple
+    term: Callable  # (reservation world: .kind, .x) -> formula (a bool on a concrete world)
+
+    def applies(self, kind: GroupKind) -> bool:
+        return kind in self.kinds
+
+    kinds_label = Premise.kinds_label
+
+    def check(self, calls) -> str | None:
+        """None when the witness ``calls`` (reservation.AllocCalls) meets it, else the statement."""
+        from .reservation import concrete_world
+
+        return None if self.term(concrete_world(calls)) is True else f"{self.id}: {self.statement}"
+
+
+def _t_nonempty(w):
+    x = w.x
+    return x.L + x.E + x.NEW >= 1
+
+
+def _t_evictable(w):
+    x = w.x
+    h = CDIV(x.L, x.b)
+    if w.kind is GroupKind.MAMBA:
+        return AND(x.ev <= 1, x.ev <= h)
+    from .reservation import skipped_blocks
+
+    s = skipped_blocks(w.kind, x, x.L + x.E)
+    return x.ev <= MAX(h - s, 0)
+
+
+def _t_running(w):
+    x = w.x
+    T = x.L + x.E
+    return x.C == T + x.NEW
+
+
+def _t_checkpoint(w):
+    x = w.x
+    return AND(IMPLIES(x.c1, CDIV(x.L + x.E + x.NEW, x.b) >= 2), IMPLIES(x.c2, CDIV(x.C + x.NEW2, x.b) >= 2))
+
+
+def _t_async(w):
+    x = w.x
+    return IMPLIES(x.E > 0, AND(x.NEW == 0, x.LA == 0))
+
+
+def _t_window(w):
+    x = w.x
+    if w.kind is GroupKind.SLIDING_WINDOW:
+        return AND(x.w >= 1, x.extra >= 0)
+    if w.kind is GroupKind.CHUNKED_LOCAL:
+        return x.chunk >= 1
+    return True
+
+
+ALLOCATION_PREMISES: tuple = (
+    AllocationPremise(
+        "alloc-call-adopts-or-computes",
+        "An allocate_slots call adopts a local hit or connector tokens, or schedules new ones: it raises "
+        "ValueError otherwise.", "L + E + NEW ≥ 1", ALL_KINDS,
+        (_src(V33, KVM, 483, "allocate_slots: num_new_tokens must be greater than 0 when there are no computed "
+              "tokens to adopt"),),
+        _t_nonempty),
+    AllocationPremise(
+        "alloc-evictable-hit",
+        "Only non-null hit blocks with ref_cnt 0 are evictable: a Mamba hit is nulls then its one state block "
+        "(at most one evictable); another manager's evictable blocks lie in the hit past the skipped blocks "
+        "(the ones add_local_computed_blocks touches and get_num_blocks_to_allocate counts).",
+        "Mamba: ev ≤ min(1, ⌈L/b⌉);  else ev ≤ max(⌈L/b⌉ − ⌊skipped(T)/b⌋, 0)", ALL_KINDS,
+        (_src(V33, STM, 161, "_get_num_evictable_blocks: ref_cnt == 0 and not null"),
+         _src(V33, STM, 1516, "MambaManager.find_longest_cache_hit: nulls, then the cached state block"),
+         _src(V33, STM, 259, "get_num_blocks_to_allocate: evictable blocks of new_computed_blocks past the skip"),
+         _src(V33, STM, 305, "add_local_computed_blocks: touches new_computed_blocks[num_skipped_blocks:]")),
+        _t_evictable),
+    AllocationPremise(
+        "alloc-running-computed",
+        "At the running call the request has computed what its first call adopted and scheduled: the "
+        "scheduler adds the scheduled tokens to num_computed_tokens, and a first call schedules prompt tokens, "
+        "no draft tokens to reject (an async load's first call schedules nothing, so C = T).",
+        "C = L + E + NEW;  NEW2 ≥ 1", ALL_KINDS,
+        (_src(V33, KVM, 510, "allocate_slots: num_local_computed_tokens = request.num_computed_tokens + "
+              "num_new_computed_tokens"),
+         _src(V33, RSCHED, 1858, "_update_after_schedule: request.num_computed_tokens += num_scheduled_token"),
+         _src(V33, RSCHED, 1286, "schedule: an async load schedules num_new_tokens = 0")),
+        _t_running),
+    AllocationPremise(
+        "alloc-checkpoint-index",
+        "A Mamba prefill checkpoint block is reserved only where its index cdiv(query_end, b) - 2 is a block.",
+        "c ⟹ ⌈(C + NEW)/b⌉ ≥ 2", frozenset({GroupKind.MAMBA}),
+        (_src(V33, STM, 1668, "_needs_internal_checkpoint: checkpoint_idx = cdiv(query_end, block_size) - 2 >= 0"),
+         _src(V29, STM, 1572, "_needs_internal_checkpoint: the same index")),
+        _t_checkpoint),
+    AllocationPremise(
+        "alloc-async-load",
+        "The connector's tokens are loaded asynchronously: the call that adopts them schedules no new tokens and "
+        "no lookahead (the offloading connector of 0.28 - 0.32 always; 0.33's unless it reserves a sync load).",
+        "E > 0 ⟹ NEW = 0 ∧ LA = 0", ALL_KINDS,
+        (_src(V33, RSCHED, 1286, "schedule: if load_kv_async: num_new_tokens = 0"),
+         _src(V33, RSCHED, 1403, "schedule: no lookahead tokens for an async load"),
+         _src(V28, RSCHED, 1008, "schedule: the same lookahead rule"),
+         _src(V29, SCHED, 991, "get_num_new_matched_tokens returns (hits, bool(hits)): always async"),
+         _src(V32, SCHED, 1097, "the same"),
+         _src(V33, SCHED, 1277, "get_num_new_matched_tokens: async unless _reserve_sync_load")),
+        _t_async),
+    AllocationPremise(
+        "alloc-window-config",
+        "A sliding window is at least one token and retains a non-negative number of extra tokens; an attention "
+        "chunk is at least one token.",
+        "SWA: w ≥ 1 ∧ extra ≥ 0;  chunked local: c ≥ 1", frozenset({GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL}),
+        (_src(V33, STM, 1148, "SlidingWindowManager.get_num_skipped_tokens"),
+         _src(V33, STM, 1381, "ChunkedLocalAttentionManager.get_num_skipped_tokens")),
+        _t_window),
+)
+
+BY_ID = {p.id: p for p in PREMISES + ALLOCATION_PREMISES}
 
 
 def premise(pid: str) -> Premise:
@@ -369,10 +497,11 @@ def premise(pid: str) -> Premise:
 
 
 def evaluate(case: Case, ids=None) -> list[PremiseCheck]:
-    """Every applicable premise on every group of ``case`` (nothing when M = 0)."""
+    """Every applicable premise on every group of ``case`` (nothing when M = 0); the allocation
+    premises are about allocate_slots calls, not cases, and are left out."""
     if case.num_external_tokens == 0:
         return []
-    chosen = PREMISES if ids is None else tuple(BY_ID[i] for i in ids)
+    chosen = PREMISES if ids is None else tuple(BY_ID[i] for i in ids if BY_ID[i] in PREMISES)
     out = []
     for gi, g in enumerate(case.groups):
         for p in chosen:
@@ -409,7 +538,7 @@ def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
           *[w.table.state(i) == STATE_CODE[blk.state.value] for i, blk in enumerate(g.blocks)])
     if w.span is not None:
         s.add(w.span == (g.config.sliding_window or g.config.attention_chunk_size),
-              w.extra == (getattr(g.config, "extra_retained_tokens", 0) or 0))
+              w.extra == g.config.extra_retained_tokens)
     s.add(z3.BoolVal(True) if p.term(w) is True else p.term(w))
     return is_sat(s)
 
@@ -419,4 +548,4 @@ def when_kind(kind_term, kind_codes, formula):
     return IF(OR(*[kind_term == c for c in kind_codes]), formula, True)
 
 
-__all__ = ["PREMISES", "Premise", "PremiseCheck", "evaluate", "premise", "terms", "when_kind"]
+__all__ = ["ALLOCATION_PREMISES", "AllocationPremise", "PREMISES", "Premise", "PremiseCheck", "evaluate", "premise", "terms", "when_kind"]

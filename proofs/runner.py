@@ -13,8 +13,8 @@ import z3
 
 from kvbound.spec.verdicts import Verdict
 
-from .encoding import Knobs
-from .mutants import ENCODING_MUTANTS
+from .encoding import Code
+from .mutants import ENCODING_KNOB_MUTANTS
 from .obligations import OBLIGATIONS, PROVED, REFUTED, Obligation, problem
 from .options import OBLIGATION, PROVE, SolverOptions
 from .terms import NOT, as_bool
@@ -43,7 +43,7 @@ class Result:
         return self.witness is not None and self.replay is None
 
 
-def decide(ob: Obligation, knobs: Knobs | None = None, options: SolverOptions = OBLIGATION,
+def decide(ob: Obligation, code: Code | None = None, options: SolverOptions = OBLIGATION,
            seek: bool | None = None):
     """(verdict, model-or-None, problem): is premises ∧ ¬claim unsat?
 
@@ -52,12 +52,12 @@ def decide(ob: Obligation, knobs: Knobs | None = None, options: SolverOptions = 
     and the search is quantifier-free: fast, repeatable, and a model found there is
     a genuine counterexample. The verdict "proved" only ever comes from the
     unbounded check."""
-    knobs = knobs or ob.knobs
+    code = code or ob.code
     if seek if seek is not None else ob.expected == REFUTED:
         for shaped in (True, False):  # a shaped (readable) witness at any length before an unshaped one
             for length in WITNESS_LENGTHS:
                 with expanded(length):
-                    prob = problem(ob, knobs)
+                    prob = problem(ob, code)
                 if shaped and not prob.shaping:
                     break
                 s = _assert_negation(prob, options.solver())
@@ -66,7 +66,7 @@ def decide(ob: Obligation, knobs: Knobs | None = None, options: SolverOptions = 
                     return REFUTED, s.model(), prob
                 if not _has_table(prob):
                     break
-    prob = problem(ob, knobs)
+    prob = problem(ob, code)
     s = _assert_negation(prob, options.solver())
     if prob.shaping:  # a small, readable witness first: sat there is sat everywhere
         s.push()
@@ -99,14 +99,14 @@ def _has_table(prob) -> bool:
     return getattr(prob.world, "table", None) is not None
 
 
-def premises_instance(ob: Obligation, knobs: Knobs, options: SolverOptions):
+def premises_instance(ob: Obligation, code: Code | None, options: SolverOptions):
     """An instance of the premises (vacuity) for each of the problem's ``cases`` (default: one),
     on tables of a few fixed lengths, so the check is quantifier-free. sat only when every case
     has an instance; otherwise the answer for the first case without one."""
     open_cases, last = None, {}
     for length in VACUITY_LENGTHS:
         with expanded(length):
-            prob = problem(ob, knobs)
+            prob = problem(ob, code)
         if open_cases is None:
             open_cases = list(range(len(prob.cases)))
         s = options.solver()
@@ -124,18 +124,28 @@ VACUITY_LENGTHS = (4, 8, 1, 2)
 
 
 def run_obligation(ob: Obligation, options: SolverOptions = OBLIGATION) -> Result:
+    """Decide the obligation on its code; a proved one also on every later release it covers whose
+    code the encoding reads differently (``Obligation.covered_codes``): proved only if proved on each."""
     t0 = time.perf_counter()
-    verdict, model, prob = decide(ob, options=options)
+    codes = ob.covered_codes() if ob.expected == PROVED else [ob.code]
+    for code in codes:
+        verdict, model, prob = decide(ob, code, options=options)
+        if verdict != PROVED:
+            break
     res = Result(ob, verdict, 0.0)
+    where = "" if code is ob.code else f" (on {code.release.release}'s code)"
     if verdict == UNKNOWN:
-        res.detail = f"solver unknown: {model}"
+        res.detail = f"solver unknown{where}: {model}"
     elif verdict == PROVED:
-        r = premises_instance(ob, ob.knobs, options)
+        rs = [premises_instance(ob, c, options) for c in codes]
+        r = next((x for x in rs if x != z3.sat), z3.sat)
         res.vacuity = "premises satisfiable" if r == z3.sat else f"premises {r}: the proof is vacuous"
+        if len(codes) > 1:
+            res.detail = "proved on the code of " + ", ".join(c.release.release for c in codes)
     elif verdict == REFUTED:
         if prob.witness is None:  # an unexpected refutation: still show the counterexample
             res.witness = prob.world.to_case(model, f"counterexample-{ob.id}")
-            res.replay = "unexpected refutation"
+            res.replay = f"unexpected refutation{where}"
         else:
             try:
                 res.witness = prob.witness(model)
@@ -149,7 +159,6 @@ def run_obligation(ob: Obligation, options: SolverOptions = OBLIGATION) -> Resul
 
 # --- mutants --------------------------------------------------------------------
 
-MUTANTS = ENCODING_MUTANTS  # name -> Knobs changes (proofs/mutants.py is the one table)
 
 
 # --- the whole suite ------------------------------------------------------------
@@ -188,7 +197,7 @@ def by_id(ids=None) -> list[Obligation]:
 
 def _task(args):
     """One unit of work in a worker: an obligation, or a mutant against every proved one."""
-    from kvbound.spec import case_to_dict
+    from .reservation import witness_to_dict
 
     kind, name, options = args
     if kind == "mutant":
@@ -198,7 +207,7 @@ def _task(args):
     r = run_obligation(by_id([name])[0], options)
     return kind, name, {
         "verdict": r.verdict, "seconds": r.seconds, "vacuity": r.vacuity, "replay": r.replay,
-        "detail": r.detail, "witness": None if r.witness is None else case_to_dict(r.witness),
+        "detail": r.detail, "witness": None if r.witness is None else witness_to_dict(r.witness),
     }
 
 
@@ -207,20 +216,20 @@ def run_mutants_one(name: str, options: SolverOptions) -> str | None:
     first (a stale hint only costs time), then every proved obligation, one-group ones first."""
     from .mutants import BY_NAME
 
-    change = MUTANTS[name]
+    change = ENCODING_KNOB_MUTANTS[name]
     hint = BY_NAME[name].killer
     order = sorted(OBLIGATIONS, key=lambda o: (o.id != hint, o.bound.groups != 1))
     for ob in order:
-        if ob.expected == PROVED and ob.mutable and kills(ob, replace(ob.knobs, **change), options):
+        if ob.expected == PROVED and ob.mutable and kills(ob, ob.code.mutate(**change), options):
             return ob.id
     return None
 
 
-def kills(ob: Obligation, knobs: Knobs, options: SolverOptions) -> bool:
+def kills(ob: Obligation, code: Code, options: SolverOptions) -> bool:
     """Does the claim fail for this code? The unbounded check answers most cases at
     once (a proof stays fast); when it hesitates, the bounded search finds the
     counterexample quantifier-free."""
-    prob = problem(ob, knobs)
+    prob = problem(ob, code)
     s = _assert_negation(prob, options.solver(min(options.timeout_s, options.first_try_s)))
     verdicts = []
     for split in prob.splits:
@@ -232,18 +241,18 @@ def kills(ob: Obligation, knobs: Knobs, options: SolverOptions) -> bool:
         return True
     if all(v == z3.unsat for v in verdicts):
         return False
-    return decide(ob, knobs, options, seek=True)[0] == REFUTED
+    return decide(ob, code, options, seek=True)[0] == REFUTED
 
 
 def run_all(ids=None, options: SolverOptions = PROVE, mutants: bool = True, jobs: int = 2) -> Report:
     """Every obligation (vacuity and witness replay included) and every mutant.
 
     ``jobs`` worker processes share the work (Z3 is single-threaded per solver)."""
-    from kvbound.spec import case_from_dict
+    from .reservation import witness_from_dict
 
     t0 = time.perf_counter()
     obs = by_id(ids)
-    tasks = [("mutant", m, options) for m in MUTANTS] if mutants else []
+    tasks = [("mutant", m, options) for m in ENCODING_KNOB_MUTANTS] if mutants else []
     # longest first: the alignment proof, then the mutants, then the rest
     slow = [o for o in obs if o.bound.groups != 1]
     tasks = [("obligation", o.id, options) for o in slow] + tasks + \
@@ -264,17 +273,21 @@ def run_all(ids=None, options: SolverOptions = PROVE, mutants: bool = True, jobs
             continue
         ob = by_id([name])[0]
         w = d["witness"]
-        results[name] = Result(ob, d["verdict"], d["seconds"], None if w is None else case_from_dict(w),
+        results[name] = Result(ob, d["verdict"], d["seconds"], None if w is None else witness_from_dict(w),
                                d["vacuity"], d["replay"], d["detail"])
     return Report([results[o.id] for o in obs], mut if mutants else None, time.perf_counter() - t0)
 
 
 def witness_cases(options: SolverOptions = PROVE) -> list:
-    """Every witness the refuted obligations produce, as spec Cases named witness-<id>."""
+    """Every witness the refuted obligations produce that is a load (a spec Case; the reservation
+    obligations' witnesses are allocate_slots calls, replayed by scripts/repro_0_33_sync_mamba.py),
+    named witness-<id>."""
+    from kvbound.spec import Case
+
     out = []
     for ob in OBLIGATIONS:
         if ob.expected == REFUTED:
             r = run_obligation(ob, options)
-            if r.witness is not None:
+            if isinstance(r.witness, Case):
                 out.append(replace(r.witness, name=f"witness-{ob.id}"))
     return out

@@ -18,7 +18,7 @@ from kvbound.spec import AssertName, Variant
 from kvbound.spec.verdicts import Verdict
 
 from .options import PLAN_CHECK, SolverOptions
-from .encoding import CODE_FAIL, FAIL_CODE, OK, Knobs, case_inputs, encode_group, knobs_for
+from .encoding import CODE_FAIL, FAIL_CODE, OK, Code, case_inputs, encode_group
 from .terms import AND, NOT, OR, Sx, _lit
 
 
@@ -46,13 +46,12 @@ def _solver(options: SolverOptions) -> z3.Solver:
     return s
 
 
-def encode_case(case, knobs: Knobs, tag: str = "", variant=Variant.FIXED_SYNC):
-    """(group outputs, constraints) of a concrete case, one output per offloaded group in
-    order; None when M == 0 (vLLM returns early)."""
+def encode_case(case, code: Code, tag: str = ""):
+    """(group outputs, constraints) of a concrete case under ``code``, one output per offloaded
+    group in order; None when M == 0 (vLLM returns early)."""
     if case.num_external_tokens == 0:
         return None, []
-    outs = [encode_group(gi, g, knobs, tag) for gi, g in zip(case.offloaded_group_indices,
-                                                             case_inputs(case, variant, knobs))]
+    outs = [encode_group(gi, g, code, tag) for gi, g in zip(case.offloaded_group_indices, case_inputs(case, code))]
     return outs, [c for o in outs for c in o.constraints]
 
 
@@ -205,9 +204,9 @@ def _refusal(case, variant):
     return unsupported_reason(case, variant_features(variant)) if case.uses_v2_features else None
 
 
-def solve_plan(case, knobs: Knobs, options: SolverOptions = PLAN_CHECK, variant=Variant.FIXED_SYNC) -> dict | None:
-    """The plan the encoding gives a case under ``knobs`` (a variant or a mutant); None if unknown."""
-    outs, cs = encode_case(case, knobs, variant=variant)
+def solve_plan(case, code: Code, options: SolverOptions = PLAN_CHECK) -> dict | None:
+    """The plan the encoding gives a case under ``code`` (a release, or a mutant of one); None if unknown."""
+    outs, cs = encode_case(case, code)
     s = _solver(options)
     s.push()
     try:
@@ -220,10 +219,13 @@ def solve_plan(case, knobs: Knobs, options: SolverOptions = PLAN_CHECK, variant=
 
 
 def check_plan(case, variant, plan_json: dict, options: SolverOptions = PLAN_CHECK,
-               knobs: Knobs | None = None) -> SymbolicCheck:
-    """Does the encoding of ``variant`` force exactly ``plan_json``'s outputs on ``case``?"""
+               code: Code | None = None) -> SymbolicCheck:
+    """Does the encoding of ``variant`` (its last release, as the spec plans it; or ``code``) force
+    exactly ``plan_json``'s outputs on ``case``?"""
+    from kvbound.spec import variant_features
+
     variant = Variant(variant)
-    knobs = knobs or knobs_for(variant)
+    code = code or Code(variant_features(variant))
     refusal = _refusal(case, variant)
     if refusal is not None or plan_json.get("outcome") == "unsupported":
         # a release that refuses the config never reaches the plan: nothing to encode, only the rule to match
@@ -231,7 +233,7 @@ def check_plan(case, variant, plan_json: dict, options: SolverOptions = PLAN_CHE
             return SymbolicCheck(Verdict.FORCED, f"unsupported: {refusal}")
         return SymbolicCheck(Verdict.NOT_FORCED, f"the release's support rule says {refusal or 'supported'}, "
                                                  f"the plan says {plan_json.get('outcome')}")
-    outs, cs = encode_case(case, knobs, variant=variant)
+    outs, cs = encode_case(case, code)
     claim = plan_claim(case, outs, plan_json)
     s = _solver(options)
     s.push()

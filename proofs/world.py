@@ -16,7 +16,7 @@ import z3
 
 from kvbound.spec import NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind
 
-from .encoding import HSH, NUL, UNH, GroupInputs, Knobs, SymTable, encode_group
+from .encoding import HSH, NUL, UNH, Code, GroupInputs, SymTable, encode_group, window_in_chunks
 from .terms import CDIV
 
 
@@ -53,15 +53,19 @@ class World:
         self.constraints = []  # what the plans encoded so far pin (their scans)
 
     tail = False  # no partial tail (TailWorld has one)
-    window_counts_retained = True  # set by plan() from the knobs (premise window-skipped-null reads it)
 
     def inputs(self) -> GroupInputs:
         return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load, self.table)
 
-    def plan(self, knobs: Knobs, tag: str = ""):
-        self.window_counts_retained = knobs.window_counts_retained  # read by premise window-skipped-null
-        out = encode_group(0, self.inputs(), knobs, tag)
+    def plan(self, code: Code, tag: str = ""):
+        """The group's plan under ``code``; a windowed group's window in chunks is the config's, as
+        ``code``'s release derives it from the window and its retained tokens."""
+        out = encode_group(0, self.inputs(), code, tag)
         self.constraints += out.constraints
+        if self.span is not None:
+            self.constraints.append(self.window == window_in_chunks(
+                self.kind is GroupKind.SLIDING_WINDOW, self.span, self.extra, self.tpc, code.window_counts_retained))
+        self.code = code
         return out
 
     def premise_terms(self, ids) -> list:
@@ -79,8 +83,9 @@ class World:
             out.append(self.table.length == self.table.expand)
         if self.kind is GroupKind.MAMBA:
             out.append(self.window == 1)
-        elif self.window is not None:
-            out.append(self.window >= 1)
+        elif self.window is not None:  # a window of at least one token; only a sliding window retains extra
+            out += [self.window >= 1, self.span >= 1,
+                    self.extra >= 0 if self.kind is GroupKind.SLIDING_WINDOW else self.extra == 0]
         return out
 
     def aligned(self):
@@ -98,12 +103,10 @@ class World:
         sync = z3.is_true(model.eval(self.sync_load, model_completion=True)) if sync_load is None else sync_load
         blocks = table_from_model(self.table, model, group_index=0)
         cfg = config_for(self.kind, b, bpc, None if self.window is None else v(self.window))
-        if self.span is not None and v(self.span) >= 1:  # the model's own window, when it derives the window var
+        if self.span is not None:  # the model's own window (plan() derives the window in chunks from it)
             field = "sliding_window" if self.kind is GroupKind.SLIDING_WINDOW else "attention_chunk_size"
             extra = v(self.extra) if self.kind is GroupKind.SLIDING_WINDOW else 0
-            own = replace(cfg, **{field: v(self.span)}, extra_retained_tokens=max(extra, 0))
-            if extra >= 0 and own.sliding_window_size_in_chunks(bpc, self.window_counts_retained) == v(self.window):
-                cfg = own
+            cfg = replace(cfg, **{field: v(self.span)}, extra_retained_tokens=extra)
         return Case(name=name, blocks_per_chunk=bpc, tokens_per_hash=b,
                     num_prompt_tokens=v(self.num_keys) * b * bpc, num_locally_computed_tokens=N,
                     num_external_tokens=M, groups=(Group(cfg, blocks),), sync_load=sync)

@@ -20,6 +20,16 @@ Pass 1 (roomy pool) measures what admission reserved and what allocation took;
 pass 2 gives the pool exactly the reserved number of free blocks, as memory pressure
 does, and the allocation raises ``ValueError: Cannot get 1 free blocks from the pool``.
 
+``--calls FILE`` replays allocate_slots calls instead (a JSON list of call specs, e.g. a
+``kvbound prove`` witness of ``reservation.*`` turned into one by tests/test_reservation.py):
+each on a fresh manager whose KV-cache groups are full attention plus the spec's kind, its local
+hit made by a first request (kept running or freed), then the request's first call and its
+running call; per group, what get_num_blocks_to_allocate reserved (the step call, not the
+admission gate) and how many blocks left the free queue in add_local_computed_blocks,
+allocate_external_computed_blocks and allocate_new_blocks. Prints one JSON list.
+
+A spec with ``"plant_fix": true`` is replayed with the fix below planted for that call only.
+
 ``--plant-fix`` wraps ``MambaManager.get_num_blocks_to_allocate`` at runtime so that it
 also counts the loaded-state block (the suggested fix direction); the reproducer
 must then report reserved == taken and no exception (how tests/test_finding_0_33.py
@@ -70,7 +80,8 @@ def _imports():
 
 def plant_fix(v):
     """Runtime-only planted fix: a first allocation that adopts connector tokens AND
-    schedules new ones past the loaded-state block gets one more Mamba block."""
+    schedules new ones past the loaded-state block gets one more Mamba block. Returns
+    a function that takes it out again."""
     MambaManager = v["MambaManager"]
     orig = MambaManager.get_num_blocks_to_allocate
 
@@ -87,6 +98,11 @@ def plant_fix(v):
         return n
 
     MambaManager.get_num_blocks_to_allocate = fixed
+
+    def unplant():
+        MambaManager.get_num_blocks_to_allocate = orig
+
+    return unplant
 
 
 def build(v, num_blocks):
@@ -210,6 +226,143 @@ def async_control(v):
     return out
 
 
+def _spec(v, kind, b, c):
+    t = v["torch"].float32
+    import vllm.v1.kv_cache_interface as kvi
+
+    if kind == "full_attention":
+        return kvi.FullAttentionSpec(block_size=b, num_kv_heads=1, head_size=8, dtype=t)
+    if kind == "sliding_window":
+        kw = {"extra_retained_tokens": c["extra"]} if c.get("extra") else {}
+        return kvi.SlidingWindowSpec(block_size=b, num_kv_heads=1, head_size=8, dtype=t,
+                                     sliding_window=c["w"], **kw)
+    if kind == "chunked_local":
+        return kvi.ChunkedLocalAttentionSpec(block_size=b, num_kv_heads=1, head_size=8, dtype=t,
+                                             attention_chunk_size=c["chunk"])
+    return v["MambaSpec"](block_size=b, shapes=((64,),), dtypes=(t,), mamba_cache_mode="align",
+                          num_speculative_blocks=c.get("S", 0))
+
+
+def _build_groups(v, specs, b, num_blocks):
+    cfg = v["KVCacheConfig"](num_blocks=num_blocks, kv_cache_tensors=[],
+                             kv_cache_groups=[v["KVCacheGroupSpec"](["l%d" % i], sp) for i, sp in enumerate(specs)])
+    for field, val in (("hash_block_size", b), ("cache_hit_alignment_tokens", b)):
+        if hasattr(cfg, field):
+            setattr(cfg, field, val)
+    return v["KVCacheManager"](cfg, max_model_len=1 << 20, scheduler_block_size=b, hash_block_size=b,
+                               enable_caching=True)
+
+
+class _Meter:
+    """Per manager: the step call's reservation, and the blocks that leave the free queue in its
+    three allocation methods (measured on the real block pool, one method at a time)."""
+
+    def __init__(self, mgr):
+        self.pool = mgr.block_pool
+        self.reserved, self.taken = {}, {}
+        for gi, m in enumerate(mgr.coordinator.single_type_managers):
+            self._wrap(gi, m)
+
+    def _wrap(self, gi, m):
+        orig = m.get_num_blocks_to_allocate
+
+        def reserve(*a, **k):
+            n = orig(*a, **k)
+            if not k.get("apply_admission_cap", False):
+                self.reserved[gi] = n
+            return n
+
+        m.get_num_blocks_to_allocate = reserve
+        for name in ("add_local_computed_blocks", "allocate_external_computed_blocks", "allocate_new_blocks"):
+            f = getattr(m, name)
+
+            def counted(*a, _f=f, **k):
+                before = self.pool.get_num_free_blocks()
+                try:
+                    return _f(*a, **k)
+                finally:
+                    self.taken[gi] = self.taken.get(gi, 0) + before - self.pool.get_num_free_blocks()
+
+            setattr(m, name, counted)
+
+    def start(self):
+        self.reserved, self.taken = {}, {}
+
+    def result(self, n):
+        return [{"reserved": self.reserved.get(gi), "taken": self.taken.get(gi, 0)} for gi in range(n)]
+
+
+def _checkpoint(m, rid):
+    if hasattr(m, "_checkpoints"):
+        return rid in m._checkpoints
+    return bool(getattr(m, "_num_checkpoint_blocks", {}).get(rid, 0))
+
+
+def replay_call(v, c):
+    """One call spec on the real manager: the first call and the running call, per group."""
+    b = c["b"]
+    kinds = ["full_attention"] + ([c["kind"]] if c["kind"] != "full_attention" else [])
+    mgr = _build_groups(v, [_spec(v, k, b, c) for k in kinds], b, c.get("num_blocks", 4096))
+    hasher = v["kcu"].get_request_block_hasher(b, v["sha256"])
+    mk = lambda rid, n: v["Request"](request_id=rid, prompt_token_ids=list(range(1000, 1000 + n)),  # noqa: E731
+                                     sampling_params=v["SamplingParams"](max_tokens=8), pooling_params=None,
+                                     block_hasher=hasher)
+    P = c["L"] + c["E"] + c["NEW"] + c.get("NEW2", 1) + b
+    if c["L"]:
+        a = mk("A", c["L"])
+        _call(mgr.allocate_slots, a, c["L"], has_scheduled_reqs=False)
+        a.num_computed_tokens = c["L"]
+        if c.get("owner_freed"):
+            mgr.free(a)
+    mgr.new_step_starts()
+    req = mk("C", P)
+    hit, L = mgr.get_computed_blocks(req)[:2]
+    if not c["L"]:
+        hit, L = mgr.empty_kv_cache_blocks, 0
+    mgr_kind = mgr.coordinator.single_type_managers[-1]
+    T = L + c["E"]
+    ev = []  # per group: evictable hit blocks (Mamba: its whole hit; else the hit past the skipped blocks)
+    for k, m, blocks in zip(kinds, mgr.coordinator.single_type_managers, hit.blocks):
+        skip = max(m.get_num_skipped_tokens(T), 0) // b
+        ev.append(sum(bl.ref_cnt == 0 and not bl.is_null for bl in (blocks if k == "mamba" else blocks[skip:])))
+    meter = _Meter(mgr)
+    n = len(kinds)
+    out = {"spec": c, "kinds": kinds, "L": L, "ev": ev, "error": None}
+    try:
+        meter.start()
+        got = _call(mgr.allocate_slots, req, c["NEW"], num_new_computed_tokens=L, new_computed_blocks=hit,
+                    num_lookahead_tokens=c.get("LA", 0), num_external_computed_tokens=c["E"],
+                    delay_cache_blocks=c["NEW"] == 0, has_scheduled_reqs=False)
+        out["first"] = meter.result(n)
+        out["first_admitted"] = got is not None
+        out["c1"] = _checkpoint(mgr_kind, req.request_id)
+        req.num_computed_tokens = T + c["NEW"]
+        meter.start()
+        got = _call(mgr.allocate_slots, req, c.get("NEW2", 1), num_lookahead_tokens=c.get("LA2", 0),
+                    has_scheduled_reqs=False)
+        out["running"] = meter.result(n)
+        out["running_admitted"] = got is not None
+        out["c2"] = _checkpoint(mgr_kind, req.request_id)
+    except (ValueError, AssertionError) as e:
+        out["error"] = "%s: %s" % (type(e).__name__, e)
+    return out
+
+
+def replay_calls(v, path):
+    """Each spec replayed; one with ``"plant_fix": true`` runs with the fix planted (then removed)."""
+    with open(path) as f:
+        specs = json.load(f)
+    out = []
+    for c in specs:
+        unplant = plant_fix(v) if c.get("plant_fix") else None
+        try:
+            out.append(replay_call(v, c))
+        finally:
+            if unplant:
+                unplant()
+    return out
+
+
 def draw(tables):
     """kvbound's block-table style: [H] hashed (local hit), [·] null, [F] fresh (at/after
     the first fresh block f = cdiv(N, b)); the load region and where each Mamba block
@@ -234,6 +387,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plant-fix", action="store_true")
+    ap.add_argument("--calls", metavar="FILE", help="replay these allocate_slots call specs (JSON list) instead")
     ap.add_argument("--block-size", type=int, default=B,
                     help="tokens_per_block of both groups (default 64; e.g. 528, a Mamba2-sized page); "
                          "the prompt scales with it: P = 5 b, M = b, N = 0")
@@ -246,6 +400,10 @@ def main():
 
     if args.plant_fix:
         plant_fix(v)
+    if args.calls:
+        print(json.dumps({"vllm": getattr(vllm, "__version__", "?"), "planted_fix": args.plant_fix,
+                          "calls": replay_calls(v, args.calls)}))
+        return 0
     roomy = one_pass(v, 64)
     tight = one_pass(v, None)
     ctrl = async_control(v)

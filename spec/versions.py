@@ -19,7 +19,11 @@ _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 _L, _F, _S = Variant.LEGACY, Variant.FIXED, Variant.FIXED_SYNC
 _COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eagle_partial_tails",
-            "extra_retained_tokens", "window_counts_retained", "group_subsets")
+            "extra_retained_tokens", "window_counts_retained", "group_subsets", "sync_loads", "allocator",
+            "mamba_external_kv", "schedule_end_hook", "prefix_match_unit", "chunked_local_offload",
+            "single_attention_hybrid",
+            "lookup_eagle", "lookup_defers_on_transfers", "lookup_result_enum", "lookup_swa_gap_clears_pending",
+            "lookup_eagle_widens_every_group", "lookup_load_window", "lookup_partial_tail_bridge")
 
 # The first release of each behaviour; it holds until the next row. Sources (docs/vllm-semantics.md):
 #  0.20 scan from 0 + `N <= start*b`; no window assert; keys checked for every group
@@ -28,18 +32,49 @@ _COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eag
 #       SlidingWindowSpec.extra_retained_tokens exists, the offload window ignores it
 #  0.30 fixed scan from cdiv(N, b) + `N % b == 0`; configs carry group_idx: blocks.blocks[group_idx]
 #  0.31 the window in chunks counts extra_retained_tokens
-#  0.33 sync loads match by position; partial tails with EAGLE groups, keyed at boundary + margin
+#  0.33 sync loads match by position; partial tails with EAGLE groups, keyed at boundary + margin;
+#       the connector may load synchronously (offloading/scheduler.py:1277 `... and not sync_load`;
+#       0.28 - 0.32 return `bool(num_hit_tokens)`, always async: 0.29.0 :991, 0.32.0 :1097)
+# The allocator column: MambaManager's align-mode code (v1/core/single_type_kv_cache_manager.py),
+# by the first release of each version of it (proofs/reservation.py, AllocatorCode, says what
+# changed): 0.28 no checkpoint block; 0.29 checkpoint block; 0.30 checkpoint restructured;
+# 0.31 min(num_new, cap); 0.32 num_speculative_blocks no longer added on checkpoint steps (0.33
+# changes only the checkpoint position's arguments, which the model leaves free).
+# What an engine can be built with (kvbound.trace.layouts.NEEDS; each release read):
+#  0.23 Mamba takes connector tokens: 0.22.1 v1/core/sched/scheduler.py:286
+#       `assert num_external_computed_tokens == 0` ("External KV connector is not verified
+#       yet") in _mamba_block_aligned_split is gone; OffloadingManager.on_schedule_end
+#       arrives (0.23.0 v1/kv_offload/base.py:260)
+#  0.26 CacheConfig.prefix_match_unit (0.26.0 vllm/config/cache.py:56; 0.25.1's pydantic
+#       CacheConfig refuses the keyword)
+#  0.28 the connector offloads chunked local attention (0.28.0 offloading/scheduler.py:116;
+#       0.27.0 offloading/scheduler.py:118 `assert isinstance(kv_cache_spec, FullAttentionSpec)`)
+#  0.29 HybridKVCacheCoordinator takes a single attention spec (0.28.0
+#       v1/core/kv_cache_coordinator.py:682 "requires at least two attention groups" is gone)
+# The lookup columns (offloading/scheduler.py; docs/lookup.md has the lines):
+#  0.24 EAGLE groups pop their trailing chunk, Mamba align caps the hit; defer while transfer_jobs
+#  0.25 LookupResult (RETRY; HIT_PENDING extends a sliding-window run)
+#  0.30 a gap clears a sliding window's pending flag; EAGLE widening for every group; load windows
+#  0.33 the partial-tail bridge chunk and a second search block with EAGLE proof margins
+_T, _N = True, False
 RELEASES: tuple = tuple(
     ((int(v.split(".")[0]), int(v.split(".")[1])), ReleaseFeatures(**dict(zip(_COLUMNS, row)), release=v))
     for v, *row in (
-        # release  variant slack keys_every partial eagle_pt retained win_retained subsets
-        ("0.20.0", _L, None, True,  False, False, False, False, False),
-        ("0.21.0", _L, 0,    True,  False, False, False, False, False),
-        ("0.27.0", _L, 1,    True,  False, False, False, False, False),
-        ("0.28.0", _L, 1,    False, True,  False, True,  False, False),
-        ("0.30.0", _F, 1,    False, True,  False, True,  False, True),
-        ("0.31.0", _F, 1,    False, True,  False, True,  True,  True),
-        ("0.33.0", _S, 1,    False, True,  True,  True,  True,  True),
+        # release  variant slack keys_every partial eagle_pt retained win_retained subsets sync alloc
+        #          | mamba_ext sched_end pmu chunked one_attn | lookup: eagle transfers enum gap_clears widen_all load_window bridge
+        ("0.20.0", _L, None, _T, _N, _N, _N, _N, _N, _N, None, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
+        ("0.21.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
+        ("0.23.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
+        ("0.24.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _N, _N, _N, _T, _T, _N, _N, _N, _N, _N),
+        ("0.25.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _N, _N, _N, _T, _T, _T, _N, _N, _N, _N),
+        ("0.26.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _N, _N, _T, _T, _T, _N, _N, _N, _N),
+        ("0.27.0", _L, 1, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _N, _N, _T, _T, _T, _N, _N, _N, _N),
+        ("0.28.0", _L, 1, _N, _T, _N, _T, _N, _N, _N, "0.28.0", _T, _T, _T, _T, _N, _T, _T, _T, _N, _N, _N, _N),
+        ("0.29.0", _L, 1, _N, _T, _N, _T, _N, _N, _N, "0.29.0", _T, _T, _T, _T, _T, _T, _T, _T, _N, _N, _N, _N),
+        ("0.30.0", _F, 1, _N, _T, _N, _T, _N, _T, _N, "0.30.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
+        ("0.31.0", _F, 1, _N, _T, _N, _T, _T, _T, _N, "0.31.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
+        ("0.32.0", _F, 1, _N, _T, _N, _T, _T, _T, _N, "0.32.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
+        ("0.33.0", _S, 1, _N, _T, _T, _T, _T, _T, _T, "0.32.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T),
     )
 )
 assert RELEASES[-1][1] == replace(ReleaseFeatures(), release="0.33.0")  # the dataclass defaults are 0.33

@@ -294,6 +294,23 @@ class ReleaseFeatures:
     extra_retained_tokens: bool = True  # 0.28+: SlidingWindowSpec has the field
     window_counts_retained: bool = True  # 0.31+: the window in chunks counts extra_retained_tokens
     group_subsets: bool = True  # 0.30+: configs carry group_idx, tables are blocks.blocks[group_idx]
+    sync_loads: bool = True  # 0.33+: the offloading connector may load synchronously (load_kv_async False)
+    allocator: str | None = "0.32.0"  # the KV-cache allocator code it runs (MambaManager align mode), by the
+    # first release of that code; None before 0.28 (not modelled). proofs/reservation.py reads it.
+    # What an engine of the release can be built with (kvbound trace's layouts need them):
+    mamba_external_kv: bool = True  # 0.23+: the scheduler takes external (connector) tokens for Mamba
+    schedule_end_hook: bool = True  # 0.23+: OffloadingManager.on_schedule_end
+    prefix_match_unit: bool = True  # 0.26+: CacheConfig.prefix_match_unit (tokens_per_hash < block)
+    chunked_local_offload: bool = True  # 0.28+: the connector offloads ChunkedLocalAttentionSpec groups
+    single_attention_hybrid: bool = True  # 0.29+: a hybrid coordinator with one attention spec (FA + EAGLE FA)
+    # the lookup (get_num_new_matched_tokens; spec/lookup.py, docs/lookup.md):
+    lookup_eagle: bool = True  # 0.24+: is_eagle_group pops its trailing chunk; Mamba alignment cap
+    lookup_defers_on_transfers: bool = True  # 0.24+: defer while transfer_jobs; skip_reading_prefix_cache
+    lookup_result_enum: bool = True  # 0.25+: LookupResult HIT/HIT_PENDING/RETRY/MISS (before: True/None/False)
+    lookup_swa_gap_clears_pending: bool = True  # 0.30+: a gap clears the pending flag right of it
+    lookup_eagle_widens_every_group: bool = True  # 0.30+: EAGLE widening for every group (#52735)
+    lookup_load_window: bool = True  # 0.30+: load_window_size_in_chunks widens the first window
+    lookup_partial_tail_bridge: bool = True  # 0.33+: the bridge chunk; two blocks with a proof margin
     release: str = "0.33.0"  # the release these facts were read from (for reasons)
 
 

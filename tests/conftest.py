@@ -30,15 +30,19 @@ def kvbound(*args, cwd=ROOT, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run([*KVBOUND, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout)
 
 
-@pytest.fixture
-def prepared():
-    """``prepared(version)`` -> the release's ReleaseEnv. Outside CI a release not yet
-    prepared skips the test with the reason (``kvbound conform --vllm X`` prepares it); in
-    CI (``CI=true``) it is prepared, so a real-vLLM test never skips there."""
+def release_env_for(version: str):
+    """The prepared environment (``ReleaseEnv``) of a real vLLM release, for a test that drives it:
+    the one policy of every real-vLLM test. Outside CI a release not yet prepared skips the test
+    with the reason (``kvbound conform --vllm X`` prepares it); in CI (``CI=true``) it is prepared
+    here, so a real-vLLM test never skips there (a release that cannot be prepared fails it)."""
     from kvbound.conform.prepare import is_prepared, prepare_release
 
-    def get(version):
-        if not is_prepared(version) and not os.environ.get("CI"):
-            pytest.skip(f"vllm {version} is not prepared (kvbound conform --vllm {version} prepares it)")
-        return prepare_release(version, None)
-    return get
+    if not is_prepared(version) and not os.environ.get("CI"):
+        pytest.skip(f"vllm {version} is not prepared (kvbound conform --vllm {version} prepares it)")
+    return prepare_release(version, None)
+
+
+@pytest.fixture
+def prepared():
+    """``prepared(version)``: ``release_env_for`` as a fixture."""
+    return release_env_for

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import release_env_for
 from kvbound.conform import compare as C
 from kvbound.conform import prepare, runner
 from kvbound.spec import load_cases
@@ -170,16 +171,6 @@ def test_one_crashing_case_never_stops_the_run(tmp_path, monkeypatch):
 
 # --- the real releases (prepared by `kvbound conform --vllm X` or .ci/conform) -------------
 
-def _env(version):
-    if not prepare.is_prepared(version):
-        if os.environ.get("CI"):  # CI prepares them first (.ci/conform): a skip there hides a gap
-            pytest.fail(f"vllm {version} is not prepared under {prepare.cache_dir()} in CI; .ci/conform"
-                        " must run before the tests")
-        pytest.skip(f"vllm {version} is not prepared under {prepare.cache_dir()}: run"
-                    f" `kvbound conform --vllm {version} examples/` once (CI runs .ci/conform)")
-    return prepare.prepare_release(version, progress=None)
-
-
 def test_real_legacy_and_fixed_on_the_facts_case_and_a_bad_case():
     case = facts_case()
     from dataclasses import replace
@@ -190,7 +181,7 @@ def test_real_legacy_and_fixed_on_the_facts_case_and_a_bad_case():
     bad = replace(case, name="two-mamba-sizes", groups=(
         case.groups[1], Group(GroupConfig(GroupKind.MAMBA, 32), parse_table("N U21 U22"))))
     for version, want in (("0.29.0", "boundary"), ("0.33.0", "ok")):
-        env = _env(version)
+        env = release_env_for(version)
         hello, (r_bad, r) = runner.run_release(env, [bad, case])
         assert hello["vllm"] == version
         assert r_bad["outcome"] == "assertion_error" and r_bad["phase"] == "setup"
@@ -250,7 +241,7 @@ def test_capture_dumps_the_real_calls_as_case_files(tmp_path):
     from kvbound.spec import case_to_dict, load_cases
     from kvbound.spec.strategies import random_cases
 
-    env = _env("0.33.0")
+    env = release_env_for("0.33.0")
     # v2: partial tails (EAGLE margins too), retained window tokens, a resumed request,
     # a group that is not offloaded, a non-align Mamba group
     v2 = load_cases(DATA / "conform_v2_cases.jsonl") + [c for c, rel, _ in issue9()[1] if rel == "0.33.0"]
@@ -359,7 +350,7 @@ def test_issue9_z3_model_forces_exactly_the_recorded_real_outputs():
 def test_issue9_replayed_on_the_real_releases_gives_the_recording():
     _, recs = issue9()
     for version in ("0.29.0", "0.33.0"):
-        env = _env(version)
+        env = release_env_for(version)
         mine = [(c, r) for c, rel, r in recs if rel == version]
         _, results = runner.run_release(env, [c for c, _ in mine])
         for (c, r), res in zip(mine, results):
@@ -466,7 +457,7 @@ def test_conform_cli_fails_with_a_planted_spec_mutant(tmp_path):
     differing fields named) with a spec mutant planted at runtime."""
     from conftest import kvbound
 
-    _env("0.33.0")
+    release_env_for("0.33.0")
     args = ("conform", "--vllm", "0.33.0", ROOT / "tests" / "cases_v2" / "partial_tail_fa_mamba.json",
             "--no-witnesses")
     ok = kvbound(*args, "--json", tmp_path / "ok.json", timeout=600)
@@ -476,3 +467,25 @@ def test_conform_cli_fails_with_a_planted_spec_mutant(tmp_path):
     assert "differs in: outcome, assertion" in bad.stdout  # the mutant's extra chunk key runs out of keys
     rec = json.loads((tmp_path / "bad.json").read_text())
     assert rec["spec_mutant"] == "partial-tail-chunk" and rec["cases"][0]["verdict"] == "disagree"
+
+
+def test_the_0_30_retained_window_witness_fires_window_bound_on_real_0_30():
+    """safe-load.fixed.0.30's witness (a sliding window with extra_retained_tokens on a table the
+    allocator builds, T a whole number of chunks) replayed on the real 0.30.0 scheduler: its window
+    assert fires, as the spec of 0.30 says; the spec of 0.31 plans it (the window counts retained
+    tokens). A witness the real release planned would fail the obligation's claim to be about 0.30."""
+    from kvbound.proofs.obligations import OBLIGATIONS
+    from kvbound.proofs.runner import run_obligation
+    from kvbound.spec import plan_for_version
+
+    ob = next(o for o in OBLIGATIONS if o.id == "safe-load.fixed.0.30")
+    r = run_obligation(ob)
+    assert r.met and r.replay is None
+    case = r.witness
+    sw = case.groups[0].config
+    assert sw.extra_retained_tokens >= sw.tokens_per_block + 2 and case.num_cached_tokens % sw.tokens_per_block == 0
+    env = release_env_for("0.30.0")
+    _, (real,) = runner.run_release(env, [case])
+    rec = C.judge(case, "0.30.0", real)
+    assert rec["verdict"] == C.AGREE and C.outcome_label(rec) == "window_bound", json.dumps(rec, indent=1)
+    assert plan_for_version(case, "0.31.0").ok

@@ -11,22 +11,14 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
-from kvbound.conform.prepare import is_prepared, prepare_release
+from conftest import ROOT, release_env_for
 
 SCRIPT = ROOT / "scripts" / "repro_0_33_sync_mamba.py"
 VERSION = "0.33.0"
 
 
-def _env():
-    # Like tests/test_trace.py: skip only outside CI; in CI an unprepared release is prepared.
-    if not is_prepared(VERSION) and not os.environ.get("CI"):
-        pytest.skip(f"vllm {VERSION} is not prepared (kvbound conform --vllm {VERSION} prepares it)")
-    return prepare_release(VERSION, None)
-
-
 def _run(*flags) -> dict:
-    env = _env()
+    env = release_env_for(VERSION)
     penv = dict(os.environ, PYTHONPATH=env.tree)
     p = subprocess.run([env.python, str(SCRIPT), "--json", *flags], capture_output=True, text=True,
                        env=penv, timeout=600)

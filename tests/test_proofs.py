@@ -11,9 +11,10 @@ import pytest
 
 from kvbound.cli import main
 from kvbound.proofs import (
-    MUTANTS, OBLIGATIONS, PROVED, REFUTED, UNKNOWN, check_plan, run_obligation, solve_plan, witness_cases,
+    ENCODING_KNOB_MUTANTS, OBLIGATIONS, PROVED, REFUTED, UNKNOWN, check_plan, run_obligation, solve_plan, witness_cases,
 )
-from kvbound.proofs.encoding import Knobs, knobs_for
+from kvbound.proofs.encoding import Code, code_for
+from kvbound.spec import variant_features
 from kvbound.proofs.options import CATALOGUE
 from kvbound.proofs.runner import Report, Result, run_mutants_one
 from kvbound.spec import GroupKind, Variant, case_from_dict, plan_load
@@ -59,7 +60,7 @@ def test_a_witness_the_spec_does_not_reproduce_fails_the_obligation():
 
 
 def test_every_mutant_is_killed():
-    killed = {m: run_mutants_one(m, OPTIONS) for m in MUTANTS}
+    killed = {m: run_mutants_one(m, OPTIONS) for m in ENCODING_KNOB_MUTANTS}
     assert all(killed.values()), [m for m, k in killed.items() if k is None]
 
 
@@ -69,8 +70,13 @@ def witnesses():
 
 
 def test_witness_cases_replay_on_the_spec(witnesses):
+    """Every refuted load obligation's witness is a case the spec replays (the reservation
+    obligations' witnesses are allocate_slots calls: tests/test_reservation.py replays them)."""
+    from kvbound.proofs.reservation import obligations as reservation_obligations
+
     cases = witnesses
-    refuted = [o for o in OBLIGATIONS if o.expected == REFUTED]
+    allocation = {o.id for o in reservation_obligations()}
+    refuted = [o for o in OBLIGATIONS if o.expected == REFUTED and o.id not in allocation]
     assert sorted(c.name for c in cases) == sorted(f"witness-{o.id}" for o in refuted)
     by_name = {c.name: c for c in cases}
     for o in refuted:
@@ -83,7 +89,7 @@ def test_witness_cases_replay_on_the_spec(witnesses):
 
 def test_null_skip_witness_writes_the_null_block_under_start_equals_f(witnesses):
     case = next(c for c in witnesses if c.name == "witness-null-skip-needed")
-    mutant = solve_plan(case, Knobs(no_scan=True))
+    mutant = solve_plan(case, code_for("0.30.0", no_scan=True))
     assert 0 in mutant["dst_block_ids"]
     assert 0 not in plan_load(case, Variant.FIXED).dst_block_ids
 
@@ -139,7 +145,7 @@ def test_check_plan_rejects_the_spec_plans_under_every_mutant():
     for m in TABLE:
         if m.encoding is None:
             continue
-        if not any(check_plan(c, v, p, knobs=dataclasses.replace(knobs_for(v), **m.encoding)).verdict == "not_forced"
+        if not any(check_plan(c, v, p, code=Code(variant_features(v)).mutate(**m.encoding)).verdict == "not_forced"
                    for c, v, p in plans):
             unseen.append(m.name)
     assert unseen == ["floor-f"]
@@ -269,7 +275,7 @@ def test_mutant_table_covers_every_class_and_scores_by_name():
     assert {"scan", "assert", "sync", "keys", "partial-tail", "groups"} <= classes
     assert len({m.name for m in TABLE}) == len(TABLE)
     enc = [m.name for m in applicable("encoding")]
-    assert enc == list(MUTANTS)  # the runner's mutants are the table's encodable ones
+    assert enc == list(ENCODING_KNOB_MUTANTS)  # the runner's mutants are the table's encodable ones
     for m in TABLE:  # a mutant the encoding cannot express says why
         assert (m.encoding is None) == ("encoding" in m.not_for), m.name
     s = score("encoding", {n: ("x" if i else None) for i, n in enumerate(enc)})
@@ -291,9 +297,9 @@ def test_issue9_obligations_each_kill_their_own_mutant(mutant, killers):
     safe-load.* hybrids see some of them too)."""
     from kvbound.proofs.runner import kills
 
-    change = MUTANTS[mutant]
+    change = ENCODING_KNOB_MUTANTS[mutant]
     got = [o.id for o in OBLIGATIONS if o.expected == PROVED and o.mutable and o.bound.groups == 1
-           and kills(o, dataclasses.replace(o.knobs, **change), OPTIONS)]
+           and kills(o, o.code.mutate(**change), OPTIONS)]
     assert got == killers
 
 

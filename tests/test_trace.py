@@ -97,9 +97,69 @@ def test_a_chunk_aligned_boundary_key_is_that_chunks_key():
     assert [f.kind for f in R.check_result("0.33.0", "full", JOB, res)[0]] == ["spec-disagreement"]
 
 
-def test_setup_error_is_a_harness_error_not_a_finding():
-    with pytest.raises(R.TraceError, match="could not be built"):
-        R.check_result("0.33.0", "full", JOB, {"ok": False, "setup_error": "TypeError: x"})
+def test_a_setup_error_is_a_harness_fault_in_kvbound_and_a_crash_in_vllm():
+    """An engine that cannot be built for a layout the release table supports: raised in
+    kvbound's adapter it is harness:setup (never a vLLM finding); raised in vLLM's own
+    validation it is crash:engine_build, a finding to investigate. Neither raises."""
+    got, _ = R.check_result("0.33.0", "full", JOB, {"ok": False, "setup_error": "TypeError: x",
+                                                     "harness_fault": True, "traceback": "tb"})
+    assert [(f.kind, f.finding_class) for f in got] == [("harness:setup", "harness")]
+    assert got[0].detail["traceback"] == "tb"
+    got, _ = R.check_result("0.33.0", "full", JOB, {"ok": False, "setup_error": "AssertionError: y",
+                                                     "harness_fault": False})
+    assert [(f.kind, f.finding_class) for f in got] == [("crash:engine_build", "crash")]
+
+
+def test_a_call_that_is_no_valid_case_is_a_finding_not_a_host_error():
+    bad = json.loads(json.dumps(GOOD))
+    bad["groups"][0]["blocks"] = ["H1", "H2", "U3", "U3"]  # block 3 in two places
+    got, tally = R.check_result("0.33.0", "full", JOB, _res(bad))
+    assert [f.kind for f in got] == ["premise:valid-call"] and tally["cases"] == 1
+
+
+def test_every_layout_declares_its_needs_and_each_need_is_a_release_table_column():
+    from kvbound.spec.vocab import ReleaseFeatures
+    from kvbound.trace.layouts import NEED, NEEDS
+
+    assert set(NEEDS) == set(LAYOUTS)
+    assert {n for ns in NEEDS.values() for n in ns} <= set(NEED)
+    assert all(col in ReleaseFeatures.__dataclass_fields__ for col, _ in NEED.values())
+
+
+@pytest.mark.parametrize("layout,version,why", [
+    ("mamba-block", "0.22.1", "scheduler.py:286"),
+    ("mamba", "0.25.1", "prefix_match_unit"),
+    ("chunked", "0.27.0", "offloading/scheduler.py:118"),
+    ("eagle", "0.28.0", "kv_cache_coordinator.py:682"),
+    ("full-scripted", "0.22.1", "on_schedule_end"),
+    ("swa-sync", "0.32.0", "sync_load_budget_bytes"),
+])
+def test_a_layout_the_release_cannot_run_is_one_line_with_the_vllm_lines(layout, version, why):
+    from kvbound.trace.layouts import layout_support
+
+    line = layout_support(layout, version)
+    assert line and why in line and "\n" not in line and line.startswith(f"vllm {version} cannot run")
+
+
+def test_every_layout_runs_on_033_and_the_first_supporting_release_of_each_need():
+    from kvbound.trace.layouts import layout_support
+
+    assert all(layout_support(name, "0.33.0") is None for name in LAYOUTS)
+    assert layout_support("mamba-block", "0.23.0") is None and layout_support("mamba", "0.26.0") is None
+    assert layout_support("chunked", "0.28.0") is None and layout_support("eagle", "0.29.0") is None
+    assert [n for n in LAYOUTS if layout_support(n, "0.21.0") is None] == ["full", "swa", "bpc2"]
+
+
+def test_run_trace_skips_an_unsupported_layout_before_starting_an_engine():
+    from kvbound.errors import LayoutUnsupported
+
+    class _NoWorker:
+        def job(self, job):
+            raise AssertionError("no job may run")
+
+    env = R.ReleaseEnv("0.25.1", "python", None)
+    with pytest.raises(LayoutUnsupported, match="prefix_match_unit"):
+        R.run_trace(env, ["mamba"], 10, worker=_NoWorker())
 
 
 # --- shrinking: ddmin finds the two requests that together make the finding -------------

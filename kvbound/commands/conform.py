@@ -18,6 +18,7 @@ from kvbound.draw import draw_case
 from kvbound.spec.strategies import ADVERSARIAL_FAMILIES
 from kvbound.records import ConformCase, ConformRecord
 from kvbound.spec import Case, case_to_dict, load_case_paths, plan_for_version, variant_for_version
+from kvbound.spec.lookup import LookupCase, lookup_case_to_dict
 from kvbound.spec.verdicts import CONFORM_VERDICTS
 
 
@@ -40,6 +41,10 @@ def register(sub):
     p.add_argument("--family", action="append", metavar="F", default=[],
                    help="a generator family (kvbound.spec.strategies.ALL_FAMILIES; repeatable);"
                    " default: every family")
+    p.add_argument("--lookup-cases", type=int, default=0, metavar="N",
+                   help="also replay N generated lookup cases of each lookup family"
+                   " (kvbound.spec.lookup_strategies: lookup/full, lookup/swa, lookup/mamba, lookup/eagle) on"
+                   " the real get_num_new_matched_tokens")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the generated cases")
     p.add_argument("--no-witnesses", action="store_true", help="skip the replay of kvbound prove's witnesses")
     p.add_argument("--json", metavar="FILE", help="write every case's record, the matrix and the releases")
@@ -66,7 +71,10 @@ def gather(args) -> list[tuple[Case, str, str]]:
     if args.paths:
         from kvbound.spec.strategies import family_of
 
-        items += [(c, "file", family_of(c)) for c in load_case_paths(args.paths)]
+        from kvbound.spec.lookup import LookupCase, load_any_case_paths
+
+        items += [(c, "file", "lookup" if isinstance(c, LookupCase) else family_of(c))
+                  for c in load_any_case_paths(args.paths)]
     if args.cases:
         if args.cases < 0:
             raise UsageError("--cases must be >= 0")
@@ -78,6 +86,13 @@ def gather(args) -> list[tuple[Case, str, str]]:
             raise UsageError(f"--family {bad[0]!r} is not a generator family; one of {', '.join(ALL_FAMILIES)}")
         for fam in families:  # each family from its own seed stream: adding one changes no other
             items += [(c, "generated", fam) for c in random_cases(args.cases, args.seed, family=fam)]
+    if getattr(args, "lookup_cases", 0):
+        if args.lookup_cases < 0:
+            raise UsageError("--lookup-cases must be >= 0")
+        from kvbound.spec.lookup_strategies import LOOKUP_FAMILIES, random_lookup_cases
+
+        for fam in LOOKUP_FAMILIES:
+            items += [(c, "generated", fam) for c in random_lookup_cases(args.lookup_cases, args.seed, fam)]
     return items
 
 
@@ -109,6 +124,12 @@ def run(args) -> int:
         version = env.version
         hellos[version] = dict(hello, seconds=round(time.monotonic() - t0, 1))
         for (case, origin, fam), res in zip(items, results):
+            if isinstance(case, LookupCase):  # the lookup: get_num_new_matched_tokens
+                rec = C.judge_lookup(case, version, res)
+                rec.update(origin=origin, family=fam, row=fam, case=lookup_case_to_dict(case),
+                           worker={k: v for k, v in res.items() if k not in ("traceback", "id")})
+                records.append(rec)
+                continue
             if args.spec_mutant:
                 with MUT.applied(args.spec_mutant):
                     rec = C.judge(case, version, res)
@@ -200,6 +221,10 @@ def _print_disagreements(items, records, show_adversarial: int) -> None:
         print(f"\n-- {r['verdict']}: {r['name']} on vllm {r['release']} ({r['variant']}), row {r['row']}")
         if r["verdict"] == C.FAULT:
             print(r["fault"])
+            continue
+        if isinstance(case, LookupCase):
+            print(f"  differs in: {', '.join(r['diff'])}\n  real: {json.dumps(r['real'])}\n"
+                  f"  spec: {json.dumps(r['spec'])}\n  case: {json.dumps(lookup_case_to_dict(case))}")
             continue
         plan = plan_for_version(case, r["release"])
         print(draw_case(case, plans={plan.variant: plan}, legend=False))

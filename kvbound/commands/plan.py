@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from kvbound.spec import Variant, load_case_paths, plan_for_version, plan_load
+from kvbound.spec import Variant, plan_for_version, plan_load
+from kvbound.spec.lookup import LookupCase, load_any_case_paths, lookup_for_version
 
 from . import add_variant_args, selected_variants
 
@@ -17,7 +18,10 @@ def register(sub):
         "JSON line per case: name, outcome (ok, assertion_error or unsupported, with a reason), assertion, "
         "dst_block_ids, group_sizes, block_indices, keys ([group_idx, chunk_idx]; a partial tail's "
         "[group_idx, \"boundary\", key_tokens]). --vllm-version X plans as that release (scan, asserts, "
-        "case-format-v2 features); --variant V as its last release (legacy 0.29, fixed 0.32, fixed-sync 0.33).",
+        "case-format-v2 features); --variant V as its last release (legacy 0.29, fixed 0.32, fixed-sync 0.33). "
+        "A lookup case (docs/case-format.md, \"Lookup cases\") prints get_num_new_matched_tokens' answer instead: "
+        "hit (tokens; null = deferred), partial_tail_boundary and the keys asked, as --vllm-version X "
+        "(default: the release it was captured on, else 0.33.0).",
     )
     p.add_argument("cases", nargs="+", metavar="CASE", help="case file (.json, .jsonl) or directory")
     add_variant_args(p)
@@ -27,7 +31,13 @@ def register(sub):
 
 def run(args) -> int:
     (variant,) = selected_variants(args, default=(Variant.FIXED_SYNC,))
-    for case in load_case_paths(args.cases):
+    for case in load_any_case_paths(args.cases):
+        if isinstance(case, LookupCase):
+            version = args.vllm_version or case.release or "0.33.0"
+            line = lookup_for_version(case, version).to_json(case.name)
+            line["vllm_version"] = version
+            print(json.dumps(line), flush=True)
+            continue
         if args.vllm_version:  # that release's scan and its window/keys asserts
             plan = plan_for_version(case, args.vllm_version)
         else:

@@ -12,7 +12,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 
-from kvbound.draw import draw_case
+from kvbound.draw import draw_witness
 from kvbound.errors import UsageError
 from kvbound.proofs.mutants import score as mutation_score
 from kvbound.records import ObligationRecord, ProveRecord
@@ -59,10 +59,13 @@ def run(args) -> int:
     total, cpu = time.perf_counter() - t0, _cpu() - cpu0
 
     width = max(len(r.obligation.id) for r in report.results)
-    print(f"{'obligation':{width}s}  {'expected':8s}  {'verdict':8s}  {'met':4s}  {'seconds':>7s}  bound")
+    rw = max(len(_releases(r.obligation)) for r in report.results)
+    print(f"{'obligation':{width}s}  {'expected':8s}  {'verdict':8s}  {'met':4s}  {'seconds':>7s}  "
+          f"{'releases':{rw}s}  bound")
     for r in report.results:
         print(f"{r.obligation.id:{width}s}  {r.obligation.expected:8s}  {r.verdict:8s}  "
-              f"{'yes' if r.met else 'NO':4s}  {r.seconds:7.2f}  {r.obligation.bound.text()}")
+              f"{'yes' if r.met else 'NO':4s}  {r.seconds:7.2f}  {_releases(r.obligation):{rw}s}  "
+              f"{r.obligation.bound.text()}")
     for r in report.results:
         problem = _problem(r)
         if r.witness is not None:
@@ -70,7 +73,7 @@ def run(args) -> int:
             print(f"witness for {r.obligation.id}: {r.obligation.statement}")
             if problem:
                 print(f"  !! {problem}")
-            print(draw_case(r.witness))
+            print(draw_witness(r.witness))
             if r.obligation.about is not None:
                 plan = solve_plan(r.witness, r.obligation.about)
                 print(f"  the variant under test ({_knobs_text(r.obligation.about)}), as encoded, gives: {plan}")
@@ -101,6 +104,11 @@ def run(args) -> int:
     return 0 if report.ok else 1
 
 
+def _releases(o) -> str:
+    """The release range, short (the obligation's text may say more after it)."""
+    return (o.release_range or "—").split(" (")[0].replace(" – ", "–")
+
+
 def _cpu() -> float:
     """CPU seconds of this process and its finished workers (the wall time depends on the machine's load)."""
     import resource
@@ -109,14 +117,15 @@ def _cpu() -> float:
                for f in ("ru_utime", "ru_stime"))
 
 
-def _knobs_text(knobs) -> str:
+def _knobs_text(code) -> str:
+    """A code as text: its release, and the mutations planted in it."""
     from dataclasses import fields
 
     from kvbound.proofs.encoding import Knobs
 
-    base = Knobs()
-    return ", ".join(f"{f.name}={getattr(knobs, f.name)}" for f in fields(knobs)
-                     if getattr(knobs, f.name) != getattr(base, f.name))
+    base, knobs = Knobs(), code.knobs
+    planted = [f"{f.name}={getattr(knobs, f.name)}" for f in fields(knobs) if getattr(knobs, f.name) != getattr(base, f.name)]
+    return ", ".join([f"vLLM {code.release.release}", *planted])
 
 
 def _problem(r) -> str:

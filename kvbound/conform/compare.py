@@ -304,3 +304,54 @@ def render_matrix(m: dict, releases: list[str]) -> str:
         out.append("  ".join([f"{row:<{w0}}"] + [f"{c:<{w}}" for c, w in zip(line, widths)]).rstrip())
     return "\n".join(out)
 
+
+
+# --- lookup cases (spec/lookup.py; docs/case-format.md, "Lookup cases") -------------------
+
+def judge_lookup(case, release: str, result: dict) -> dict:
+    """A lookup case's record: the real ``get_num_new_matched_tokens`` against the spec of
+    ``release`` on the case as the release configured it (its own group order, Mamba
+    alignment, partial-tail block and EAGLE margins, read back from the built scheduler;
+    the windows must be the case's, else a config mismatch)."""
+    from dataclasses import replace
+
+    from kvbound.spec.lookup import get_num_new_matched_tokens
+
+    feats = release_features(release)
+    rec = {"name": case.name, "release": release, "variant": feats.variant.value}
+    outcome = result.get("outcome")
+    if outcome == "unsupported":
+        rec.update(verdict=UNSUPPORTED, why=result.get("why"), real={"outcome": "unsupported"},
+                   spec={"outcome": "unsupported"})
+        return rec
+    if outcome != "ok":
+        rec.update(verdict=FAULT, real=result, fault=_fault_text(result), spec={})
+        return rec
+    rc = result.get("real_config") or {}
+    diff = []
+    mismatch = {}
+    if rc.get("windows") is not None and [g.window for g in case.groups] != rc["windows"]:
+        mismatch["windows"] = {"case": [g.window for g in case.groups], "real": rc["windows"]}
+    if rc.get("tokens_per_chunk") and [g.tokens_per_chunk for g in case.groups] != rc["tokens_per_chunk"]:
+        mismatch["tokens_per_chunk"] = {"case": [g.tokens_per_chunk for g in case.groups],
+                                        "real": rc["tokens_per_chunk"]}
+    as_built = replace(case, lookup_groups=tuple(rc.get("lookup_groups") or case.lookup_groups),
+                       mamba_align_size=rc.get("mamba_align_size"),
+                       partial_tail_block_size=int(rc.get("partial_tail_block_size") or 0),
+                       eagle_proof_margins={int(k): int(v) for k, v in (rc.get("eagle_proof_margins") or {}).items()})
+    spec = get_num_new_matched_tokens(as_built, feats)
+    real = {"outcome": "ok", "hit": result.get("hit"), "partial_tail_boundary": result.get("partial_tail_boundary"),
+            "queries": result.get("queries")}
+    rec.update(real=real, spec=spec.to_json())
+    if spec.unsupported:
+        rec.update(verdict=UNSUPPORTED, why=spec.unsupported)
+        return rec
+    for f in ("hit", "partial_tail_boundary", "queries"):
+        if real[f] != rec["spec"][f]:
+            diff.append(f)
+    if mismatch:
+        rec["config_mismatch"] = mismatch
+        diff.append("config")
+    rec["diff"] = diff
+    rec["verdict"] = DISAGREE if diff else AGREE
+    return rec

@@ -144,7 +144,7 @@ def run_release(env: ReleaseEnv, cases: list, progress=None) -> tuple[dict, list
             if not w.alive:
                 w = Worker(env)
                 w.start()
-            res = w.run(i, case_to_dict(case))
+            res = w.run(i, _case_dict(case))
             crashes = crashes + 1 if res.get("outcome") in ("worker_crash", "worker_timeout") else 0
             out.append(res)
             if progress and (i + 1) % step == 0 and i + 1 < len(cases):
@@ -152,6 +152,12 @@ def run_release(env: ReleaseEnv, cases: list, progress=None) -> tuple[dict, list
     finally:
         w.stop()
     return hello, out
+
+
+def _case_dict(case) -> dict:
+    from kvbound.spec.lookup import LookupCase, lookup_case_to_dict
+
+    return lookup_case_to_dict(case) if isinstance(case, LookupCase) else case_to_dict(case)
 
 
 def current_env() -> ReleaseEnv:

@@ -179,6 +179,8 @@ class Release:
         return out
 
     def _run_case(self, case, out):
+        if "lookup" in case and "groups" not in case:
+            return self._run_lookup_case(case["lookup"], out)
         N, M = case["num_locally_computed_tokens"], case["num_external_tokens"]
         T = N + M
         tph = case["tokens_per_hash"]
@@ -286,6 +288,107 @@ class Release:
             keys=[manager.describe(k) for k in loaded],
         )
         return out
+
+
+    # -- one lookup case (docs/case-format.md, "Lookup cases") -------------------------------
+    def _run_lookup_case(self, lk, out):
+        """The real ``get_num_new_matched_tokens`` of a fresh request against a tier that
+        answers the case's answers per key, in the order asked; reports the hit, the
+        recorded partial-tail boundary, the keys asked and the config the release built."""
+        tph = lk["tokens_per_hash"]
+        groups = []
+        for g in lk["groups"]:
+            d = {"kind": g["kind"], "tokens_per_block": g["tokens_per_chunk"], "blocks": ["U1"]}
+            if g["kind"] == "sliding_window":
+                d["sliding_window"] = g["sliding_window"]
+                if g.get("extra_retained_tokens"):
+                    d[EXTRA_RETAINED] = g["extra_retained_tokens"]
+            if g.get("eagle"):
+                d[EAGLE] = True
+            groups.append(d)
+        shim = {"blocks_per_chunk": 1, "tokens_per_hash": tph, "groups": groups}
+        missing = self.missing_features(shim)
+        if missing:
+            out.update(outcome="unsupported", phase="features", why=missing)
+            return out
+        specs = [self.group_spec(g) for g in groups]
+        kv_cache_config = self.kv_cache_config(shim, specs)
+        manager = _lookup_tier_class(self.base)(lk["tier"])
+        spec = self.fake_spec_cls(self.offloading_config(specs, shim, {}), manager)
+        sched = self.scheduler.OffloadingConnectorScheduler(spec, self.vllm_config(specs[0].block_size),
+                                                            kv_cache_config)
+        cfg = sched.config
+        gcs = list(cfg.kv_group_configs)
+        P, num_tokens = lk["num_prompt_tokens"], lk["num_tokens"]
+        req = self.Request(
+            request_id="kvbound-lookup", prompt_token_ids=list(range(P)),
+            sampling_params=self.SamplingParams(max_tokens=max(1, num_tokens - P + 1)),
+            pooling_params=None, block_hasher=self.kcu.get_request_block_hasher(tph, self.sha256))
+        if num_tokens > P:
+            req.append_output_token_ids(list(range(P, num_tokens)))
+        tpcs = [_attr(gc, "tokens_per_chunk", "offloaded_block_size") for gc in gcs]
+        manager.name_keys(req, [(getattr(gc, "group_idx", i), tpcs[i] // tph) for i, gc in enumerate(gcs)], tph)
+        out["phase"] = "lookup"
+        if hasattr(sched, "on_new_request"):
+            sched.on_new_request(req)
+        hit, _ = sched.get_num_new_matched_tokens(req, lk["num_computed_tokens"])
+        status = getattr(sched, "_req_status", {}).get(req.request_id)
+        out.update(
+            outcome="ok", phase="done", hit=hit, queries=manager.queries,
+            partial_tail_boundary=getattr(status, "partial_tail_boundary", None),
+            real_config={
+                "lookup_groups": list(getattr(sched, "_lookup_groups", ())),
+                "windows": [_attr(gc, "sliding_window_size_in_chunks", "sliding_window_size_in_blocks")
+                            for gc in gcs],
+                "tokens_per_chunk": tpcs,
+                "mamba_align_size": getattr(sched, "_mamba_align_size", None),
+                "partial_tail_block_size": int(getattr(sched, "_partial_tail_block_size", 0) or 0)
+                if getattr(cfg, "supports_partial_tail", False) else 0,
+                "eagle_proof_margins": {str(k): v for k, v in getattr(sched, "_eagle_proof_margins", {}).items()},
+            })
+        return out
+
+
+def _attr(obj, *names):
+    for n in names:
+        if hasattr(obj, n):
+            return getattr(obj, n)
+    raise AttributeError("none of %s on %s" % (names, type(obj).__name__))
+
+
+def _lookup_tier_class(base):
+    """A tier that answers a lookup case's answers: the n-th ask of a key gets its n-th
+    answer (the last again after that); an unnamed key is a MISS. 0.21-0.24 tiers answer
+    True / None (pending) / False."""
+    LR = getattr(base, "LookupResult", None)
+    fake = _fake_manager_class(base)
+
+    def __init__(self, tier):
+        fake.__init__(self)
+        self.tier, self.asked, self.queries, self.names = tier, {}, [], {}
+
+    def name_keys(self, req, groups, tph):
+        hashes = list(req.block_hashes)
+        for gi, hpc in groups:
+            for j in range(len(hashes) // hpc):
+                self.names.setdefault(base.make_offload_key(hashes[(j + 1) * hpc - 1], gi), "%d:%d" % (gi, j))
+        for gi, _ in groups:
+            for i, h in enumerate(hashes):
+                self.names.setdefault(base.make_offload_key(h, gi), "%d:b:%d" % (gi, (i + 1) * tph))
+
+    def lookup(self, key, req_context=None):
+        name = self.names.get(key, "unknown")
+        self.queries.append(name)
+        got = self.tier.get(name) or ["MISS"]
+        n = self.asked.get(name, 0)
+        self.asked[name] = n + 1
+        a = got[min(n, len(got) - 1)]
+        if LR is None:
+            return {"HIT": True, "HIT_PENDING": None}.get(a, False)
+        return getattr(LR, a)
+
+    return type("KvboundLookupCaseTier", (fake,), {"__init__": __init__, "name_keys": name_keys,
+                                                   "lookup": lookup})
 
 
 # Case fields this adapter reads beyond v1 (case format v2, docs/case-format.md).

@@ -30,7 +30,8 @@ class LifecycleChecks:
         mgr = cs.manager
         orig_prepare_load = mgr.prepare_load
         orig_mgr_lookup = mgr.lookup
-        hit = eng.rel.obase.LookupResult.HIT
+        lr = getattr(eng.rel.obase, "LookupResult", None)
+        hit = lr.HIT if lr is not None else True  # before 0.25 lookup answers True (0.24.0 base.py:162)
 
         def _rid(a, k):
             ctx = a[0] if a else k.get("req_context")

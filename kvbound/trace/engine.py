@@ -22,7 +22,7 @@ import tempfile
 
 import kvbound_sidecar as sidecar
 
-from . import checks, fakes, shadow
+from . import checks, fakes, lookups, shadow
 
 
 class Release:
@@ -144,7 +144,7 @@ class Release:
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
         if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
             extra["offload_prompt_only"] = bool(par["offload_prompt_only"])
-        script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p") if par.get(k)}
+        script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p", "stall_p") if par.get(k)}
         if par.get("mutant") == "evict_at_lookup":  # planted: the tier evicts what it just answered HIT
             script["evict_at_lookup"] = True
         if script:  # the scripted tier, through vLLM's spec factory (out-of-tree path)
@@ -231,6 +231,7 @@ class Engine:
         self.accept_p = sp.get("accept_p", 0.7) if sp else 0.0
         self.model_runner = fakes.FakeModelRunner(self, self.num_spec, self.accept_p)
         self.checks = checks.LifecycleChecks(self)
+        self.lookup_capture = lookups.LookupCapture(self)
         self.last_lookup = {}
         self.loaded_keys = []
         self.step_no = 0
@@ -252,7 +253,7 @@ class Engine:
         orig_lookup = cs.get_num_new_matched_tokens
 
         def get_num_new_matched_tokens(request, num_computed_tokens, *a, **k):
-            res = orig_lookup(request, num_computed_tokens, *a, **k)
+            res = eng.lookup_capture.call(orig_lookup, request, num_computed_tokens, a, k)
             eng.stats["lookups"] += 1
             eng.last_lookup[request.request_id] = (num_computed_tokens, res)
             return res
@@ -288,7 +289,9 @@ class Engine:
                 res["keys"] = eng.describe_keys(request, keys[-1]) if keys else []
                 if jobs:
                     (job,) = jobs.values()
-                    dst = job.dst_spec
+                    # a TransferJob names its (src, dst) pair as transfer_spec before 0.25
+                    # (0.24.0 offloading/common.py:63) and dst_spec since: probed by feature
+                    dst = job.dst_spec if hasattr(job, "dst_spec") else job.transfer_spec[1]
                     ids = [int(x) for x in dst.block_ids]
                     if eng.mutant == "dst_off_by_one":  # planted defect: tests show the checks see it
                         ids = [i + 1 for i in ids]
@@ -308,6 +311,7 @@ class Engine:
         cs.get_num_new_matched_tokens = get_num_new_matched_tokens
         cs.update_state_after_alloc = update_state_after_alloc
         self.checks.install()
+        self.lookup_capture.install()
 
     def call_context(self, request):
         """What the lookup answered for this request, beside the captured case."""
@@ -398,6 +402,9 @@ class Engine:
                 self.stats["requests"] += 1
                 if r.get("abort_after") is not None:
                     aborts.setdefault(s + r["abort_after"], []).append(str(r["id"]))
+            for rid in self.lookup_capture.take_aborts():  # liveness:stuck_request, reported
+                if rid in sched.requests:
+                    sched.finish_requests(rid, self.rel.RequestStatus.FINISHED_ABORTED)
             for rid in aborts.pop(s, ()):
                 if rid in sched.requests:
                     sched.finish_requests(rid, self.rel.RequestStatus.FINISHED_ABORTED)

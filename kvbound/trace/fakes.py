@@ -57,7 +57,9 @@ def install_scripted_tier(obase):
         return
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-    LR = obase.LookupResult
+    # 0.25 made lookup answer a LookupResult (0.25.1 v1/kv_offload/base.py:56-62); before, it
+    # answers True/False, or None for "retry later" (0.24.0 v1/kv_offload/base.py:162-176).
+    LR = getattr(obase, "LookupResult", None) or _BoolLookup
 
     class KvboundScriptedSpec(CPUOffloadingSpec):
         def get_manager(self):
@@ -71,6 +73,13 @@ def install_scripted_tier(obase):
     sys.modules[TIER_MODULE] = mod
 
 
+class _BoolLookup:
+    """The pre-0.25 lookup answers under LookupResult's names: pending and retry are both
+    None ("the lookup should be retried later")."""
+
+    MISS, HIT, HIT_PENDING, RETRY = False, True, None, None
+
+
 def _script_manager(m, script, LR):
     rng = random.Random(script.get("seed", 0))
     pending_p, retry_p, evict_p = (float(script.get(k, 0.0)) for k in ("pending_p", "retry_p", "evict_p"))
@@ -80,6 +89,13 @@ def _script_manager(m, script, LR):
     delayed = set()  # (request id, key) answered PENDING/RETRY once already
     hit_now = []
     orig_lookup, orig_end = m.lookup, m.on_schedule_end
+    # The CPU tier counted "blocks" before 0.30 and "chunks" since (0.29.0
+    # v1/kv_offload/cpu/manager.py:61,96 _num_evictable_cache_blocks/_free_block; 0.30.0
+    # manager.py:61,96 _num_evictable_cache_chunks/_free_chunk), and kept no such count before
+    # 0.24 (0.23.0 cpu/policies/lru.py:42-55 scans ref_cnt): probed by feature.
+    evictable = next((a for a in ("_num_evictable_cache_chunks", "_num_evictable_cache_blocks")
+                      if hasattr(m, a)), None)
+    free = getattr(m, "_free_chunk", None) or m._free_block
 
     def evict(keys):
         evicted = []
@@ -88,8 +104,9 @@ def _script_manager(m, script, LR):
             if chunk is None or not chunk.is_ready or chunk.ref_cnt != 0:
                 continue
             m._policy.remove(key)
-            m._num_evictable_cache_chunks -= 1
-            m._free_chunk(chunk)
+            if evictable is not None:
+                setattr(m, evictable, getattr(m, evictable) - 1)
+            free(chunk)
             evicted.append(key)
         if evicted:
             m.kvbound_evicted.extend(evicted)
@@ -116,12 +133,40 @@ def _script_manager(m, script, LR):
                     return LR.RETRY
         return r
 
-    def on_schedule_end(context):
-        orig_end(context)
+    def on_schedule_end(*context):  # no ScheduleEndContext before 0.25 (0.24.0 base.py:305)
+        orig_end(*context)
         evict([key for key in hit_now if rng.random() < evict_p])
         del hit_now[:]
 
     m.lookup, m.on_schedule_end = lookup, on_schedule_end
+    _script_stalled_writes(m, script)
+
+
+def _script_stalled_writes(m, script):
+    """``stall_p``: a store the transfer engine completed is, with this probability per
+    key, never made readable by the tier (its write stalls: the key answers HIT_PENDING
+    for as long as the engine runs). Its own seeded stream, so adding it leaves the
+    other answers of a script as they were."""
+    stall_p = float(script.get("stall_p", 0.0))
+    m.kvbound_stalled = []
+    m.kvbound_stalled_names = lambda: list(range(len(m.kvbound_stalled)))
+    if not stall_p:
+        return
+    rng = random.Random("stall-%s" % script.get("seed", 0))
+    orig = m.complete_store
+
+    def complete_store(keys, *a, **k):
+        success = k.get("success", a[-1] if a and isinstance(a[-1], bool) else True)
+        keys = list(keys)
+        if success:
+            stalled = [key for key in keys if rng.random() < stall_p]
+            if stalled:
+                m.kvbound_stalled.extend(stalled)
+                m.kvbound_counts["stalled"] = m.kvbound_counts.get("stalled", 0) + len(stalled)
+                keys = [key for key in keys if key not in stalled]
+        return orig(keys, *a, **k)
+
+    m.complete_store = complete_store
 
 
 def _evict_event(m, keys):
@@ -132,7 +177,16 @@ def _evict_event(m, keys):
 
 
 def fake_transfer_engine_class(obase):
-    class KvboundFakeTransferEngine(obase.OffloadingWorker):
+    base = getattr(obase, "OffloadingWorker", None)
+    if base is None:
+        # Before 0.25 the connector's worker side owns a concrete OffloadingWorker that routes
+        # ``transfer_async(job_id, (src, dst))`` to handlers by medium (0.24.0
+        # v1/kv_offload/worker/worker.py:77-140; offloading/worker.py:39,273-297); 0.25 made it
+        # the abstract ``base.OffloadingWorker`` with submit_store/submit_load (0.25.1
+        # v1/kv_offload/base.py:459). Probed by feature, not by release.
+        return _legacy_fake_transfer_engine_class(obase)
+
+    class KvboundFakeTransferEngine(base):
         """A job finishes ``delay`` steps after submission (0..max_delay), a load fails with
         probability ``fail_p`` (``TransferResult(success=False)``, the worker API's report).
         With shadow KV on (``eng.shadow``) it moves content: each job copies its blocks at a
@@ -188,6 +242,53 @@ def fake_transfer_engine_class(obase):
             sh = self._shadow()
             if sh is not None:
                 sh.flush(job_ids)
+            for j in job_ids:
+                if j in self.pending:
+                    self.pending[j][0] = 0
+
+    return KvboundFakeTransferEngine
+
+
+def _legacy_fake_transfer_engine_class(obase):
+    """The same fake for the pre-0.25 API: one ``transfer_async(job_id, (src, dst))``, a load
+    when the destination is the GPU (``GPULoadStoreSpec.medium()``); results are the
+    release's own ``TransferResult``; those releases assert every transfer succeeded
+    (0.24.0 offloading/worker.py:309 ``assert transfer_result.success``), so ``fail_p`` is
+    honoured only where the connector handles failures."""
+    from vllm.v1.kv_offload.worker import worker as w0
+
+    class KvboundFakeTransferEngine(w0.OffloadingWorker):
+        def __init__(self, rng, max_delay, fail_p, eng):
+            super().__init__()
+            self.rng, self.max_delay, self.fail_p, self.eng = rng, max_delay, fail_p, eng
+            self.pending = {}
+            self.submitted = {}
+
+        def transfer_async(self, job_id, spec):
+            src, dst = spec
+            if dst.medium() == obase.GPULoadStoreSpec.medium():  # CPU -> GPU: a load
+                ok = self.rng.random() >= self.fail_p
+                self.pending[job_id] = [self.rng.randint(0, self.max_delay), ok, "load"]
+                self.submitted[job_id] = "load"
+                self.eng.on_submit("load", job_id, dst)
+            else:
+                if self.eng.mutant != "lost_store":
+                    self.pending[job_id] = [self.rng.randint(0, self.max_delay), True, "store"]
+                self.submitted[job_id] = "store"
+                self.eng.on_submit("store", job_id, src)
+            return True
+
+        def get_finished(self):
+            done = []
+            for j, v in list(self.pending.items()):
+                if v[0] <= 0:
+                    done.append(w0.TransferResult(job_id=j, success=v[1]))
+                    del self.pending[j]
+                else:
+                    v[0] -= 1
+            return done
+
+        def wait(self, job_ids):
             for j in job_ids:
                 if j in self.pending:
                     self.pending[j][0] = 0

@@ -61,6 +61,12 @@ LAYOUTS = {
     "mamba-eagle-scripted": {"groups": [_g(FA, 64), _g(MAMBA, 64), _g(FA, 64, eagle=True)],
                              "blocks_per_chunk": 1, "prefix_match_unit": 16,
                              "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+    # The scripted tier beside a sliding window of 4 chunks (the lookup's sliding-window
+    # scan meets HIT_PENDING/RETRY answers right of gaps the evictions leave).
+    "swa-scripted": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 1},
+    # The scripted tier whose writes sometimes never complete (stall_p): a key stays
+    # HIT_PENDING for as long as the engine runs.
+    "full-stalled": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
     # offload_prompt_only=False (kv_connector_extra_config, read by OffloadingSpec,
     # v1/kv_offload/base.py): decoded tokens are offloaded too, up to the finished
     # request's token horizon (0.26-0.29: num_tokens; 0.30+: clamped to num_tokens - 1).
@@ -88,6 +94,8 @@ ENGINE = {
     "full-scripted": dict(_BASE, pending_p=0.05, retry_p=0.02, evict_p=0.1),
     "mamba-eagle-scripted": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512,
                                  pending_p=0.05, retry_p=0.02, evict_p=0.1),
+    "swa-scripted": dict(_BASE, pending_p=0.1, retry_p=0.02, evict_p=0.15),
+    "full-stalled": dict(_BASE, stall_p=0.05),
     "mamba-eagle-untagged": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba-eagle": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512),
     "swa-sync": dict(_BASE, sync_load_budget_bytes=1 << 16),
@@ -106,3 +114,59 @@ def max_prompt_tokens(layout: dict, engine: dict) -> int:
     b = max(block_sizes(layout))
     n_groups = len(layout["groups"])
     return max(b, (engine["num_gpu_blocks"] - 1) // n_groups * b // 2)
+
+
+# What each layout needs of a release's engine, by name; NEED says which column of the one
+# release table (spec.versions.RELEASES) holds it and why a release without it cannot run
+# the layout (the vLLM lines). A layout with no entry needs only the offloading connector.
+NEED = {
+    "mamba_external_kv": ("mamba_external_kv", "the scheduler refuses connector tokens for Mamba groups"
+                          " (0.22.1 v1/core/sched/scheduler.py:286 `assert num_external_computed_tokens == 0`,"
+                          " \"External KV connector is not verified yet\"; gone in 0.23)"),
+    "schedule_end_hook": ("schedule_end_hook", "the scripted tier evicts at OffloadingManager.on_schedule_end,"
+                          " which arrived in 0.23 (0.23.0 v1/kv_offload/base.py:260)"),
+    "prefix_match_unit": ("prefix_match_unit", "hashing every 16 tokens below the block size needs"
+                          " CacheConfig.prefix_match_unit (0.26.0 vllm/config/cache.py:56; earlier"
+                          " CacheConfigs refuse the keyword)"),
+    "chunked_local_offload": ("chunked_local_offload", "the connector offloads only full-attention,"
+                              " sliding-window and Mamba groups (0.27.0 offloading/scheduler.py:118"
+                              " `assert isinstance(kv_cache_spec, FullAttentionSpec)`; chunked local"
+                              " attention arrived in 0.28.0 offloading/scheduler.py:116)"),
+    "single_attention_hybrid": ("single_attention_hybrid", "an EAGLE group with the target's attention"
+                                " spec leaves one attention group, which HybridKVCacheCoordinator refuses"
+                                " (0.28.0 v1/core/kv_cache_coordinator.py:682 \"requires at least two"
+                                " attention groups\"; gone in 0.29)"),
+    "sync_loads": ("variant", "sync loads (kv_connector_extra_config sync_load_budget_bytes) arrived in"
+                   " 0.33 (0.33.0 offloading/scheduler.py:168,323)"),
+}
+_MAMBA = ("mamba_external_kv",)
+_MAMBA16 = _MAMBA + ("prefix_match_unit",)
+NEEDS = {
+    "full": (), "swa": (), "bpc2": (),
+    "chunked": ("chunked_local_offload",),
+    "mamba": _MAMBA16, "mamba-block": _MAMBA, "mamba528": _MAMBA16,
+    "swa-sync": ("sync_loads",), "mamba-sync": _MAMBA16 + ("sync_loads",),
+    "mamba-block-sync": _MAMBA + ("sync_loads",),
+    "eagle": ("single_attention_hybrid",),
+    "mamba-eagle": _MAMBA16, "mamba-eagle-untagged": _MAMBA16,
+    "full-scripted": ("schedule_end_hook",),
+    "mamba-eagle-scripted": _MAMBA16 + ("schedule_end_hook",),
+}
+
+
+def layout_support(layout_name: str, version: str) -> str | None:
+    """None when vLLM ``version`` can run ``layout_name``; else one line saying why not,
+    with the vLLM lines (read from the release table's row for ``version``)."""
+    from kvbound.spec import release_features
+    from kvbound.spec.vocab import Variant
+
+    feats = release_features(version)
+    missing = []
+    for need in NEEDS.get(layout_name, ()):
+        column, why = NEED[need]
+        have = feats.variant is Variant.FIXED_SYNC if column == "variant" else getattr(feats, column)
+        if not have:
+            missing.append(why)
+    if not missing:
+        return None
+    return f"vllm {version} cannot run layout {layout_name}: " + "; ".join(missing)

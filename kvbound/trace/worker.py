@@ -50,6 +50,7 @@ def run_job(rel, job):
     counts = getattr(eng.csched.manager, "kvbound_counts", None)
     if counts:
         eng.stats.update(("tier_" + k, v) for k, v in counts.items())
+    res["lookups"] = eng.lookup_capture.lookups
     if getattr(eng, "store_calls", None) is not None:  # shadow.py: judged by spec/store.py on the host
         res["store_calls"] = eng.store_calls
     res.update(stats=eng.stats, cases=eng.cases, violations=eng.violations,
@@ -62,6 +63,7 @@ def handle(rel, msg):
         return run_job(rel, msg["job"])
     except Exception as e:  # noqa: BLE001 - the engine could not be built
         return {"ok": False, "setup_error": "%s: %s" % (type(e).__name__, e),
+                "assert_site": sidecar.assert_site(e),
                 "traceback": sidecar.portable_traceback(e), "harness_fault": sidecar.raised_in_harness(e)}
 
 

@@ -1,0 +1,50 @@
+"""Host side of the lookup checks: at every ``get_num_new_matched_tokens`` call the trace
+captured (``kvbound/trace/lookups.py``), (a) the spec of that release
+(``spec/lookup.py``) must give the real answer (``lookup:spec_disagreement``), and
+(b) the answer must keep the lookup contract (``spec/lookup_contract.py``;
+docs/lookup.md): ``lookup:false_hit``, ``lookup:lost_hit`` and
+``lookup:needless_deferral`` (the last two efficiency findings, runner.EFFICIENCY_KINDS).
+``liveness:stuck_request`` comes from the worker (it counts steps)."""
+
+from __future__ import annotations
+
+from kvbound.spec.lookup import lookup_case_from_dict, get_num_new_matched_tokens
+from kvbound.spec.lookup_contract import check_lookup
+from kvbound.spec.versions import release_features
+
+# one finding of each kind per request is enough to act on (a deferral repeats each step)
+_PER_REQUEST = True
+
+
+def check_lookups(release: str, res: dict):
+    """Yield (kind, detail, case dict) per breach; and the tallies."""
+    feats = release_features(release)
+    tally = {"lookups": 0, "lookup_agree": 0, "lookup_undriven": 0}
+    seen = set()
+    out = []
+    for c in res.get("lookups", ()):
+        tally["lookups"] += 1
+        case = lookup_case_from_dict(c["case"], c["case"].get("name", "?"))
+        real = c["real"]
+        spec = get_num_new_matched_tokens(case, feats)
+        base = {"step": c.get("step"), "request": c.get("request"), "real": real}
+        if spec.unsupported:
+            tally["lookup_undriven"] += 1
+        elif c.get("spec_hit_shift") is None and (
+                spec.hit != real["hit"] or spec.partial_tail_boundary != real["partial_tail_boundary"]):
+            key = ("spec", c.get("request"))
+            if key not in seen:
+                seen.add(key)
+                out.append(("lookup:spec_disagreement", dict(base, spec=spec.to_json(),
+                            message=f"the spec of {release}'s lookup gives {spec.hit}"
+                                    f" (boundary {spec.partial_tail_boundary}), vLLM {real['hit']}"
+                                    f" (boundary {real['partial_tail_boundary']})"), c["case"]))
+        else:
+            tally["lookup_agree"] += 1
+        for b in check_lookup(case, feats, real["hit"], real["partial_tail_boundary"]):
+            key = (b.clause, c.get("request"))
+            if _PER_REQUEST and key in seen:
+                continue
+            seen.add(key)
+            out.append(("lookup:" + b.clause, dict(base, message=b.message, tokens=b.tokens), c["case"]))
+    return out, tally

@@ -1,0 +1,605 @@
+"""The executable reference of the offload lookup: ``get_num_new_matched_tokens``.
+
+One function per step of vLLM's algorithm (``offloading/scheduler.py`` of each
+release; docs/lookup.md cites the lines), with the releases' differences read from the
+one release table (``versions.RELEASES``, the ``lookup_*`` columns):
+
+- ``get_num_new_matched_tokens``: defer while the request has transfers in flight
+  (0.24+), 0 when the request skips the prefix cache, else ``lookup``;
+- ``lookup`` = ``lookup_complete_chunks`` then the partial-tail search
+  (``partial_tail_search_028`` 0.28-0.32, ``partial_tail_search_033`` 0.33+ with its
+  bridge chunk and EAGLE proof keys);
+- ``lookup_complete_chunks``: the convergence loop over full-attention groups then
+  sliding-window / recurrent groups, the EAGLE/MTP widening and the tail pop
+  (``eagle_query_max``), the cross-group rounding (each group caps the hit at its own
+  chunk grid), the Mamba alignment cap, and the ``_chunks_being_loaded`` deferral;
+- ``maximal_prefix_lookup`` (full attention), ``sliding_window_lookup`` (sliding
+  window, chunked local, Mamba: window 1).
+
+Inputs are a ``LookupCase``: the request's sizes, the groups as the connector
+configured them, and the tier's answers per offload key (HIT, HIT_PENDING, RETRY,
+MISS; a key asked twice in one call may be answered twice). Output: the hit in tokens
+or ``None`` (deferred), the recorded ``partial_tail_boundary`` and the keys asked, in
+order. A key is named ``(group_idx, chunk_idx)`` or ``(group_idx, "b", key_tokens)``
+(a partial tail's boundary key: the hash of the first ``key_tokens`` tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .vocab import ReleaseFeatures, cdiv
+
+
+class Answer(str, Enum):
+    """``vllm.v1.kv_offload.base.LookupResult`` (0.25+); 0.21-0.24 answer True / None /
+    False, named here HIT / HIT_PENDING ("write in-flight; caller should retry") / MISS."""
+
+    HIT = "HIT"
+    HIT_PENDING = "HIT_PENDING"
+    RETRY = "RETRY"
+    MISS = "MISS"
+
+
+@dataclass(frozen=True)
+class LookupGroup:
+    """One ``GroupOffloadConfig`` as the lookup reads it."""
+
+    group_idx: int
+    kind: str  # full_attention | sliding_window | chunked_local | mamba
+    tokens_per_chunk: int
+    num_keys: int  # len(group_state.offload_keys)
+    window: int | None = None  # sliding_window_size_in_chunks (None: full attention)
+    sliding_window: int = 0  # SlidingWindowSpec.sliding_window (tokens)
+    extra_retained_tokens: int = 0
+    eagle: bool = False  # is_eagle_group
+    requires_cow_source: bool = False
+
+
+def round_down(x: int, m: int) -> int:
+    return x // m * m
+
+
+def key_name(key) -> str:
+    return ":".join(str(x) for x in key)
+
+
+def parse_key(name: str) -> tuple:
+    parts = name.split(":")
+    if len(parts) == 2:
+        return int(parts[0]), int(parts[1])
+    if len(parts) == 3 and parts[1] == "b":
+        return int(parts[0]), "b", int(parts[2])
+    raise ValueError(f"offload key {name!r} is neither 'G:C' nor 'G:b:T'")
+
+
+@dataclass(frozen=True)
+class LookupCase:
+    name: str
+    num_computed_tokens: int
+    num_tokens: int
+    num_prompt_tokens: int
+    groups: tuple  # LookupGroup, in kv_group_configs order
+    lookup_groups: tuple  # config indices: full attention first, then windows largest first
+    tokens_per_hash: int
+    num_block_hashes: int
+    tier: dict = field(default_factory=dict)  # key name -> answers in the order asked
+    mamba_align_size: int | None = None
+    partial_tail_block_size: int = 0  # 0: no partial tails
+    eagle_proof_margins: dict = field(default_factory=dict)  # group_idx -> tokens
+    max_num_new_tokens: int | None = None
+    max_load_tokens: int | None = None
+    transfer_jobs: bool = False
+    skip_reading: bool = False
+    being_loaded: frozenset = frozenset()  # key names in _chunks_being_loaded
+    release: str | None = None  # the release the case was captured on (informative)
+
+    @property
+    def sliding_window_groups(self) -> tuple:
+        return tuple(i for i in self.lookup_groups if self.groups[i].window is not None)
+
+
+@dataclass
+class LookupResult:
+    hit: int | None  # tokens beyond num_computed_tokens; None: deferred
+    partial_tail_boundary: int | None = None
+    queries: list = field(default_factory=list)  # key names, in the order asked
+    unsupported: str | None = None
+    hit_end: dict = field(default_factory=dict)  # config idx -> lookup_hit_end_chunk_idx (0.33)
+
+    def to_json(self, name: str | None = None) -> dict:
+        d = {"hit": self.hit, "deferred": self.hit is None and self.unsupported is None,
+             "partial_tail_boundary": self.partial_tail_boundary, "queries": list(self.queries)}
+        if name is not None:
+            d = {"name": name, **d}
+        if self.unsupported:
+            d["outcome"], d["reason"] = "unsupported", self.unsupported
+        else:
+            d["outcome"] = "ok"
+        return d
+
+
+def canonical_key(case: LookupCase, key) -> tuple:
+    """A boundary key at a whole number of the group's chunks IS that chunk's key (both
+    hash the first T tokens): name it as the chunk."""
+    if len(key) == 3:
+        gi, _, T = key
+        g = next((g for g in case.groups if g.group_idx == gi), None)
+        if g is not None and T % g.tokens_per_chunk == 0:
+            return gi, T // g.tokens_per_chunk - 1
+    return key
+
+
+class Tier:
+    """The tier's answers as the case recorded them: the n-th ask of a key gets the
+    n-th answer (the last one again after that); a key the case has no answer for is
+    a MISS."""
+
+    def __init__(self, answers: dict, case: LookupCase | None = None):
+        self.answers = answers
+        self.case = case
+        self.asked: dict = {}
+        self.queries: list = []
+
+    def lookup(self, key) -> Answer:
+        name = key_name(canonical_key(self.case, key) if self.case is not None else key)
+        self.queries.append(name)
+        got = self.answers.get(name) or (Answer.MISS,)
+        n = self.asked.get(name, 0)
+        self.asked[name] = n + 1
+        return Answer(got[min(n, len(got) - 1)])
+
+
+# -- the per-group scans -------------------------------------------------------------------
+def maximal_prefix_lookup(tier: Tier, keys, feats: ReleaseFeatures) -> int | None:
+    """``_maximal_prefix_lookup``: consecutive hits from the start; HIT_PENDING counts and
+    defers, RETRY defers (0.25+: without counting; 0.21-0.24 have no RETRY), MISS stops."""
+    hit_count = 0
+    defer = False
+    for key in keys:
+        r = tier.lookup(key)
+        if r is Answer.MISS:
+            break
+        if r is Answer.HIT:
+            hit_count += 1
+        elif r is Answer.HIT_PENDING:
+            defer = True
+            hit_count += 1
+        else:  # RETRY: keep scanning so the tier can start its async lookups
+            defer = True
+    return None if defer else hit_count
+
+
+def sliding_window_lookup(tier: Tier, keys, window: int, feats: ReleaseFeatures,
+                          initial_window: int | None = None) -> int | None:
+    """``_sliding_window_lookup``: from the right end, the end index of the first run of
+    ``window`` consecutive hits (the first run may need ``initial_window``, 0.30+), or
+    the run at the left end; ``None`` if the tier deferred.
+
+    0.21-0.24: a pending key breaks the run and defers. 0.25-0.29: HIT_PENDING extends
+    the run and defers, whatever lies between it and the run found. 0.30+: a gap (MISS
+    or RETRY) clears the pending flag of the incomplete run to its right
+    (``lookup_swa_gap_clears_pending``)."""
+    defer = False
+    pending_in_window = False
+    consecutive = 0
+    required = (initial_window or window) if feats.lookup_load_window else window
+    for idx in range(len(keys) - 1, -1, -1):
+        r = tier.lookup(keys[idx])
+        if not feats.lookup_result_enum:  # True / None / False
+            if r is Answer.HIT_PENDING:
+                defer = True
+                consecutive = 0
+            elif r is Answer.HIT:
+                consecutive += 1
+                if consecutive == window:
+                    return None if defer else idx + window
+            else:
+                consecutive = 0
+            continue
+        if r is Answer.HIT:
+            consecutive += 1
+        elif r is Answer.HIT_PENDING:
+            consecutive += 1
+            if feats.lookup_swa_gap_clears_pending:
+                pending_in_window = True
+            else:
+                defer = True
+        elif r is Answer.RETRY:
+            defer = True
+            consecutive = 0
+            pending_in_window = False
+            required = window
+        else:
+            consecutive = 0
+            pending_in_window = False
+            required = window
+        if consecutive == required:
+            return None if defer or pending_in_window else idx + required
+    return None if defer or pending_in_window else consecutive
+
+
+def load_window_size_in_chunks(group: LookupGroup, num_tokens: int, feats: ReleaseFeatures) -> int | None:
+    """``GroupOffloadConfig.load_window_size_in_chunks`` (0.30+): a sliding window's
+    chunks widened to the window that allocation keeps when the hit's right edge is not
+    on the chunk grid (0.31+ counts ``extra_retained_tokens``)."""
+    window = group.window
+    if group.kind == "sliding_window":
+        tpc = group.tokens_per_chunk
+        pad = -num_tokens % tpc
+        extra = group.extra_retained_tokens if feats.window_counts_retained else 0
+        window = max(window, cdiv(group.sliding_window - 1 + extra + pad, tpc))
+    return window
+
+
+def eagle_query_max(group: LookupGroup, max_hit: int, unverified: bool, feats: ReleaseFeatures) -> int:
+    """EAGLE/MTP widening: an unverified drafter group asks one chunk past the hit (the
+    volatile trailing chunk it then pops). 0.24-0.29 widen sliding-window groups only;
+    0.30+ every group (the fix of vLLM #52735)."""
+    if unverified and (feats.lookup_eagle_widens_every_group or group.window is not None):
+        return min(max_hit + group.tokens_per_chunk, group.num_keys * group.tokens_per_chunk)
+    return max_hit
+
+
+def initial_max_hit(case: LookupCase, feats: ReleaseFeatures) -> int:
+    """The hit's first upper bound: the request's tokens, the caller's and the
+    request's load caps (0.30+ / 0.31+), minus the last prompt token when any group
+    is windowed (it is recomputed for its logprobs), rounded down to the Mamba
+    alignment (0.24+)."""
+    N = case.num_computed_tokens
+    m = case.num_tokens
+    if case.max_num_new_tokens is not None:
+        m = min(m, N + case.max_num_new_tokens)
+    if case.max_load_tokens is not None:
+        m = min(m, N + case.max_load_tokens)
+    if case.sliding_window_groups:
+        m -= 1
+        if case.mamba_align_size is not None:
+            m = round_down(m, case.mamba_align_size)
+    return m
+
+
+def chunks_being_loaded_defer(case: LookupCase, hit: int, feats: ReleaseFeatures) -> bool:
+    """Whether a chunk the hit loads is being loaded by another request (the lookup
+    then defers): per group the hit's chunks, a window group's last window only."""
+    if not case.being_loaded:
+        return False
+    N = case.num_computed_tokens
+    for ci, g in enumerate(case.groups):
+        start = N // g.tokens_per_chunk
+        end = cdiv(N + hit, g.tokens_per_chunk)
+        keys = [(g.group_idx, c) for c in range(start, min(end, g.num_keys))]
+        w = load_window_size_in_chunks(g, N + hit, feats) if feats.lookup_load_window else g.window
+        if w is not None:
+            keys = keys[-w:] if w else []
+        if any(key_name(k) in case.being_loaded for k in keys):
+            return True
+    return False
+
+
+def lookup_complete_chunks(case: LookupCase, tier: Tier, feats: ReleaseFeatures, out: LookupResult) -> int | None:
+    """``_lookup_complete_chunks`` (0.21-0.27: ``_lookup``)."""
+    N = case.num_computed_tokens
+    max_hit = initial_max_hit(case, feats)
+    num_hit = 0
+    defer = False
+    lookup_groups = case.lookup_groups
+    eagle_verified: set = set()
+    while lookup_groups:
+        looked_up_window = False
+        todo, lookup_groups = lookup_groups, ()
+        for ci in todo:
+            g = case.groups[ci]
+            tpc = g.tokens_per_chunk
+            unverified = feats.lookup_eagle and g.eagle and ci not in eagle_verified
+            max_hit = min(max_hit, g.num_keys * tpc)
+            if case.max_load_tokens is not None:
+                max_hit = round_down(max_hit, tpc)
+            if max_hit - N < tpc:
+                return 0
+            query_max = eagle_query_max(g, max_hit, unverified, feats)
+            num_chunks = min(cdiv(query_max, tpc), g.num_keys)
+            start = N // tpc
+            keys = [(g.group_idx, c) for c in range(start, num_chunks)]
+            if g.window is None:
+                hits = maximal_prefix_lookup(tier, keys, feats)
+                out.hit_end[ci] = start + (hits or 0)
+            else:
+                required = g.window + int(unverified)
+                initial = None
+                if feats.lookup_load_window:
+                    end = min(max_hit, (num_chunks - int(unverified)) * tpc)
+                    initial = load_window_size_in_chunks(g, end, feats) + int(unverified)
+                hits = sliding_window_lookup(tier, keys, required, feats, initial)
+            if hits == 0:
+                return 0
+            if hits is None:
+                defer = True
+            else:
+                if unverified:
+                    hits -= 1
+                    eagle_verified.add(ci)
+                max_hit = min(max_hit, tpc * (start + hits))
+            new_hit = max_hit - N
+            if new_hit < tpc:
+                return 0
+            if new_hit < num_hit:
+                if not g.eagle:
+                    eagle_verified.clear()
+                if defer:
+                    defer = False
+                    lookup_groups = case.lookup_groups
+                elif looked_up_window and not lookup_groups:
+                    lookup_groups = case.sliding_window_groups
+            looked_up_window |= g.window is not None
+            num_hit = new_hit
+    if defer:
+        return None
+    if chunks_being_loaded_defer(case, num_hit, feats):
+        return None
+    return num_hit
+
+
+def boundary_key(case: LookupCase, group: LookupGroup, boundary: int, feats: ReleaseFeatures) -> tuple:
+    """``_make_boundary_key`` at ``_partial_tail_key_tokens``: the boundary, plus the
+    group's EAGLE proof margin (0.33+)."""
+    margin = case.eagle_proof_margins.get(group.group_idx, 0) if feats.eagle_partial_tails else 0
+    return group.group_idx, "b", boundary + margin
+
+
+def partial_tail_search_028(case: LookupCase, tier: Tier, feats: ReleaseFeatures, complete_hit: int,
+                            out: LookupResult) -> int | None:
+    """0.28-0.32 ``_lookup`` after the complete chunks: the longest boundary (a multiple of
+    tokens_per_hash) inside the block after the complete hit, below the last prompt
+    token, whose boundary key every group answers HIT."""
+    N = case.num_computed_tokens
+    complete_boundary = N + complete_hit
+    tph = case.tokens_per_hash
+    block_end = complete_boundary + case.partial_tail_block_size
+    max_boundary = min(case.num_prompt_tokens - 1, block_end - 1)
+    if case.max_num_new_tokens is not None:
+        max_boundary = min(max_boundary, N + case.max_num_new_tokens)
+    max_boundary = round_down(max_boundary, tph)
+    if case.max_load_tokens is not None:
+        max_boundary = min(max_boundary, N + case.max_load_tokens)
+    if max_boundary <= complete_boundary:
+        return complete_hit
+    pending = False
+    for boundary in range(max_boundary, complete_boundary, -tph):
+        b_pending = b_missed = False
+        for g in case.groups:
+            r = tier.lookup(boundary_key(case, g, boundary, feats))
+            if r is Answer.MISS:
+                b_missed = True
+                break
+            if r is not Answer.HIT:
+                b_pending = True
+        pending |= b_pending
+        if not b_missed and not b_pending:
+            out.partial_tail_boundary = boundary
+            return boundary - N
+    if pending and complete_hit == 0:
+        return None
+    return complete_hit
+
+
+def lookup_partial_tail(case: LookupCase, tier: Tier, feats: ReleaseFeatures, boundary: int,
+                        bridge_pending: bool) -> tuple[bool, bool]:
+    """0.33 ``_lookup_partial_tail``: (every boundary key ready, something pending)."""
+    pending = bridge_pending
+    for g in case.groups:
+        r = tier.lookup(boundary_key(case, g, boundary, feats))
+        if r is Answer.MISS:
+            return False, pending
+        pending |= r is not Answer.HIT
+    if pending:
+        return False, True
+    return True, False
+
+
+def partial_tail_search_033(case: LookupCase, tier: Tier, feats: ReleaseFeatures, complete_hit: int,
+                            out: LookupResult) -> int | None:
+    """0.33 ``_lookup`` after the complete chunks: the search spans a second block when a
+    group carries an EAGLE proof margin; a boundary past the complete hit's block also
+    loads that block's complete chunk (the bridge), looked up once where the complete
+    lookup did not confirm it."""
+    N = case.num_computed_tokens
+    complete_boundary = N + complete_hit
+    tph = case.tokens_per_hash
+    max_margin = max(case.eagle_proof_margins.values(), default=0)
+    blocks = 2 if max_margin else 1
+    block_end = complete_boundary + blocks * case.partial_tail_block_size
+    max_boundary = min(case.num_prompt_tokens - 1, block_end - 1)
+    if max_margin:
+        max_boundary = min(max_boundary, case.num_block_hashes * tph - max_margin)
+    if case.max_num_new_tokens is not None:
+        max_boundary = min(max_boundary, N + case.max_num_new_tokens)
+    if case.max_load_tokens is not None:
+        max_boundary = min(max_boundary, N + case.max_load_tokens)
+    max_boundary = round_down(max_boundary, tph)
+    if max_boundary <= complete_boundary:
+        return complete_hit
+    bs = case.partial_tail_block_size
+    bridge_idx = complete_boundary // bs
+    bridge_boundary = (bridge_idx + 1) * bs
+    pending = False
+    if max_boundary >= bridge_boundary:
+        unconfirmed = []
+        for ci, g in enumerate(case.groups):
+            if g.requires_cow_source:
+                continue
+            key = (g.group_idx, bridge_idx)
+            pending |= key_name(key) in case.being_loaded
+            if out.hit_end.get(ci, 0) <= bridge_idx:
+                unconfirmed.append(key)
+        for key in unconfirmed:
+            r = tier.lookup(key)
+            if r is Answer.MISS:
+                max_boundary = bridge_boundary - tph
+                break
+            pending |= r is not Answer.HIT
+    bridge_pending = pending
+    for boundary in range(max_boundary, complete_boundary, -tph):
+        hit, b_pending = lookup_partial_tail(case, tier, feats, boundary,
+                                             boundary >= bridge_boundary and bridge_pending)
+        if hit:
+            out.partial_tail_boundary = boundary
+            return boundary - N
+        pending |= b_pending
+    if pending and complete_hit == 0:
+        return None
+    return complete_hit
+
+
+def lookup(case: LookupCase, tier: Tier, feats: ReleaseFeatures, out: LookupResult) -> int | None:
+    """``_lookup``: complete chunks, then (0.28+, where the config supports partial tails)
+    the partial-tail search."""
+    complete = lookup_complete_chunks(case, tier, feats, out)
+    out.partial_tail_boundary = None
+    if complete is None or not (feats.partial_tails and case.partial_tail_block_size):
+        return complete
+    if feats.lookup_partial_tail_bridge:
+        return partial_tail_search_033(case, tier, feats, complete, out)
+    return partial_tail_search_028(case, tier, feats, complete, out)
+
+
+def unsupported_lookup_reason(case: LookupCase, feats: ReleaseFeatures) -> str | None:
+    r = f"vLLM {feats.release}"
+    if any(g.eagle for g in case.groups) and not feats.lookup_eagle:
+        return f"{r} has no EAGLE groups (is_eagle_group arrived in 0.24)"
+    if case.partial_tail_block_size and not feats.partial_tails:
+        return f"{r} has no partial tails (they arrived in 0.28)"
+    if case.max_load_tokens is not None and not feats.lookup_load_window:
+        return f"{r} has no max_load_tokens"
+    if not feats.lookup_result_enum and any(
+            Answer(a) is Answer.RETRY for v in case.tier.values() for a in v):
+        return f"{r}'s tiers answer True/None/False: no RETRY (LookupResult arrived in 0.25)"
+    return None
+
+
+def get_num_new_matched_tokens(case: LookupCase, feats: ReleaseFeatures) -> LookupResult:
+    """``get_num_new_matched_tokens``'s first element (and the boundary it records)."""
+    why = unsupported_lookup_reason(case, feats)
+    if why is not None:
+        return LookupResult(None, unsupported=why)
+    out = LookupResult(None)
+    if feats.lookup_defers_on_transfers and case.transfer_jobs:
+        return out
+    if case.skip_reading and feats.lookup_defers_on_transfers:
+        out.hit = 0
+        return out
+    tier = Tier(case.tier, case)
+    out.hit = lookup(case, tier, feats, out)
+    out.queries = tier.queries
+    return out
+
+
+def lookup_for_version(case: LookupCase, version: str) -> LookupResult:
+    from .versions import release_features
+
+    return get_num_new_matched_tokens(case, release_features(version))
+
+
+# -- the case format ------------------------------------------------------------------------
+_GROUP_FIELDS = ("group_idx", "kind", "tokens_per_chunk", "num_keys", "window", "sliding_window",
+                 "extra_retained_tokens", "eagle", "requires_cow_source")
+
+
+def lookup_case_from_dict(d: dict, where: str = "?") -> LookupCase:
+    from .cases import CaseError
+
+    try:
+        lk = d["lookup"]
+        groups = tuple(LookupGroup(**{k: g[k] for k in _GROUP_FIELDS if k in g}) for g in lk["groups"])
+        tier = {}
+        for name, answers in (lk.get("tier") or {}).items():
+            parse_key(name)
+            answers = [answers] if isinstance(answers, str) else list(answers)
+            tier[name] = tuple(Answer(a) for a in answers)
+        case = LookupCase(
+            name=d.get("name", where), num_computed_tokens=int(lk["num_computed_tokens"]),
+            num_tokens=int(lk["num_tokens"]), num_prompt_tokens=int(lk.get("num_prompt_tokens", lk["num_tokens"])),
+            groups=groups,
+            lookup_groups=tuple(lk.get("lookup_groups") or default_lookup_groups(groups)),
+            tokens_per_hash=int(lk.get("tokens_per_hash", groups[0].tokens_per_chunk)),
+            num_block_hashes=int(lk.get("num_block_hashes", 0)), tier=tier,
+            mamba_align_size=lk.get("mamba_align_size"),
+            partial_tail_block_size=int(lk.get("partial_tail_block_size", 0)),
+            eagle_proof_margins={int(k): int(v) for k, v in (lk.get("eagle_proof_margins") or {}).items()},
+            max_num_new_tokens=lk.get("max_num_new_tokens"), max_load_tokens=lk.get("max_load_tokens"),
+            transfer_jobs=bool(lk.get("transfer_jobs", False)), skip_reading=bool(lk.get("skip_reading", False)),
+            being_loaded=frozenset(lk.get("being_loaded", ())), release=lk.get("release"),
+        )
+    except CaseError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
+        raise CaseError(where, "lookup", f"not a lookup case ({type(e).__name__}: {e})") from None
+    if not case.groups or any(g.tokens_per_chunk <= 0 or g.num_keys < 0 for g in case.groups):
+        raise CaseError(where, "lookup.groups", "at least one group, each with tokens_per_chunk > 0 and num_keys >= 0")
+    return case
+
+
+def default_lookup_groups(groups) -> tuple:
+    """The connector's order: full-attention groups, then windowed groups by window, largest first."""
+    fa = [i for i, g in enumerate(groups) if g.window is None]
+    sw = sorted((i for i, g in enumerate(groups) if g.window is not None), key=lambda i: -groups[i].window)
+    return tuple(fa + sw)
+
+
+def lookup_case_to_dict(case: LookupCase) -> dict:
+    lk = {
+        "num_computed_tokens": case.num_computed_tokens, "num_tokens": case.num_tokens,
+        "num_prompt_tokens": case.num_prompt_tokens,
+        "groups": [{k: getattr(g, k) for k in _GROUP_FIELDS} for g in case.groups],
+        "lookup_groups": list(case.lookup_groups), "tokens_per_hash": case.tokens_per_hash,
+        "num_block_hashes": case.num_block_hashes,
+        "tier": {k: [Answer(a).value for a in v] for k, v in case.tier.items()},
+        "mamba_align_size": case.mamba_align_size, "partial_tail_block_size": case.partial_tail_block_size,
+        "eagle_proof_margins": {str(k): v for k, v in case.eagle_proof_margins.items()},
+        "max_num_new_tokens": case.max_num_new_tokens, "max_load_tokens": case.max_load_tokens,
+        "transfer_jobs": case.transfer_jobs, "skip_reading": case.skip_reading,
+        "being_loaded": sorted(case.being_loaded),
+    }
+    if case.release:
+        lk["release"] = case.release
+    return {"name": case.name, "lookup": lk}
+
+
+def is_lookup_case(d) -> bool:
+    return isinstance(d, dict) and "lookup" in d and "groups" not in d
+
+
+def load_any_case_paths(paths) -> list:
+    """Like ``cases.load_case_paths``, but a lookup case (a dict with ``lookup``) becomes a
+    ``LookupCase`` beside the load cases, in file order."""
+    from pathlib import Path
+
+    from .cases import CaseError, _loads, case_from_dict
+
+    def one(d, where):
+        return lookup_case_from_dict(d, where) if is_lookup_case(d) else case_from_dict(d, where)
+
+    def load(p: Path) -> list:
+        if not p.exists():
+            raise CaseError(str(p), "(file)", "no such file")
+        text = p.read_text()
+        if p.suffix == ".jsonl":
+            return [one(_loads(line, f"{p}:{n}"), f"{p}:{n}")
+                    for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        if p.suffix != ".json":
+            raise CaseError(str(p), "(file)", "a case file ends in .json or .jsonl")
+        data = _loads(text, str(p))
+        if isinstance(data, list):
+            return [one(d, f"{p}[{i}]") for i, d in enumerate(data)]
+        return [one(data, str(p))]
+
+    out: list = []
+    for path in paths:
+        p = Path(path)
+        if p.is_dir():
+            for f in sorted(list(p.rglob("*.json")) + list(p.rglob("*.jsonl"))):
+                out.extend(load(f))
+        else:
+            out.extend(load(p))
+    return out

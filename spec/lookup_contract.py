@@ -1,0 +1,169 @@
+"""The lookup's contract, apart from any release's code (docs/lookup.md states it with
+the vLLM lines each clause is read from).
+
+A lookup of a request (``num_computed_tokens`` N) against the tier's answers may
+return a hit of B - N tokens (B the hit boundary). For a boundary B on every
+group's chunk grid (or at the cap, inside a chunk the tier holds), a group *supports* B when the chunks it needs are answered
+HIT: full attention every chunk from N's chunk up to B; a sliding window (chunked
+local alike) only its last window before B; a recurrent (Mamba) group only its
+state chunk, the one before B; an EAGLE/MTP drafter group also the chunk at B (its
+proof chunk: the trailing chunk is volatile and popped). The release's documented
+give-aways bound B (``contract_cap``): the last prompt token with any windowed group,
+the Mamba alignment, the request's load caps, and no hit under one chunk.
+
+- no false hit: every group supports the returned boundary (a partial tail: every
+  group's boundary key is HIT);
+- no lost hit: the hit is not below the largest supported boundary;
+- no needless deferral: a deferral is allowed only when waiting can give more: some
+  key answered HIT_PENDING or RETRY would, were it HIT, support a larger boundary
+  (or, with nothing supported, a partial tail was pending), or a chunk the hit loads
+  is being loaded by another request, or the request has transfers in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .lookup import Answer, LookupCase, load_window_size_in_chunks, round_down
+from .vocab import ReleaseFeatures, cdiv
+
+READY = frozenset({Answer.HIT})
+MAYBE = frozenset({Answer.HIT, Answer.HIT_PENDING, Answer.RETRY})
+
+
+def answer_of(case: LookupCase, name: str) -> Answer:
+    """The tier's last answer for a key in the call (a key not asked: its probe)."""
+    got = case.tier.get(name)
+    return Answer(got[-1]) if got else Answer.MISS
+
+
+def contract_cap(case: LookupCase) -> int:
+    """The largest boundary the design allows (docs/lookup.md, "give-aways")."""
+    N = case.num_computed_tokens
+    cap = case.num_tokens
+    if case.max_num_new_tokens is not None:
+        cap = min(cap, N + case.max_num_new_tokens)
+    if case.max_load_tokens is not None:
+        cap = min(cap, N + case.max_load_tokens)
+    if any(g.window is not None for g in case.groups):
+        cap -= 1  # the last prompt token is recomputed for its logprobs
+        if case.mamba_align_size:
+            cap = round_down(cap, case.mamba_align_size)
+    return cap
+
+
+def needed_chunks(case: LookupCase, ci: int, B: int, feats: ReleaseFeatures) -> list | None:
+    """Chunk indices group ``ci`` needs for boundary B, or None when it cannot support B."""
+    g = case.groups[ci]
+    tpc = g.tokens_per_chunk
+    N = case.num_computed_tokens
+    # on the chunk grid, or the cap itself (a hit may end inside the cap's chunk)
+    if (B % tpc and B != contract_cap(case)) or B - N < tpc or B > g.num_keys * tpc:
+        return None
+    start, end = N // tpc, cdiv(B, tpc)
+    if g.window is None:
+        chunks = list(range(start, end))
+    else:
+        w = load_window_size_in_chunks(g, B, feats) if feats.lookup_load_window else g.window
+        chunks = list(range(max(start, end - w), end))
+    if g.eagle and feats.lookup_eagle:
+        if end >= g.num_keys:
+            return None
+        chunks.append(end)
+    return chunks
+
+
+def supports(case: LookupCase, B: int, feats: ReleaseFeatures, ok) -> bool:
+    for ci, g in enumerate(case.groups):
+        chunks = needed_chunks(case, ci, B, feats)
+        if chunks is None:
+            return False
+        if any(answer_of(case, f"{g.group_idx}:{c}") not in ok for c in chunks):
+            return False
+    return True
+
+
+def best_boundary(case: LookupCase, feats: ReleaseFeatures, ok=READY) -> int:
+    """The largest boundary every group supports with keys answered in ``ok``; N if none."""
+    N = case.num_computed_tokens
+    for B in range(contract_cap(case), N, -1):
+        if supports(case, B, feats, ok):
+            return B
+    return N
+
+
+@dataclass
+class Breach:
+    clause: str  # false_hit | lost_hit | needless_deferral
+    message: str
+    tokens: int = 0
+
+
+def check_lookup(case: LookupCase, feats: ReleaseFeatures, hit: int | None,
+                 partial_tail_boundary: int | None) -> list[Breach]:
+    N = case.num_computed_tokens
+    out: list[Breach] = []
+    if case.skip_reading:
+        return out
+    best = best_boundary(case, feats, READY)
+    if hit is not None:
+        B = N + hit
+        if hit and partial_tail_boundary is None and not supports(case, B, feats, READY):
+            missing = []
+            for ci, g in enumerate(case.groups):
+                for c in needed_chunks(case, ci, B, feats) or ["(off the chunk grid)"]:
+                    name = f"{g.group_idx}:{c}"
+                    if isinstance(c, str) or answer_of(case, name) is not Answer.HIT:
+                        missing.append(name if not isinstance(c, str) else f"{g.group_idx} {c}")
+            out.append(Breach("false_hit", f"hit {hit} tokens (boundary {B}) but the tier does not hold"
+                              f" ready: {', '.join(missing[:8])}", hit))
+        if hit and partial_tail_boundary is not None:
+            bad = [f"{g.group_idx}:b:{B + case.eagle_proof_margins.get(g.group_idx, 0)}" for g in case.groups
+                   if answer_of(case, _canon(case, g, B + (case.eagle_proof_margins.get(g.group_idx, 0)
+                                                           if feats.eagle_partial_tails else 0)))
+                   is not Answer.HIT]
+            if bad:
+                out.append(Breach("false_hit", f"partial-tail hit at boundary {B} but its boundary keys"
+                                  f" are not ready: {', '.join(bad)}", hit))
+        if best > B and not (partial_tail_boundary is not None and B >= best):
+            out.append(Breach("lost_hit", f"hit {hit} tokens (boundary {B}); the tier holds ready every"
+                              f" chunk a hit of {best - N} tokens (boundary {best}) needs", best - B))
+        return out
+    if case.transfer_jobs and feats.lookup_defers_on_transfers:
+        return out
+    maybe = best_boundary(case, feats, MAYBE)
+    if maybe > best:
+        return out
+    if _loading(case, best, feats):
+        return out
+    if best == N and any(Answer(a[-1]) in (Answer.HIT_PENDING, Answer.RETRY)
+                         for name, a in case.tier.items() if ":b:" in name and a):
+        return out  # nothing complete to load: a pending partial tail may still give one
+    pend = sorted(name for name, a in case.tier.items() if a and Answer(a[-1]) in (Answer.HIT_PENDING, Answer.RETRY))
+    out.append(Breach("needless_deferral", f"deferred, yet no pending key can make the hit larger:"
+                      f" {best - N} tokens (boundary {best}) are ready now; pending {', '.join(pend[:8]) or 'none'}",
+                      best - N))
+    return out
+
+
+def _canon(case: LookupCase, g, T: int) -> str:
+    if T % g.tokens_per_chunk == 0:
+        return f"{g.group_idx}:{T // g.tokens_per_chunk - 1}"
+    return f"{g.group_idx}:b:{T}"
+
+
+def _loading(case: LookupCase, B: int, feats: ReleaseFeatures) -> bool:
+    if not case.being_loaded or B <= case.num_computed_tokens:
+        return bool(case.being_loaded) and B <= case.num_computed_tokens and False
+    for ci, g in enumerate(case.groups):
+        chunks = needed_chunks(case, ci, B, feats) or []
+        if any(f"{g.group_idx}:{c}" in case.being_loaded for c in chunks):
+            return True
+    return False
+
+
+def ideal_hit(case: LookupCase, feats: ReleaseFeatures) -> int:
+    return best_boundary(case, feats) - case.num_computed_tokens
+
+
+__all__ = ["Breach", "check_lookup", "best_boundary", "contract_cap", "needed_chunks", "ideal_hit", "cdiv"]

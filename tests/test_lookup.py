@@ -1,0 +1,112 @@
+"""The lookup: its spec per release (spec/lookup.py), its contract
+(spec/lookup_contract.py), and the checks at every lookup a real trace captures, each
+shown to fire on a planted defect of the real lookup and not on a clean run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kvbound.conform.prepare import is_prepared, prepare_release
+from kvbound.spec.lookup import lookup_case_from_dict, lookup_case_to_dict, lookup_for_version
+from kvbound.spec.lookup_contract import check_lookup
+from kvbound.spec.versions import release_features
+from kvbound.trace import runner as R
+
+FA = {"group_idx": 0, "kind": "full_attention", "tokens_per_chunk": 16, "num_keys": 12, "window": None}
+SW = {"group_idx": 1, "kind": "sliding_window", "tokens_per_chunk": 16, "num_keys": 12, "window": 4,
+      "sliding_window": 64}
+
+
+def _case(tier, N=0, num_tokens=195):
+    return lookup_case_from_dict({"name": "c", "lookup": {
+        "num_computed_tokens": N, "num_tokens": num_tokens, "num_prompt_tokens": num_tokens,
+        "groups": [FA, SW], "tokens_per_hash": 16, "num_block_hashes": num_tokens // 16, "tier": tier}})
+
+
+# A window of 4 ready chunks (1:3..1:6), a MISS right of it (1:7) and a HIT_PENDING right
+# of the MISS (1:8): the pending key cannot complete any window.
+CALIBRATION = {**{f"0:{c}": "HIT" for c in range(12)}, **{f"1:{c}": "MISS" for c in range(12)},
+               **{f"1:{c}": "HIT" for c in range(3, 7)}, "1:8": "HIT_PENDING"}
+
+
+def test_sliding_window_pending_right_of_a_gap():
+    """0.25-0.29 defer on it (0.29 offloading/scheduler.py:642-664); 0.30 clears the
+    flag at the gap (:690-716) and loads the window; 0.21-0.24 break the run at it."""
+    case = _case(CALIBRATION)
+    for v in ("0.25.1", "0.26.0", "0.29.0"):
+        assert lookup_for_version(case, v).hit is None, v
+        (b,) = check_lookup(case, release_features(v), None, None)
+        assert b.clause == "needless_deferral" and b.tokens == 112
+    for v in ("0.30.0", "0.33.0"):
+        got = lookup_for_version(case, v)
+        assert got.hit == 112, v  # chunks 0..6: the window 3..6 ends at 112
+        assert check_lookup(case, release_features(v), got.hit, None) == []
+
+
+def test_contract_clauses():
+    feats = release_features("0.33.0")
+    ready = _case({**{f"0:{c}": "HIT" for c in range(12)}, **{f"1:{c}": "HIT" for c in range(12)}})
+    assert lookup_for_version(ready, "0.33.0").hit == 192  # 12 whole chunks of keys
+    assert check_lookup(ready, feats, 192, None) == []
+    (lost,) = check_lookup(ready, feats, 176, None)
+    assert lost.clause == "lost_hit" and lost.tokens == 16
+    half = _case({**CALIBRATION, "0:5": "MISS"})
+    (false,) = check_lookup(half, feats, 112, None)
+    assert false.clause == "false_hit" and "0:5" in false.message
+    # a pending key that can give more is a reason to wait
+    wait = _case({**CALIBRATION, "1:7": "HIT_PENDING"})
+    assert check_lookup(wait, feats, None, None) == []
+
+
+def test_lookup_case_round_trips():
+    case = _case(CALIBRATION)
+    assert lookup_case_from_dict(lookup_case_to_dict(case)) == case
+
+
+# --- real vLLM ------------------------------------------------------------------------
+
+def _env(version):
+    if not is_prepared(version) and not os.environ.get("CI"):
+        pytest.skip(f"vllm {version} is not prepared")
+    return prepare_release(version, None)
+
+
+@pytest.fixture(scope="module")
+def w033():
+    env = _env("0.33.0")
+    w = R.start_worker(env)
+    yield w
+    w.stop()
+
+
+LOOKUP_CLASSES = ("lookup", "liveness")
+
+
+def _kinds(w, layout, mutant=None, n=100, seed=(3, "lookup")):
+    job = R.make_job(layout, seed, n, 0, "sync", {"mutant": mutant} if mutant else None)
+    job["max_steps"] = 3000
+    found, _ = R.check_result("0.33.0", layout, job, w.job(job))
+    return {f.kind for f in found}
+
+
+def test_real_lookup_clean_run_reports_nothing(w033):
+    kinds = _kinds(w033, "full")
+    assert not {k for k in kinds if k.split(":")[0] in LOOKUP_CLASSES}, kinds
+
+
+@pytest.mark.parametrize("layout,mutant,kind", [
+    ("full", "lookup_drop_last_chunk", "lookup:lost_hit"),
+    ("full-scripted", "lookup_defer_any_pending", "lookup:needless_deferral"),
+    ("full-scripted", "lookup_never_return", "liveness:stuck_request"),
+    ("full", "lookup_extra_chunk", "lookup:false_hit"),
+])
+def test_real_lookup_planted_defect(layout, mutant, kind, w033):
+    assert kind in _kinds(w033, layout, mutant)
+
+
+def test_real_stalled_write_is_a_stuck_request(w033):
+    """A tier write that never completes: 0.33's CPU tier answers HIT_PENDING for it with
+    no deadline (v1/kv_offload/cpu/manager.py:199-205), so the lookup defers for ever."""
+    assert "liveness:stuck_request" in _kinds(w033, "full-stalled", seed=(0, "dbg"), n=150)
