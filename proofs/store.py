@@ -11,7 +11,9 @@ Premises, each read from vLLM (docs/trace.md, "Shadow KV"):
   aborted: ``C <= T``; finished by sampling: ``C = T - 1`` (the final sampled token is
   never forwarded);
 - the allocator holds blocks for the tokens scheduled so far: ``A <= cdiv(computed, B)``
-  where ``computed`` is the KV written once the batch ran (``spec.store.computed_tokens``).
+  where ``computed`` is the KV written once the batch ran (``spec.store.computed_tokens``);
+- 0.26 (no allocated cap): the store is reached only where its assert passes,
+  ``horizon // B <= A``.
 
 Claim: the stored chunks, ``min(horizon // B, A)`` of them (``storable_chunks``), end at or
 before ``computed``: ``min(horizon // B, A) * B <= computed``. The horizon is encoded from the
@@ -100,7 +102,11 @@ def _problem(ob: StoreObligation):
     if ob.offload_prompt_only:
         h = z3.If(h < P, h, P)
     prem += [A * B < computed + B]  # A <= cdiv(computed, B)
-    stored = z3.If(h / B < A, h / B, A)
+    if f.caps_at_allocated:
+        stored = z3.If(h / B < A, h / B, A)
+    else:  # 0.26: no cap; more chunks than blocks asserts (a crash, not a store)
+        prem += [h / B <= A]
+        stored = h / B
     claim = stored * B <= computed
     small = [P <= 64, O <= 64, B == 16]  # the trace layouts' block size: witnesses replay there
     return prem, claim, small, dict(P=P, O=O, C=C, S=S, A=A, B=B, T=T, stored=stored, computed=computed)

@@ -122,3 +122,48 @@ def test_finished_request_store_horizon_0_29(workers):
         assert bool(stores) == expect, [f.kind for f in found]
         if expect:
             assert stores[0].detail["position"] == w["T"] - 1
+
+
+def test_aborted_mid_prefill_store_0_26(workers):
+    """The 0.26 aborted-request witness (refuted by proofs/store.py), replayed on the real
+    0.26.0 with the default offload_prompt_only=True: two prompts share a 256-token step,
+    the longer one (165 tokens, 156 computed) is aborted and 0.26 stores its chunk
+    [144, 160) with 156..159 never computed (0.27.0 stores up to num_computed_tokens)."""
+    env, w = workers("0.26.0")
+    reqs = [{"id": 1, "arrive": 0, "prompt": [["uniq", 1, 100]], "max_tokens": 4, "abort_after": None},
+            {"id": 2, "arrive": 0, "prompt": [["uniq", 2, 165]], "max_tokens": 4, "abort_after": 1}]
+    job = {"layout": dict(R.LAYOUTS["full"], name="full"),
+           "params": dict(R.ENGINE["full"], seed="0", **{"async": False}), "requests": reqs}
+    found, _ = R.check_result("0.26.0", "full", job, w.job(job))
+    f = [f for f in found if f.kind == "store:unwritten_source"]
+    assert f and f[0].detail["position"] == 156, [g.kind for g in found]
+
+
+def test_store_spec_rows_and_judge():
+    from kvbound.spec import store as ST
+    from kvbound.trace.storecheck import judge_store_calls
+
+    # finished, store-all: 0.29 stores through num_tokens, 0.30 up to num_tokens - 1
+    assert ST.store_horizon("0.29.0", ST.FINISHED, 1, 16, 15, 0, False) == 16
+    assert ST.store_horizon("0.30.0", ST.FINISHED, 1, 16, 15, 0, False) == 15
+    assert ST.store_horizon("0.30.0", ST.FINISHED, 1, 16, 15, 0, True) == 1
+    assert ST.store_horizon("0.26.0", ST.ABORTED, 165, 165, 156) == 165
+    assert ST.store_horizon("0.27.0", ST.ABORTED, 165, 165, 156) == 156
+    assert ST.next_stored_chunk_idx(0, 165, 16, 10, caps_at_allocated=False) == 10  # the wrong chunk 9
+    assert ST.next_stored_chunk_idx(0, 600, 16, 10, caps_at_allocated=False) is None  # 0.26 asserts
+    job = {"layout": {"groups": [{"tokens_per_block": 16}], "blocks_per_chunk": 1},
+           "params": {"offload_prompt_only": False}}
+    ok = [[3, "7", "finished", 1, 16, 15, 0, None, 1, 0, 0, False]]  # 0.30: chunk 0 not stored
+    assert judge_store_calls("0.30.0", job, {"store_calls": ok}) == ([], 1)
+    bad, n = judge_store_calls("0.29.0", job, {"store_calls": ok})  # 0.29 would have stored it
+    assert n == 1 and bad[0]["check"] == "store:spec_disagreement" and bad[0]["spec"] == 1
+
+
+def test_draw_content_marks_what_the_reader_does_not_own():
+    from kvbound.draw import draw_content
+
+    table = {"group": 0, "request": "113", "block_size": 16, "position": 319, "rows": [
+        {"index": 19, "block_id": 29, "tokens": [304, 320], "via": "load job 6",
+         "runs": [["own", 304, 319, None, None], ["unwritten", 319, 320, None, None]]}]}
+    out = draw_content(table)
+    assert "own KV 304..318 ok" in out and "unwritten 319 !!" in out and "<-" in out and "load job 6" in out
