@@ -340,7 +340,9 @@ class ShadowKV:
                 req = st.req
                 status = "aborted" if req.status == RS.FINISHED_ABORTED else (
                     "finished" if req.is_finished() else "running")
-                gs = st.group_states[0]
+                gs = (getattr(st, "group_states", None) or (None,))[0]
+                if gs is None or not hasattr(gs, "next_stored_chunk_idx") or not hasattr(gs, "block_ids"):
+                    continue  # before 0.26 the per-group store state is not this shape: not captured
                 before[rid] = [status, req.num_prompt_tokens, req.num_tokens, req.num_computed_tokens,
                                so.num_scheduled_tokens.get(rid, 0), getattr(st, "max_offload_tokens", None),
                                len(gs.block_ids) // self.bpc, gs.next_stored_chunk_idx]
@@ -572,7 +574,7 @@ class ShadowKV:
                         or getattr(gc, "requires_cow_source", False):
                     continue
                 hpc = eng.rel.capture._first(gc, "hashes_per_chunk", "hash_block_size_factor")
-                tpc = gc.tokens_per_chunk
+                tpc = self.block_size[gi] * self.bpc
                 for j in range(horizon // tpc):
                     if (j + 1) * hpc > len(hashes):
                         break

@@ -11,11 +11,20 @@ from __future__ import annotations
 from kvbound.spec.store import next_stored_chunk_idx, store_features, store_horizon
 
 
+def covers(release: str) -> bool:
+    """Whether the store spec has a row for this release (0.26 on)."""
+    try:
+        store_features(release)
+    except ValueError:
+        return False
+    return True
+
+
 def judge_store_calls(release: str, job: dict, res: dict) -> tuple[list[dict], int]:
     """(disagreements, calls judged): the first disagreement of a segment in detail, with
     the count of all."""
     calls = res.get("store_calls") or ()
-    if not calls:
+    if not calls or not covers(release):
         return [], 0
     lay, par = job["layout"], job["params"]
     tpc = lay["groups"][0]["tokens_per_block"] * lay.get("blocks_per_chunk", 1)
