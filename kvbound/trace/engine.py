@@ -242,8 +242,9 @@ class Engine:
         # scheduled before the previous one's rejections apply and the real runner corrects
         # its positions on the GPU (gpu_model_runner.py's deferred state corrections), which
         # the fake runner does not model.
+        # Nor on the pre-0.25 worker API (one transfer_async per job): its fake moves nothing.
         self.shadow = None if par.get("shadow") is False or (par.get("async") and self.num_spec) \
-            else shadow.ShadowKV(self)
+            or not hasattr(self.transfers, "submit_store") else shadow.ShadowKV(self)
         self._wrap()
         if self.shadow is not None:
             self.shadow.install()
