@@ -45,14 +45,14 @@ def test_merge_names_each_finding_once_with_first_last_and_where_it_stops():
     results = [
         _shard("0.27.0", [ran("full", _finding("crash:x", "crash")), ran("swa")]),
         _shard("0.28.0", [ran("full", _finding("crash:x", "crash", 1)), ran("swa", _finding("crash:x", "crash"))]),
-        _shard("0.29.0", [ran("full"), {"layout": "swa", "outcome": "refused", "why": "w", "findings": []}]),
+        _shard("0.29.0", [ran("full"), {"layout": "swa", "outcome": "unsupported", "why": "w", "findings": []}]),
     ]
     doc = C.merge(["0.27.0", "0.28.0", "0.29.0"], results)
     (f,) = doc["findings"]
     assert (f["first"], f["last"], f["stops_at"]) == ("0.27.0", "0.28.0", "0.29.0")
     assert [c[:2] for c in f["cells"]] == [["0.27.0", "full"], ["0.28.0", "full"], ["0.28.0", "swa"]]
     assert doc["by_class"]["0.28.0"]["crash"] == 2 and doc["by_class"]["0.29.0"]["crash"] == 0
-    assert doc["matrix"]["0.29.0"]["swa"]["outcome"] == "refused"
+    assert doc["matrix"]["0.29.0"]["swa"]["outcome"] == "unsupported"
     # the order of the shards' results does not change the document
     assert C.merge(["0.27.0", "0.28.0", "0.29.0"], results[::-1]) == doc
 

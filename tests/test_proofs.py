@@ -71,14 +71,14 @@ def witnesses():
 
 def test_witness_cases_replay_on_the_spec(witnesses):
     """Every refuted load obligation's witness is a case the spec replays (the reservation
-    obligations' witnesses are allocate_slots calls: tests/test_reservation.py replays them)."""
+    obligations' witnesses are allocate_slots calls: tests/test_reservation.py replays them;
+    the lookup obligations' are lookup cases: tests/test_lookup.py replays them)."""
     from kvbound.proofs.lookup import obligations as lookup_obligations
     from kvbound.proofs.reservation import obligations as reservation_obligations
 
     cases = witnesses
-    # lookup obligations' witnesses are lookup cases: tests/test_lookup.py replays them
-    allocation = {o.id for o in reservation_obligations()} | {o.id for o in lookup_obligations()}
-    refuted = [o for o in OBLIGATIONS if o.expected == REFUTED and o.id not in allocation]
+    other = {o.id for o in reservation_obligations()} | {o.id for o in lookup_obligations()}
+    refuted = [o for o in OBLIGATIONS if o.expected == REFUTED and o.id not in other]
     assert sorted(c.name for c in cases) == sorted(f"witness-{o.id}" for o in refuted)
     by_name = {c.name: c for c in cases}
     for o in refuted:

@@ -142,7 +142,8 @@ def run(args) -> int:
             {"column": r["shard"]["column"], **r["timings"]} for r in results]}, indent=1) + "\n")
     if args.html:
         Path(args.html).write_text(html_page(doc))
-    if any(f["class"] == "harness" for f in doc["findings"]):
+    if any(f["class"] == "harness" for f in doc["findings"]) or any(
+            cell["outcome"] == "worker_failed" for col in doc["matrix"].values() for cell in col.values()):
         return EXIT_INPUT
     if args.baseline:
         new, gone = against_baseline(doc, _read_baseline(args.baseline))
@@ -180,8 +181,10 @@ def against_baseline(doc, baseline) -> tuple[list, list]:
 def _cell_text(cell) -> str:
     if cell is None:
         return "-"
+    if cell["outcome"] == "unsupported":
+        return "n/a"
     if cell["outcome"] != "ran":
-        return "skip"
+        return "FAIL"
     return str(len(cell["findings"])) if cell["findings"] else "ok"
 
 
@@ -190,7 +193,7 @@ def render(doc) -> str:
 
     cols = doc["columns"]
     layouts = sorted({l for c in doc["matrix"].values() for l in c})
-    lines = ["", "== matrix: layouts x releases (ok, skip, or the number of distinct findings) =="]
+    lines = ["", "== matrix: layouts x releases (ok; n/a: the release lacks what the layout needs; FAIL: the worker died; else the number of distinct findings) =="]
     w0 = max([len("layout")] + [len(l) for l in layouts])
     ws = [max(len(c), 4) for c in cols]
     lines.append("  ".join(["layout".ljust(w0)] + [c.rjust(w) for c, w in zip(cols, ws)]))
@@ -206,7 +209,7 @@ def render(doc) -> str:
     skips = [(c, l, cell["why"]) for c in cols for l, cell in sorted(doc["matrix"].get(c, {}).items())
              if cell["outcome"] != "ran"]
     if skips:
-        lines += ["", "== skipped =="] + [f"  {c} {l}: {why}" for c, l, why in skips]
+        lines += ["", "== not run =="] + [f"  {c} {l}: {why}" for c, l, why in skips]
     if doc["findings"]:
         lines += ["", f"== {len(doc['findings'])} distinct finding(s) =="]
         for f in doc["findings"]:

@@ -159,7 +159,7 @@ def run(args) -> int:
             try:
                 got_s, got_f = R.run_trace(env, [name], n, args.seed, args.segment, args.scheduler,
                                            _bar(args.quiet), args.stop_on_first, overrides, worker=w)
-            except R.TraceError as e:  # this layout only: one line, and the run goes on
+            except R.TraceError as e:  # this layout only (unsupported, or its worker died): one line
                 why = str(e).splitlines()[0]
                 skipped.append({"layout": name, "why": why})
                 print(f"  {name}: skipped: {why}", file=sys.stderr, flush=True)

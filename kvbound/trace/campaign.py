@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kvbound.errors import TraceError, UsageError
+from kvbound.errors import LayoutUnsupported, TraceError, UsageError
 
 # Requests per second of wall time one worker is planned at (every check on, shrinking
 # included). Measured here at 400-1,800 requests per CPU-second stepping (docs/benchmarks.md);
@@ -93,10 +93,14 @@ def run_shard(shard_json: dict, progress=None, out_dir: str | None = None) -> di
                 summaries, findings = R.run_trace(env, [name], shard.requests, shard.seed, shard.segment,
                                                   shard.scheduler, progress, False, dict(shard.overrides),
                                                   worker=w)
-            except TraceError as e:
+            except LayoutUnsupported as e:  # the release lacks what the layout needs: one line
+                cells.append({"layout": name, "outcome": "unsupported", "why": str(e).splitlines()[0],
+                              "findings": []})
+                continue
+            except TraceError as e:  # the worker died or hung on this layout
                 if not w.alive:
                     w = R.start_worker(env)
-                cells.append({"layout": name, "outcome": "refused", "why": str(e).splitlines()[0],
+                cells.append({"layout": name, "outcome": "worker_failed", "why": str(e).splitlines()[0],
                               "findings": []})
                 continue
             s = summaries[0]
