@@ -47,6 +47,10 @@ witness Z3 found, drawn as block tables and replayed through the executable spec
 * **Premises** are named objects (`kvbound.proofs.premises`), each with its Z3 term and an
   executable predicate (`kvbound premises CASE...`), and the vLLM source lines it was read from;
   they are listed at the end of this page.
+* The `lookup.*` obligations are about `get_num_new_matched_tokens`, not the load plan: their
+  contract (no false hit, no lost hit, no needless deferral, progress), each clause with the vLLM
+  lines it is read from, is stated in [docs/lookup.md](lookup.md#the-contract); their witnesses are
+  lookup cases (docs/case-format.md, "Lookup cases").
 
 Witness drawings: """ + LEGEND.replace("legend  ", "") + """; `^` marks f, k and
 each variant's load start, `~` the load region.

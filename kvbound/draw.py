@@ -328,3 +328,28 @@ def explain_case(case: Case, variants=tuple(Variant), version: str | None = None
         if reason:
             out.append(f"{'':<11}why: {reason}")
     return "\n".join(out)
+
+
+def draw_content(table: dict) -> str:
+    """A shadow-KV finding's block table (``kvbound/trace/shadow.py`` ``ShadowKV.table``):
+    each block of the request's group with what its slots hold against what this request
+    expects there (its own prefix's KV)."""
+    g, rid, p = table["group"], table["request"], table["position"]
+    lines = [f"   group {g} of request {rid} (block size {table['block_size']}), at position {p}:",
+             "     idx  block  tokens        holds"]
+    for row in table["rows"]:
+        a, b = row["tokens"]
+        parts = []
+        for what, lo, hi, who, at in row["runs"]:
+            span = f"{lo}" if hi == lo + 1 else f"{lo}..{hi - 1}"
+            if what == "own":
+                parts.append(f"own KV {span} ok")
+            elif what == "unwritten":
+                parts.append(f"unwritten {span} !!")
+            else:
+                parts.append(f"request {who}'s KV of position {at}.. at {span} !!")
+        mark = "  <-" if a <= p < b else ""
+        via = f"   ({row['via']})" if row.get("via") else ""
+        lines.append(f"     {row['index']:>3}  {row['block_id']:>5}  [{a},{b})".ljust(31)
+                     + " | ".join(parts) + mark + via)
+    return "\n".join(lines)

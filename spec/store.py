@@ -8,8 +8,10 @@ count. The rows below are the first release of each behaviour (file:line in
 docs/trace.md, "Shadow KV"):
 
 - 0.26: a finished request's horizon is ``num_tokens``, aborted or not
-  (0.26.0 ``offloading/scheduler.py:941-945``);
-- 0.27: an aborted request's horizon is ``num_computed_tokens`` (0.27.0 ``:1038-1041``);
+  (0.26.0 ``offloading/scheduler.py:941-945``), not capped by the allocated blocks: more
+  chunks than blocks trips ``assert len(offload_keys) == len(offload_block_ids)`` (``:975``);
+- 0.27: an aborted request's horizon is ``num_computed_tokens`` (0.27.0 ``:1038-1041``),
+  and ``storable_chunks`` caps at the allocated chunks (``:338-364``);
 - 0.30: a finished request's horizon is clamped to ``max(num_prompt_tokens,
   num_tokens - 1)``, the GPU prefix cache's commit point (0.30.0 ``:1482-1485``).
 
@@ -31,10 +33,11 @@ class StoreFeatures:
     release: str
     aborted_at_computed: bool  # an aborted request stores up to num_computed_tokens
     finished_clamp: bool  # a finished request stores up to max(prompt, num_tokens - 1)
+    caps_at_allocated: bool = True  # storable_chunks <= allocated chunks (else an assert)
 
 
 STORE_RELEASES = (
-    ((0, 26), StoreFeatures("0.26.0", False, False)),
+    ((0, 26), StoreFeatures("0.26.0", False, False, False)),
     ((0, 27), StoreFeatures("0.27.0", True, False)),
     ((0, 30), StoreFeatures("0.30.0", True, True)),
 )
@@ -81,10 +84,15 @@ def store_horizon(version: str, status: str, num_prompt_tokens: int, num_tokens:
         num_tokens, num_prompt_tokens, offload_prompt_only, max_offload_tokens)
 
 
-def next_stored_chunk_idx(before: int, horizon: int, tokens_per_chunk: int, num_allocated_chunks: int) -> int:
+def next_stored_chunk_idx(before: int, horizon: int, tokens_per_chunk: int, num_allocated_chunks: int,
+                          caps_at_allocated: bool = True) -> int | None:
     """A full-attention, non-draft group's ``next_stored_chunk_idx`` after the step (when the
-    tier accepted the store): the allocated whole chunks below the horizon."""
-    return max(before, min(horizon // tokens_per_chunk, num_allocated_chunks))
+    tier accepted the store): the allocated whole chunks below the horizon. None where the
+    release asserts instead (0.26: more chunks than allocated blocks)."""
+    n = horizon // tokens_per_chunk
+    if not caps_at_allocated and n > max(before, num_allocated_chunks):
+        return None
+    return max(before, min(n, num_allocated_chunks))
 
 
 def computed_tokens(status: str, num_tokens: int, num_computed_tokens: int, num_scheduled_tokens: int = 0) -> int:

@@ -20,7 +20,8 @@ _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 _L, _F, _S = Variant.LEGACY, Variant.FIXED, Variant.FIXED_SYNC
 _COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eagle_partial_tails",
             "extra_retained_tokens", "window_counts_retained", "group_subsets", "sync_loads", "allocator",
-            "mamba_external_kv", "schedule_end_hook", "prefix_match_unit", "chunked_local_offload",
+            "mamba_external_kv", "schedule_end_hook", "offload_prompt_only", "prefix_match_unit",
+            "chunked_local_offload",
             "single_attention_hybrid",
             "lookup_eagle", "lookup_defers_on_transfers", "lookup_result_enum", "lookup_swa_gap_clears_pending",
             "lookup_eagle_widens_every_group", "lookup_load_window", "lookup_partial_tail_bridge")
@@ -44,7 +45,8 @@ _COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eag
 #  0.23 Mamba takes connector tokens: 0.22.1 v1/core/sched/scheduler.py:286
 #       `assert num_external_computed_tokens == 0` ("External KV connector is not verified
 #       yet") in _mamba_block_aligned_split is gone; OffloadingManager.on_schedule_end
-#       arrives (0.23.0 v1/kv_offload/base.py:260)
+#       arrives (0.23.0 v1/kv_offload/base.py:260), and so does the extra config
+#       offload_prompt_only (0.23.0 v1/kv_offload/base.py:397; no 0.22.1 file names it)
 #  0.26 CacheConfig.prefix_match_unit (0.26.0 vllm/config/cache.py:56; 0.25.1's pydantic
 #       CacheConfig refuses the keyword)
 #  0.28 the connector offloads chunked local attention (0.28.0 offloading/scheduler.py:116;
@@ -61,20 +63,20 @@ RELEASES: tuple = tuple(
     ((int(v.split(".")[0]), int(v.split(".")[1])), ReleaseFeatures(**dict(zip(_COLUMNS, row)), release=v))
     for v, *row in (
         # release  variant slack keys_every partial eagle_pt retained win_retained subsets sync alloc
-        #          | mamba_ext sched_end pmu chunked one_attn | lookup: eagle transfers enum gap_clears widen_all load_window bridge
-        ("0.20.0", _L, None, _T, _N, _N, _N, _N, _N, _N, None, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
-        ("0.21.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
-        ("0.23.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
-        ("0.24.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _N, _N, _N, _T, _T, _N, _N, _N, _N, _N),
-        ("0.25.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _N, _N, _N, _T, _T, _T, _N, _N, _N, _N),
-        ("0.26.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _N, _N, _T, _T, _T, _N, _N, _N, _N),
-        ("0.27.0", _L, 1, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _N, _N, _T, _T, _T, _N, _N, _N, _N),
-        ("0.28.0", _L, 1, _N, _T, _N, _T, _N, _N, _N, "0.28.0", _T, _T, _T, _T, _N, _T, _T, _T, _N, _N, _N, _N),
-        ("0.29.0", _L, 1, _N, _T, _N, _T, _N, _N, _N, "0.29.0", _T, _T, _T, _T, _T, _T, _T, _T, _N, _N, _N, _N),
-        ("0.30.0", _F, 1, _N, _T, _N, _T, _N, _T, _N, "0.30.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
-        ("0.31.0", _F, 1, _N, _T, _N, _T, _T, _T, _N, "0.31.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
-        ("0.32.0", _F, 1, _N, _T, _N, _T, _T, _T, _N, "0.32.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
-        ("0.33.0", _S, 1, _N, _T, _T, _T, _T, _T, _T, "0.32.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T),
+        #          | mamba_ext sched_end prompt_only pmu chunked one_attn | lookup: eagle transfers enum gap_clears widen_all load_window bridge
+        ("0.20.0", _L, None, _T, _N, _N, _N, _N, _N, _N, None, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
+        ("0.21.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
+        ("0.23.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
+        ("0.24.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _N, _N, _N, _T, _T, _N, _N, _N, _N, _N),
+        ("0.25.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _N, _N, _N, _T, _T, _T, _N, _N, _N, _N),
+        ("0.26.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _T, _N, _N, _T, _T, _T, _N, _N, _N, _N),
+        ("0.27.0", _L, 1, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _T, _N, _N, _T, _T, _T, _N, _N, _N, _N),
+        ("0.28.0", _L, 1, _N, _T, _N, _T, _N, _N, _N, "0.28.0", _T, _T, _T, _T, _T, _N, _T, _T, _T, _N, _N, _N, _N),
+        ("0.29.0", _L, 1, _N, _T, _N, _T, _N, _N, _N, "0.29.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _N, _N, _N, _N),
+        ("0.30.0", _F, 1, _N, _T, _N, _T, _N, _T, _N, "0.30.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
+        ("0.31.0", _F, 1, _N, _T, _N, _T, _T, _T, _N, "0.31.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
+        ("0.32.0", _F, 1, _N, _T, _N, _T, _T, _T, _N, "0.32.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
+        ("0.33.0", _S, 1, _N, _T, _T, _T, _T, _T, _T, "0.32.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T),
     )
 )
 assert RELEASES[-1][1] == replace(ReleaseFeatures(), release="0.33.0")  # the dataclass defaults are 0.33

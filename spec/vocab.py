@@ -305,6 +305,7 @@ class ReleaseFeatures:
     # What an engine of the release can be built with (kvbound trace's layouts need them):
     mamba_external_kv: bool = True  # 0.23+: the scheduler takes external (connector) tokens for Mamba
     schedule_end_hook: bool = True  # 0.23+: OffloadingManager.on_schedule_end
+    offload_prompt_only: bool = True  # 0.23+: kv_connector_extra_config offload_prompt_only (False: decodes too)
     prefix_match_unit: bool = True  # 0.26+: CacheConfig.prefix_match_unit (tokens_per_hash < block)
     chunked_local_offload: bool = True  # 0.28+: the connector offloads ChunkedLocalAttentionSpec groups
     single_attention_hybrid: bool = True  # 0.29+: a hybrid coordinator with one attention spec (FA + EAGLE FA)

@@ -60,6 +60,31 @@ def test_contract_clauses():
     assert check_lookup(wait, feats, None, None) == []
 
 
+def test_lookup_obligations_verdicts_and_witnesses():
+    """proofs/lookup.py: no needless deferral refuted on 0.21-0.29 and proved on 0.30+ (its RETRY
+    form refuted on 0.25+), no lost/false hit proved; each witness replays through the spec."""
+    from kvbound.proofs.lookup import obligations
+    from kvbound.proofs.runner import run_obligation
+
+    got = {o.id: run_obligation(o) for o in obligations()}
+    assert all(r.met for r in got.values()), {i: r.verdict for i, r in got.items() if not r.met}
+    assert got["lookup.window.no-needless-deferral.0.25.1"].verdict == "refuted"
+    assert got["lookup.window.no-needless-deferral.0.30.0"].verdict == "proved"
+
+
+def test_saved_calibration_case():
+    """The shrunk 0.29.0 trace finding's lookup (docs/trace-findings): a window's 3 ready
+    chunks left of a MISS, a HIT_PENDING right of it. 0.29 defers; 0.30 loads the 48 tokens."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
+                      / "0-29-0-swa-scripted-lookup-needless-deferral-13req.json").read_text())
+    case = lookup_case_from_dict(doc["detail"]["lookup_case"])
+    assert lookup_for_version(case, "0.29.0").hit is None
+    assert lookup_for_version(case, "0.30.0").hit == 48
+
+
 def test_lookup_case_round_trips():
     case = _case(CALIBRATION)
     assert lookup_case_from_dict(lookup_case_to_dict(case)) == case

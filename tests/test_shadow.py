@@ -89,16 +89,81 @@ def test_shadow_clean_run_reports_nothing(workers):
     assert not got, dict(got)
 
 
+def test_store_obligations_per_release():
+    """Z3: refuted where the release stores what the forward never computed (0.26-0.29
+    finished with offload_prompt_only=False; 0.26 aborted), proved where it is fixed."""
+    from kvbound.proofs.store import REFUTED, run_store_obligations
+
+    results = run_store_obligations()
+    assert all(r.as_expected for r in results), [(r.obligation.id, r.verdict) for r in results]
+    refuted = {r.obligation.id for r in results if r.verdict == REFUTED}
+    assert "store.computed[0.27.0+,finished,prompt_only=False]" in refuted
+    assert not any("0.30.0" in i for i in refuted)
+    w = next(r for r in results if r.obligation.id == "store.computed[0.27.0+,finished,prompt_only=False]")
+    assert "never forwarded" in w.drawing()
+
+
 def test_finished_request_store_horizon_0_29(workers):
-    """0.29.0, offload_prompt_only=False: a finished request stores the chunk that ends at its
-    final sampled token, never forwarded (fixed in 0.30.0 by the num_tokens - 1 clamp)."""
-    env, w = workers("0.29.0")
-    job = {"layout": dict(R.LAYOUTS["full-store-all"], name="full-store-all"),
-           "params": dict(R.ENGINE["full-store-all"], seed="0", **{"async": False}),
-           "requests": [{"id": 7, "arrive": 0, "prompt": [["uniq", 7, 1]], "max_tokens": 15,
-                         "abort_after": None}]}
-    found, _ = R.check_result("0.29.0", "full-store-all", job, w.job(job))
-    kinds = {f.kind for f in found}
-    assert kinds & {"store:unwritten_source", "store:foreign_source"}, kinds
-    f = next(f for f in found if f.kind.startswith("store:"))
-    assert f.detail["position"] == 15
+    """The Z3 witness of 0.27-0.29's finish path, replayed on the real 0.29.0: a finished
+    request stores the chunk that ends at its final sampled token, never forwarded (0.30.0
+    clamps the horizon to num_tokens - 1); 0.30.0 stores nothing of the kind."""
+    from kvbound.proofs.store import STORE_OBLIGATIONS, run_store_obligation
+
+    ob = next(o for o in STORE_OBLIGATIONS if o.id == "store.computed[0.27.0+,finished,prompt_only=False]")
+    w = run_store_obligation(ob).witness
+    assert w["B"] == 16
+    req = {"id": 7, "arrive": 0, "prompt": [["uniq", 7, w["P"]]], "max_tokens": w["O"], "abort_after": None}
+    for version, expect in (("0.29.0", True), ("0.30.0", False)):
+        env, wk = workers(version)
+        job = {"layout": dict(R.LAYOUTS["full-store-all"], name="full-store-all"),
+               "params": dict(R.ENGINE["full-store-all"], seed="0", **{"async": False}), "requests": [req]}
+        found, _ = R.check_result(version, "full-store-all", job, wk.job(job))
+        stores = [f for f in found if f.kind in ("store:unwritten_source", "store:foreign_source")]
+        assert bool(stores) == expect, [f.kind for f in found]
+        if expect:
+            assert stores[0].detail["position"] == w["T"] - 1
+
+
+def test_aborted_mid_prefill_store_0_26(workers):
+    """The 0.26 aborted-request witness (refuted by proofs/store.py), replayed on the real
+    0.26.0 with the default offload_prompt_only=True: two prompts share a 256-token step,
+    the longer one (165 tokens, 156 computed) is aborted and 0.26 stores its chunk
+    [144, 160) with 156..159 never computed (0.27.0 stores up to num_computed_tokens)."""
+    env, w = workers("0.26.0")
+    reqs = [{"id": 1, "arrive": 0, "prompt": [["uniq", 1, 100]], "max_tokens": 4, "abort_after": None},
+            {"id": 2, "arrive": 0, "prompt": [["uniq", 2, 165]], "max_tokens": 4, "abort_after": 1}]
+    job = {"layout": dict(R.LAYOUTS["full"], name="full"),
+           "params": dict(R.ENGINE["full"], seed="0", **{"async": False}), "requests": reqs}
+    found, _ = R.check_result("0.26.0", "full", job, w.job(job))
+    f = [f for f in found if f.kind == "store:unwritten_source"]
+    assert f and f[0].detail["position"] == 156, [g.kind for g in found]
+
+
+def test_store_spec_rows_and_judge():
+    from kvbound.spec import store as ST
+    from kvbound.trace.storecheck import judge_store_calls
+
+    # finished, store-all: 0.29 stores through num_tokens, 0.30 up to num_tokens - 1
+    assert ST.store_horizon("0.29.0", ST.FINISHED, 1, 16, 15, 0, False) == 16
+    assert ST.store_horizon("0.30.0", ST.FINISHED, 1, 16, 15, 0, False) == 15
+    assert ST.store_horizon("0.30.0", ST.FINISHED, 1, 16, 15, 0, True) == 1
+    assert ST.store_horizon("0.26.0", ST.ABORTED, 165, 165, 156) == 165
+    assert ST.store_horizon("0.27.0", ST.ABORTED, 165, 165, 156) == 156
+    assert ST.next_stored_chunk_idx(0, 165, 16, 10, caps_at_allocated=False) == 10  # the wrong chunk 9
+    assert ST.next_stored_chunk_idx(0, 600, 16, 10, caps_at_allocated=False) is None  # 0.26 asserts
+    job = {"layout": {"groups": [{"tokens_per_block": 16}], "blocks_per_chunk": 1},
+           "params": {"offload_prompt_only": False}}
+    ok = [[3, "7", "finished", 1, 16, 15, 0, None, 1, 0, 0, False]]  # 0.30: chunk 0 not stored
+    assert judge_store_calls("0.30.0", job, {"store_calls": ok}) == ([], 1)
+    bad, n = judge_store_calls("0.29.0", job, {"store_calls": ok})  # 0.29 would have stored it
+    assert n == 1 and bad[0]["check"] == "store:spec_disagreement" and bad[0]["spec"] == 1
+
+
+def test_draw_content_marks_what_the_reader_does_not_own():
+    from kvbound.draw import draw_content
+
+    table = {"group": 0, "request": "113", "block_size": 16, "position": 319, "rows": [
+        {"index": 19, "block_id": 29, "tokens": [304, 320], "via": "load job 6",
+         "runs": [["own", 304, 319, None, None], ["unwritten", 319, 320, None, None]]}]}
+    out = draw_content(table)
+    assert "own KV 304..318 ok" in out and "unwritten 319 !!" in out and "<-" in out and "load job 6" in out

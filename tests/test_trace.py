@@ -147,7 +147,8 @@ def test_every_layout_runs_on_033_and_the_first_supporting_release_of_each_need(
     assert all(layout_support(name, "0.33.0") is None for name in LAYOUTS)
     assert layout_support("mamba-block", "0.23.0") is None and layout_support("mamba", "0.26.0") is None
     assert layout_support("chunked", "0.28.0") is None and layout_support("eagle", "0.29.0") is None
-    assert [n for n in LAYOUTS if layout_support(n, "0.21.0") is None] == ["full", "swa", "bpc2"]
+    assert [n for n in LAYOUTS if layout_support(n, "0.21.0") is None] == ["full", "swa", "full-store-all",
+                                                                             "swa-store-all", "bpc2"]
 
 
 def test_run_trace_skips_an_unsupported_layout_before_starting_an_engine():
@@ -203,6 +204,10 @@ def test_trace_needs_a_release(capsys):
 # --- real vLLM ---------------------------------------------------------------------------
 
 REAL = ("0.29.0", "0.33.0")
+# Real vLLM efficiency findings of the lookup on drafter and scripted-tier layouts (a
+# deferral on a chunk the EAGLE pop or a sibling group rules out; the EAGLE pop of 0.24-0.29
+# losing a chunk, #52735): docs/lookup.md lists them; the checks here are about the rest.
+LOOKUP_EFFICIENCY = ("lookup:lost_hit", "lookup:needless_deferral")
 
 
 def _env(version):
@@ -245,6 +250,7 @@ def test_real_trace_eagle_drafter_layouts(workers):
     env, w = workers("0.33.0")
     summaries, findings = R.run_trace(env, ["eagle", "mamba-eagle", "mamba-eagle-untagged"], 120, seed=1,
                                       segment=60, worker=w)
+    findings = [f for f in findings if f.kind not in LOOKUP_EFFICIENCY]
     assert findings == [], [f.key() for f in findings]
     by = {s.layout: s for s in summaries}
     for s in summaries:
@@ -270,6 +276,7 @@ def test_real_trace_scripted_tier(workers):
     env, w = workers("0.33.0")
     summaries, findings = R.run_trace(env, ["full-scripted", "mamba-eagle-scripted"], 120, seed=1,
                                       segment=60, worker=w)
+    findings = [f for f in findings if f.kind not in LOOKUP_EFFICIENCY]
     assert findings == [], [f.key() for f in findings]
     for s in summaries:
         assert s.stats["requests"] == 120 and s.stats["loads"] > 0
@@ -301,6 +308,12 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-26-0-mamba-vllm-exception-update-state-after-alloc-5req.json", "update_state_after_alloc"),
     ("0-33-0-mamba-block-sync-vllm-exception-get-new-blocks-8req.json", "get_new_blocks"),
     ("0-33-0-mamba-block-sync-lifecycle-allocation-exceeds-reservation-3req.json", None),
+    # issue 18: the waiting-queue deadlock (0.21-0.30) and 0.27's lagging-Mamba truncation
+    ("0-30-0-eagle-lifecycle-not-drained-82req.json", None),
+    ("0-27-0-mamba-eagle-untagged-vllm-exception-truncate-computed-blocks-7req.json", "truncate_computed_blocks"),
+    ("0-26-0-mamba-eagle-vllm-exception-apply-cow-2req.json", "_apply_cow"),
+    # the calibration of the lookup checks: a HIT_PENDING right of a gap defers (docs/lookup.md)
+    ("0-29-0-swa-scripted-lookup-needless-deferral-13req.json", None),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""

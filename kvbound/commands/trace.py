@@ -257,10 +257,19 @@ def describe(f, path: str, shrunk_from: int | None = None) -> str:
     n = len(f.segment["requests"])
     lines = [f"\n-- {f.kind} on vllm {f.release}, layout {f.layout}: {n} request(s)"
              + (f" (shrunk from {shrunk_from})" if shrunk_from else "") + f"\n   {path}"]
-    d = _short(f.detail)
+    d = _short({k: v for k, v in f.detail.items() if k != "table"})
     lines.append("   " + json.dumps(d)[:1500])
+    if isinstance(f.detail.get("table"), dict):  # a shadow-KV finding: the blocks' content
+        from kvbound.draw import draw_content
+
+        lines.append(draw_content(f.detail["table"]))
     if f.case is not None:
-        case = case_from_dict(f.case, f.case.get("name", "?"))
+        try:
+            case = case_from_dict(f.case, f.case.get("name", "?"))
+        except ValueError:  # premise:valid-call: the call is no valid case; show its groups as given
+            lines += [f"   group {i} {g.get('kind')}: {' '.join(map(str, g.get('blocks', [])))}"
+                      for i, g in enumerate(f.case.get("groups", []))]
+            return "\n".join(lines)
         plan = plan_for_version(case, f.release)
         lines.append(draw_case(case, plans={plan.variant: plan}, legend=True))
     return "\n".join(lines)

@@ -210,6 +210,9 @@ def _structured(vllm_config):
     return StructuredOutputManager(vllm_config)
 
 
+STALL_STEPS = 2000  # idle steps after which a run that cannot change any more is not drained
+
+
 class Engine:
     def __init__(self, rel, lay, par, vllm_config, kv_cache_config, sched, wconn, hash_block_size):
         self.rel, self.lay, self.par = rel, lay, par
@@ -239,8 +242,9 @@ class Engine:
         # scheduled before the previous one's rejections apply and the real runner corrects
         # its positions on the GPU (gpu_model_runner.py's deferred state corrections), which
         # the fake runner does not model.
+        # Nor on the pre-0.25 worker API (one transfer_async per job): its fake moves nothing.
         self.shadow = None if par.get("shadow") is False or (par.get("async") and self.num_spec) \
-            else shadow.ShadowKV(self)
+            or not hasattr(self.transfers, "submit_store") else shadow.ShadowKV(self)
         self._wrap()
         if self.shadow is not None:
             self.shadow.install()
@@ -395,6 +399,7 @@ class Engine:
         self.step_no = 0
         is_async = bool(self.par.get("async"))
         queue = []  # (scheduler_output, model_output), oldest last
+        stalled = 0  # consecutive steps that scheduled nothing with nothing in flight or to come
         while True:
             s = self.step_no
             for r in by_step.pop(s, ()):
@@ -417,6 +422,20 @@ class Engine:
                 self.stats["steps"] += 1
                 so = sched.schedule()
                 self.stats["preemptions"] += len(getattr(so, "preempted_req_ids", ()) or ())
+                # A fixed point: nothing scheduled, no transfer pending, no arrival or abort to
+                # come. The scheduler's state changes only through model outputs (empty now)
+                # and transfer completions (none pending), so it never drains: say so now
+                # rather than after max_steps (a shrink reruns it many times).
+                if (so.total_num_scheduled_tokens == 0 and not self.transfers.pending
+                        and s > last_arrival and not aborts):
+                    stalled += 1
+                    if stalled >= STALL_STEPS:
+                        self.violate("not_drained", None, "stalled: no token scheduled for %d steps, no"
+                                     " transfer in flight and no request left to arrive (%d requests"
+                                     " left)" % (STALL_STEPS, len(sched.requests)))
+                        break
+                else:
+                    stalled = 0
                 mro = self.model_runner.output(so, self.worker_side(so))
                 queue.insert(0, (so, mro))
                 executed = so.total_num_scheduled_tokens > 0

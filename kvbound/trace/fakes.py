@@ -250,48 +250,26 @@ def fake_transfer_engine_class(obase):
 
 
 def _legacy_fake_transfer_engine_class(obase):
-    """The same fake for the pre-0.25 API: one ``transfer_async(job_id, (src, dst))``, a load
-    when the destination is the GPU (``GPULoadStoreSpec.medium()``); results are the
-    release's own ``TransferResult``; those releases assert every transfer succeeded
-    (0.24.0 offloading/worker.py:309 ``assert transfer_result.success``), so ``fail_p`` is
-    honoured only where the connector handles failures."""
+    """The same fake (the same methods, shadow KV included) for the pre-0.25 API: one
+    ``transfer_async(job_id, (src, dst))``, a load when the destination is the GPU
+    (``GPULoadStoreSpec.medium()``), results the release's own ``TransferResult``. Those
+    releases assert every transfer succeeded (0.24.0 offloading/worker.py:309), so keep
+    ``fail_p`` 0 there."""
     from vllm.v1.kv_offload.worker import worker as w0
 
-    class KvboundFakeTransferEngine(w0.OffloadingWorker):
+    modern = fake_transfer_engine_class(types.SimpleNamespace(OffloadingWorker=object,
+                                                              TransferResult=w0.TransferResult))
+
+    class KvboundFakeTransferEngine(modern, w0.OffloadingWorker):
         def __init__(self, rng, max_delay, fail_p, eng):
-            super().__init__()
-            self.rng, self.max_delay, self.fail_p, self.eng = rng, max_delay, fail_p, eng
-            self.pending = {}
-            self.submitted = {}
+            w0.OffloadingWorker.__init__(self)
+            modern.__init__(self, rng, max_delay, fail_p, eng)
 
         def transfer_async(self, job_id, spec):
             src, dst = spec
             if dst.medium() == obase.GPULoadStoreSpec.medium():  # CPU -> GPU: a load
-                ok = self.rng.random() >= self.fail_p
-                self.pending[job_id] = [self.rng.randint(0, self.max_delay), ok, "load"]
-                self.submitted[job_id] = "load"
-                self.eng.on_submit("load", job_id, dst)
-            else:
-                if self.eng.mutant != "lost_store":
-                    self.pending[job_id] = [self.rng.randint(0, self.max_delay), True, "store"]
-                self.submitted[job_id] = "store"
-                self.eng.on_submit("store", job_id, src)
-            return True
-
-        def get_finished(self):
-            done = []
-            for j, v in list(self.pending.items()):
-                if v[0] <= 0:
-                    done.append(w0.TransferResult(job_id=j, success=v[1]))
-                    del self.pending[j]
-                else:
-                    v[0] -= 1
-            return done
-
-        def wait(self, job_ids):
-            for j in job_ids:
-                if j in self.pending:
-                    self.pending[j][0] = 0
+                return self.submit_load(job_id, src, dst)
+            return self.submit_store(job_id, src, dst)
 
     return KvboundFakeTransferEngine
 

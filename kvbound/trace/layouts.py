@@ -125,6 +125,9 @@ NEED = {
                           " \"External KV connector is not verified yet\"; gone in 0.23)"),
     "schedule_end_hook": ("schedule_end_hook", "the scripted tier evicts at OffloadingManager.on_schedule_end,"
                           " which arrived in 0.23 (0.23.0 v1/kv_offload/base.py:260)"),
+    "offload_prompt_only": ("offload_prompt_only", "offloading decoded tokens needs the extra config"
+                            " offload_prompt_only, which arrived in 0.23 (0.23.0 v1/kv_offload/base.py:397;"
+                            " earlier releases offload prompts only)"),
     "prefix_match_unit": ("prefix_match_unit", "hashing every 16 tokens below the block size needs"
                           " CacheConfig.prefix_match_unit (0.26.0 vllm/config/cache.py:56; earlier"
                           " CacheConfigs refuse the keyword)"),
@@ -136,20 +139,22 @@ NEED = {
                                 " spec leaves one attention group, which HybridKVCacheCoordinator refuses"
                                 " (0.28.0 v1/core/kv_cache_coordinator.py:682 \"requires at least two"
                                 " attention groups\"; gone in 0.29)"),
-    "sync_loads": ("variant", "sync loads (kv_connector_extra_config sync_load_budget_bytes) arrived in"
+    "sync_loads": ("sync_loads", "sync loads (kv_connector_extra_config sync_load_budget_bytes) arrived in"
                    " 0.33 (0.33.0 offloading/scheduler.py:168,323)"),
 }
 _MAMBA = ("mamba_external_kv",)
 _MAMBA16 = _MAMBA + ("prefix_match_unit",)
 NEEDS = {
-    "full": (), "swa": (), "bpc2": (),
+    "full": (), "swa": (), "bpc2": (), "full-store-all": (), "swa-store-all": (),
     "chunked": ("chunked_local_offload",),
     "mamba": _MAMBA16, "mamba-block": _MAMBA, "mamba528": _MAMBA16,
     "swa-sync": ("sync_loads",), "mamba-sync": _MAMBA16 + ("sync_loads",),
     "mamba-block-sync": _MAMBA + ("sync_loads",),
     "eagle": ("single_attention_hybrid",),
     "mamba-eagle": _MAMBA16, "mamba-eagle-untagged": _MAMBA16,
-    "full-scripted": ("schedule_end_hook",),
+    "full-scripted": ("schedule_end_hook",), "swa-scripted": ("schedule_end_hook",),
+    "full-stalled": ("schedule_end_hook",),
+    "full-store-all": ("offload_prompt_only",), "swa-store-all": ("offload_prompt_only",),
     "mamba-eagle-scripted": _MAMBA16 + ("schedule_end_hook",),
 }
 
@@ -158,15 +163,9 @@ def layout_support(layout_name: str, version: str) -> str | None:
     """None when vLLM ``version`` can run ``layout_name``; else one line saying why not,
     with the vLLM lines (read from the release table's row for ``version``)."""
     from kvbound.spec import release_features
-    from kvbound.spec.vocab import Variant
 
     feats = release_features(version)
-    missing = []
-    for need in NEEDS.get(layout_name, ()):
-        column, why = NEED[need]
-        have = feats.variant is Variant.FIXED_SYNC if column == "variant" else getattr(feats, column)
-        if not have:
-            missing.append(why)
+    missing = [NEED[need][1] for need in NEEDS.get(layout_name, ()) if not getattr(feats, NEED[need][0])]
     if not missing:
         return None
     return f"vllm {version} cannot run layout {layout_name}: " + "; ".join(missing)

@@ -8,7 +8,9 @@ docs/lookup.md): ``lookup:false_hit``, ``lookup:lost_hit`` and
 
 from __future__ import annotations
 
-from kvbound.spec.lookup import lookup_case_from_dict, get_num_new_matched_tokens
+from dataclasses import replace
+
+from kvbound.spec.lookup import Answer, get_num_new_matched_tokens, lookup_case_from_dict
 from kvbound.spec.lookup_contract import check_lookup
 from kvbound.spec.versions import release_features
 
@@ -46,5 +48,22 @@ def check_lookups(release: str, res: dict):
             if _PER_REQUEST and key in seen:
                 continue
             seen.add(key)
-            out.append(("lookup:" + b.clause, dict(base, message=b.message, tokens=b.tokens), c["case"]))
+            extra = {"deferred_on": deferral_causes(case, feats)} if b.clause == "needless_deferral" else {}
+            out.append(("lookup:" + b.clause, dict(base, message=b.message, tokens=b.tokens, **extra), c["case"]))
     return out, tally
+
+
+def deferral_causes(case, feats) -> list:
+    """The keys a deferral hangs on, each alone: a HIT_PENDING or RETRY key that, answered
+    HIT instead (its write or lookup done), leaves the release's spec not deferring. Named "<group kind> <answer>
+    <key>" (e.g. "sliding_window HIT_PENDING 1:8"), so findings of one shape can be told
+    from another's without a pattern in the check itself."""
+    out = []
+    kinds = {g.group_idx: g.kind for g in case.groups}
+    for name, answers in sorted(case.tier.items()):
+        if not answers or Answer(answers[-1]) not in (Answer.HIT_PENDING, Answer.RETRY):
+            continue
+        alt = replace(case, tier=dict(case.tier, **{name: (Answer.HIT,)}))
+        if get_num_new_matched_tokens(alt, feats).hit is not None:
+            out.append(f"{kinds.get(int(name.split(':')[0]), '?')} {Answer(answers[-1]).value} {name}")
+    return out

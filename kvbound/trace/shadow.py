@@ -200,7 +200,8 @@ class ShadowKV:
                      " (identity %012x), found %s%s"
                      % (req.request_id, g, p, bid, want, describe(got),
                         "" if not via else " (content arrived: %s)" % via),
-                     expected=want, found=None if got is None else list(got), provenance=via)
+                     expected=want, found=None if got is None else list(got), provenance=via,
+                     table=lambda: self.table(req, g, p))
 
     def write(self, req, start, end, drafts):
         nt = end - len(drafts)  # where the drafts start
@@ -326,6 +327,11 @@ class ShadowKV:
         if self.kinds[0] != "full_attention" or eng.lay["groups"][0].get("eagle") \
                 or not hasattr(cs, "_build_store_jobs"):
             return
+        # Before 0.26 the field is next_stored_block_idx (0.25.1 offloading/scheduler.py:229),
+        # whose store horizon spec/store.py does not model: no store-call record there.
+        if "next_stored_chunk_idx" not in getattr(getattr(eng.rel.osched, "RequestGroupState", None),
+                                                  "__dataclass_fields__", {}):
+            return
         eng.store_calls = []
         orig = cs._build_store_jobs
         RS = eng.rel.RequestStatus
@@ -339,7 +345,9 @@ class ShadowKV:
                 req = st.req
                 status = "aborted" if req.status == RS.FINISHED_ABORTED else (
                     "finished" if req.is_finished() else "running")
-                gs = st.group_states[0]
+                gs = (getattr(st, "group_states", None) or (None,))[0]
+                if gs is None or not hasattr(gs, "next_stored_chunk_idx") or not hasattr(gs, "block_ids"):
+                    continue  # before 0.26 the per-group store state is not this shape: not captured
                 before[rid] = [status, req.num_prompt_tokens, req.num_tokens, req.num_computed_tokens,
                                so.num_scheduled_tokens.get(rid, 0), getattr(st, "max_offload_tokens", None),
                                len(gs.block_ids) // self.bpc, gs.next_stored_chunk_idx]
@@ -508,14 +516,14 @@ class ShadowKV:
                                  "store job %d (request %s) stores group %d block %d under the key of"
                                  " tokens [0, %d): position %d was never computed (unwritten)"
                                  % (job.job_id, job.rid, g, bid, end, p), job=job.job_id,
-                                 expected=want, found=None)
+                                 expected=want, found=None, table=lambda: self.table(req, g, p))
                     break
                 if got[0] != g or got[1] != want:
                     self.violate("store:foreign_source", job.rid, g, bid, p,
                                  "store job %d (request %s) stores group %d block %d under the key of"
                                  " tokens [0, %d): position %d holds %s, not this prefix's KV"
                                  % (job.job_id, job.rid, g, bid, end, p, describe(got)),
-                                 job=job.job_id, expected=want, found=list(got))
+                                 job=job.job_id, expected=want, found=list(got), table=lambda: self.table(req, g, p))
                     break
 
     def request(self, rid):
@@ -571,7 +579,7 @@ class ShadowKV:
                         or getattr(gc, "requires_cow_source", False):
                     continue
                 hpc = eng.rel.capture._first(gc, "hashes_per_chunk", "hash_block_size_factor")
-                tpc = gc.tokens_per_chunk
+                tpc = self.block_size[gi] * self.bpc
                 for j in range(horizon // tpc):
                     if (j + 1) * hpc > len(hashes):
                         break
@@ -586,12 +594,45 @@ class ShadowKV:
                                      % (rid, gi, j, j * tpc, (j + 1) * tpc))
                         break
 
+    def table(self, req, g, p):
+        """The request's block table in group ``g`` up to position ``p``'s block (three blocks
+        before it), each block's slots as runs: [what, first position, last + 1, writer, writer's
+        first position] with what = own (this prefix's KV), foreign, unwritten."""
+        B = self.block_size[g]
+        blocks = self.managers[g].req_to_blocks.get(req.request_id, ())
+        fi = p // B
+        rows = []
+        for i in range(max(0, fi - 3), min(len(blocks), fi + 1)):
+            bid = 0 if blocks[i].is_null else blocks[i].block_id
+            runs = []
+            content = self.gpu.get(bid) if bid else None
+            for off in range(B):
+                q = i * B + off
+                got = content[off] if content is not None else None
+                if got is None:
+                    key = ["unwritten", None, None]
+                elif got[0] == g and got[1] == self.ident(req, q):
+                    key = ["own", None, None]
+                else:
+                    key = ["foreign", got[2], got[3]]
+                last = runs[-1] if runs else None
+                if last and last[0] == key[0] and last[3] == key[1] and (
+                        key[0] != "foreign" or last[4] + (last[2] - last[1]) == key[2]):
+                    last[2] = q + 1
+                else:
+                    runs.append([key[0], q, q + 1, key[1], key[2]])
+            rows.append({"index": i, "block_id": bid, "tokens": [i * B, (i + 1) * B], "runs": runs,
+                         "via": self.gpu_via.get(bid)})
+        return {"group": g, "request": req.request_id, "block_size": B, "position": p, "rows": rows}
+
     def violate(self, check, rid, g, bid, p, msg, **extra):
         # once per (check, request, group, block): a wrong block reads wrong at every position
         tag = (check, rid, g, bid) if check == "data:wrong_kv" else (check, rid, g, bid, p)
         if tag in self.reported:
             return
         self.reported.add(tag)
+        if callable(extra.get("table")):
+            extra["table"] = extra["table"]()
         self.eng.violations.append(dict({"check": check, "step": self.eng.step_no, "request": rid,
                                          "group": g, "block_id": bid, "position": p, "message": msg},
                                         **extra))
