@@ -145,7 +145,7 @@ NEED = {
 _MAMBA = ("mamba_external_kv",)
 _MAMBA16 = _MAMBA + ("prefix_match_unit",)
 NEEDS = {
-    "full": (), "swa": (), "bpc2": (), "full-store-all": (), "swa-store-all": (),
+    "full": (), "swa": (), "bpc2": (),
     "chunked": ("chunked_local_offload",),
     "mamba": _MAMBA16, "mamba-block": _MAMBA, "mamba528": _MAMBA16,
     "swa-sync": ("sync_loads",), "mamba-sync": _MAMBA16 + ("sync_loads",),
