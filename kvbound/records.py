@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 from kvbound.errors import ReportInputError
-from kvbound.spec.verdicts import CONFORM_VERDICTS, PROOF_VERDICTS, Verdict
+from kvbound.spec.verdicts import CONFORM_VERDICTS, DIFF_VERDICTS, PROOF_VERDICTS, Verdict
 
 SECONDS_DIGITS = 4  # rounding of the timings a record holds
 
@@ -171,7 +171,7 @@ class DiffRecord:
     disagreements: list[DiffDisagreement]
     saved: list  # corpus paths of the shrunk disagreements
     elapsed_s: float
-    result: str  # "agree" | "disagreement" | "inconclusive"
+    result: Verdict  # DIFF_VERDICTS: agree, disagree, or unknown (a symbolic check was inconclusive)
     mutants: dict | None = None  # --mutants: the impl mutation score (proofs.mutants.score)
 
     def to_json(self) -> dict:
@@ -191,7 +191,7 @@ class DiffRecord:
             disagreements=[DiffDisagreement.from_json(x, f"{where}.disagreements[{i}]")
                            for i, x in enumerate(_list(d, "disagreements", where))],
             saved=_list(d, "saved", where), elapsed_s=need(d, "elapsed_s", where, _NUMBER),
-            result=need(d, "result", where, str), mutants=_optional(d, "mutants", where, _OPT_DICT, None))
+            result=need_verdict(d, "result", where, DIFF_VERDICTS), mutants=_optional(d, "mutants", where, _OPT_DICT, None))
 
 
 # --------------------------------------------------------------------------- conform

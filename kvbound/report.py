@@ -286,7 +286,7 @@ def diff_section(data) -> Section:
     where = "diff JSON"
     sec = Section("diff", "")
     survivors = (rec.mutants or {}).get("survivors") or []
-    sec.failed = bool(rec.disagreements) or rec.result != "agree" or bool(survivors)
+    sec.failed = bool(rec.disagreements) or rec.result != Verdict.AGREE or bool(survivors)
     sec.summary = (f"{len(rec.disagreements)} disagreement(s), {len(rec.inconclusive)} inconclusive over "
                    f"{rec.cases} cases (seed {rec.seed}, {rec.device}, against {', '.join(rec.against)}): {rec.result}")
     if rec.mutants is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import z3
 
 from kvbound.spec import STATE_CODES, AssertName, BlockState, ReleaseFeatures, Variant
-from kvbound.spec.asserts import ASSERT_CODE, ASSERT_OF_CODE, NO_ASSERT
+from kvbound.spec.asserts import ASSERT_CODE, NO_ASSERT
 from kvbound.spec.versions import release_features
 
 from .terms import AND, CDIV, FLOORDIV, IF, MAX, MIN, MOD, NOT, OR, Sx

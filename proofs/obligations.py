@@ -8,9 +8,6 @@ must reproduce its witness. Docs are generated from these objects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Callable
-
 import z3
 
 from kvbound.spec import AssertName, GroupKind, Variant, cdiv, plan_load
@@ -18,11 +15,11 @@ from kvbound.spec.verdicts import Verdict
 
 from kvbound.spec.asserts import ASSERT_CODE
 
-from .encoding import HSH, NUL, UNH, Code, code_for
-from .terms import AND, FLOORDIV, IF, IMPLIES, NOT, OR
+from .encoding import HSH, NUL, UNH, code_for
+from .terms import AND, FLOORDIV, IMPLIES, NOT, OR
 from .alignment import MAX_GROUPS, AlignWorld
 from .hybrid import GROUPS, HybridWorld, safe_parts
-from .problem import NO_TABLE, ONE_GROUP, Bound, Obligation, Problem, problem
+from .problem import Bound, Obligation, Problem
 from .world import TailWorld, World
 
 

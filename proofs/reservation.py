@@ -23,7 +23,7 @@ Source lines are cited per function below ("STM" is ``v1/core/single_type_kv_cac
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 
 import z3
 

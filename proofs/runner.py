@@ -15,7 +15,8 @@ from kvbound.spec.verdicts import Verdict
 
 from .encoding import Code
 from .mutants import ENCODING_KNOB_MUTANTS
-from .obligations import OBLIGATIONS, Obligation, problem
+from .obligations import OBLIGATIONS, Obligation
+from .problem import problem
 from .options import OBLIGATION, PROVE, SolverOptions
 from .terms import NOT, as_bool
 from .world import expanded

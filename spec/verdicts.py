@@ -69,3 +69,4 @@ _RANK = {v: i for i, v in enumerate(Verdict)}
 PROOF_VERDICTS = (Verdict.REFUTED, Verdict.UNKNOWN, Verdict.PROVED)
 PLAN_CHECK_VERDICTS = (Verdict.NOT_FORCED, Verdict.UNKNOWN, Verdict.FORCED)
 CONFORM_VERDICTS = (Verdict.FAULT, Verdict.DISAGREE, Verdict.UNDRIVEN, Verdict.UNSUPPORTED, Verdict.AGREE)
+DIFF_VERDICTS = (Verdict.DISAGREE, Verdict.UNKNOWN, Verdict.AGREE)  # kvbound diff: impl vs spec (and the symbolic model)

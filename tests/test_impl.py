@@ -27,6 +27,7 @@ from kvbound.impl import plan as impl_plan
 from kvbound.impl.batch import STATE_H
 from kvbound.spec import AssertName, Variant, case_to_dict, load_case_paths, load_cases, plan_load
 from kvbound.spec.asserts import ASSERT_CODE
+from kvbound.spec.verdicts import Verdict
 from kvbound.spec.strategies import cases, random_cases
 
 from conftest import CORPUS, EXAMPLES, ROOT
@@ -237,7 +238,7 @@ def test_diff_command_reports_saves_and_fails(monkeypatch, tmp_path, capsys):
     assert main(["diff", "--cases", "60", "--seed", "2", "--symbolic-cases", "20", "--json", str(out_json),
                  "--corpus", str(tmp_path / "c")]) == 0
     rep = json.loads(out_json.read_text())
-    assert rep["result"] == "agree" and rep["cases"] == 60 and rep["symbolic"]["forced"] == 60
+    assert rep["result"] == Verdict.AGREE and rep["cases"] == 60 and rep["symbolic"]["forced"] == 60
     assert "result: agree" in capsys.readouterr().out
     _broken_scan(monkeypatch)
     assert main(["diff", "--cases", "150", "--seed", "1", "--against", "spec", "--corpus", str(tmp_path / "c"),
@@ -245,7 +246,7 @@ def test_diff_command_reports_saves_and_fails(monkeypatch, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "DISAGREEMENT (fixed" in text and "dst_block_ids" in text and "[F]" in text
     rep = json.loads(out_json.read_text())
-    assert rep["result"] == "disagreement" and rep["saved"]
+    assert rep["result"] == Verdict.DISAGREE and rep["saved"]
     assert all(load_cases(p) for p in rep["saved"])
 
 
@@ -318,7 +319,7 @@ def test_diff_exhaustive_command(tmp_path, capsys):
     assert main(["diff", "--exhaustive", "len=2,bpc=1,sync=0", "--against", "spec", "--workers", "0",
                  "--json", str(out_json)]) == 0
     rep = json.loads(out_json.read_text())
-    assert rep["exhaustive"]["cases"] == rep["cases"] > 1000 and rep["result"] == "agree"
+    assert rep["exhaustive"]["cases"] == rep["cases"] > 1000 and rep["result"] == Verdict.AGREE
     assert main(["diff", "--exhaustive", "groups=x"]) == 2
     assert "groups" in capsys.readouterr().err
 

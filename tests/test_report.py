@@ -16,6 +16,7 @@ import pytest
 
 from kvbound.report import ReportInputError, build_report, conform_section
 from kvbound.spec import Variant, load_cases, plan_load
+from kvbound.spec.verdicts import Verdict
 from kvbound.svg import STYLE, case_svgs
 
 from conftest import DATA, EXAMPLES, ROOT, kvbound
@@ -213,7 +214,7 @@ def test_the_files_the_commands_write_read_back_through_the_same_records(tmp_pat
     diff = tmp_path / "diff.json"
     assert kvbound("diff", "--cases", "50", "--symbolic-cases", "5", "--no-save", "--json", diff).returncode == 0
     d = DiffRecord.from_json(json.loads(diff.read_text()))
-    assert d.cases == 50 and d.result == "agree" and DiffRecord.from_json(d.to_json()) == d
+    assert d.cases == 50 and d.result is Verdict.AGREE and DiffRecord.from_json(d.to_json()) == d
     c = ConformRecord.from_json(json.loads((DATA / "conform_pr.json").read_text()))
     assert ConformRecord.from_json(c.to_json()) == c
     html, sections = build_report(prove=prove, diff=diff)

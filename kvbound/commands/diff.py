@@ -441,6 +441,6 @@ def _json_report(args, stats, variants, against, sym, unknowns, fams, elapsed, t
         ],
         saved=saved,
         elapsed_s=round(elapsed, 3),
-        result="disagreement" if stats.disagreements else ("inconclusive" if unknowns else "agree"),
+        result=Verdict.DISAGREE if stats.disagreements else (Verdict.UNKNOWN if unknowns else Verdict.AGREE),
         mutants=mutation,
     ).to_json()
