@@ -53,6 +53,11 @@ def register(sub):
     return p
 
 
+def local_workers(args) -> int:
+    """The local pool's size: --workers, else the CPU count."""
+    return max(1, args.workers or os.cpu_count() or 1)
+
+
 def plan(args) -> tuple[list, list]:
     """(columns, shards) from the command line alone."""
     from kvbound.spec import variant_for_version
@@ -75,7 +80,7 @@ def plan(args) -> tuple[list, list]:
             raise UsageError("--vllm-src DIR needs --vllm X: the release whose spec the fork is judged by")
         src_col = f"src:{src.resolve().name}"
         columns.append(src_col)
-    workers = 1 if args.ray else max(1, args.workers or os.cpu_count() or 1)
+    workers = 1 if args.ray else local_workers(args)
     if args.requests is not None:
         if args.requests < 1:
             raise UsageError("--requests must be >= 1")
@@ -122,14 +127,14 @@ def run(args) -> int:
     n_cells = sum(len(s.layouts) for s in shards)
     print(f"kvbound campaign: {len(columns)} column(s) x {len(shards[0].layouts)} layouts = {n_cells} cells,"
           f" {shards[0].requests} requests each, seed {args.seed},"
-          f" {'Ray ' + args.ray if args.ray else f'{max(1, args.workers or os.cpu_count() or 1)} local worker(s)'}",
+          f" {'Ray ' + args.ray if args.ray else f'{local_workers(args)} local worker(s)'}",
           file=sys.stderr, flush=True)
     t0 = time.monotonic()
     out_dir = str(Path(args.out).resolve())
     if args.ray:
         results = C.ray_shards(shards, args.ray, _bar(args.quiet, t0), out_dir, num_cpus=args.workers)
     else:
-        results = C.local_shards(shards, max(1, args.workers or os.cpu_count() or 1), _bar(args.quiet, t0), out_dir)
+        results = C.local_shards(shards, local_workers(args), _bar(args.quiet, t0), out_dir)
     doc = C.merge(columns, results)
     wall = time.monotonic() - t0
     print(render(doc))
