@@ -22,10 +22,10 @@ from pathlib import Path
 from markupsafe import Markup
 
 from kvbound import __version__
-from kvbound.draw import case_header, describe_plan, draw_case
+from kvbound.draw import case_header, describe_plan, draw_case, draw_witness
 from kvbound.errors import CaseError, ReportInputError
 from kvbound.records import ConformRecord, DiffRecord, ProveRecord
-from kvbound.spec import Variant, case_from_dict, plan_load
+from kvbound.spec import Case, Variant, case_from_dict, plan_load
 from kvbound.spec.strategies import ADVERSARIAL_FAMILIES
 from kvbound.spec.verdicts import CONFORM_VERDICTS, Verdict
 from kvbound.svg import case_svgs, legend_svg
@@ -71,6 +71,18 @@ def case_of(d, where: str):
         raise ReportInputError(f"{where}: {e}") from None
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise ReportInputError(f"{where}: not a case: {e}") from None
+
+
+def witness_of(d, where: str):
+    """A prove witness that is not a load case (``"witness": "allocate_slots"`` or ``"lookup"``)."""
+    from kvbound.proofs.reservation import witness_from_dict
+
+    try:
+        return witness_from_dict(d)
+    except CaseError as e:
+        raise ReportInputError(f"{where}: {e}") from None
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ReportInputError(f"{where}: not a {d.get('witness')} witness: {e}") from None
 
 
 # --------------------------------------------------------------------------- markup
@@ -233,8 +245,8 @@ def prove_section(data) -> Section:
     for i, o in enumerate(rec.obligations):
         wlink = Markup()
         if o.witness is not None:
-            w = o.witness if o.witness.get("witness") == "allocate_slots" else \
-                case_of(o.witness, f"{where}.obligations[{i}].witness")
+            w = case_of(o.witness, f"{where}.obligations[{i}].witness") if o.witness.get("witness") is None \
+                else witness_of(o.witness, f"{where}.obligations[{i}].witness")
             witnesses.append((o, w))
             wlink = html('<a href="#w-{}">drawn below</a>', o.id)
         problems = [x for x in (o.replay_failure, o.vacuity if o.verdict == Verdict.PROVED and not o.met else None) if x]
@@ -266,15 +278,9 @@ def prove_section(data) -> Section:
         out.append(Markup("<h3>Witnesses (refutations), drawn and replayed through the spec</h3>"))
         for o, case in witnesses:
             caption = html('<b class="mono">{}</b> — {}', o.id, o.statement)
-            if isinstance(case, dict):  # an allocate_slots witness (the reservation property): its calls as text
-                from kvbound.proofs.reservation import AllocCalls
-
-                try:
-                    text = AllocCalls.from_dict(case).draw()
-                except (TypeError, ValueError, KeyError) as e:
-                    raise ReportInputError(f"{where}: obligation {o.id}: not an allocate_slots witness: {e}") from None
+            if not isinstance(case, Case):  # an allocate_slots or lookup witness: drawn as text
                 out.append(html('<div id="w-{}"></div><figure class="case"><figcaption>{}</figcaption><pre>{}</pre>'
-                                '</figure>', o.id, caption, text))
+                                '</figure>', o.id, caption, draw_witness(case)))
                 continue
             out.append(html('<div id="w-{}"></div>{}', o.id, drawn_case(case, caption=caption)))
     sec.body = join(out)

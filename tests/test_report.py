@@ -219,3 +219,21 @@ def test_the_files_the_commands_write_read_back_through_the_same_records(tmp_pat
     assert ConformRecord.from_json(c.to_json()) == c
     html, sections = build_report(prove=prove, diff=diff)
     assert not any(s.error for s in sections) and "legacy-refuted" in html
+
+
+def test_every_witness_kind_of_kvbound_prove_is_drawn():
+    """A load case, an allocate_slots witness and a lookup witness, as `kvbound prove --json` writes them."""
+    from kvbound.report import prove_section
+
+    ids = {"legacy-refuted", "reservation.mamba-align.sync-load", "lookup.window.no-needless-deferral.0.25.1"}
+    data = _prove_json(ids)
+    assert {o["witness"].get("witness") for o in data["obligations"]} == {None, "allocate_slots", "lookup"}
+    sec = prove_section(data)
+    assert not sec.failed and sec.summary.startswith("3/3 obligations met")
+    for i in ids:
+        assert f'id="w-{i}"' in sec.body
+    assert "window group" in sec.body and "vLLM 0.25.1: deferred" in sec.body  # the lookup witness, drawn
+    bad = next(o for o in data["obligations"] if o["witness"].get("witness") == "lookup")
+    del bad["witness"]["release"]
+    with pytest.raises(ReportInputError, match=r"witness: not a lookup witness"):
+        prove_section(data)
