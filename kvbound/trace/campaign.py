@@ -16,6 +16,8 @@ figures never enter the document; they go to ``timings`` beside it.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -163,9 +165,14 @@ def ray_shards(shards: list, address: str, progress=None, out_dir: str | None = 
         import ray
     except ImportError:
         raise UsageError("--ray needs Ray: pip install 'kvbound[ray]'") from None
-    started = False
+    started, empty = False, None
     if not ray.is_initialized():
-        kw = {"include_dashboard": False, "log_to_driver": False}
+        # Ray puts the driver's current directory first on every worker's sys.path unless the job
+        # has a working_dir; run from a checkout, the workers would import that tree's kvbound (whose
+        # layers are not mapped: ModuleNotFoundError kvbound.spec) instead of the installed one. An
+        # empty working_dir makes every worker, on any node, import the installed kvbound.
+        kw = {"include_dashboard": False, "log_to_driver": False,
+              "runtime_env": {"working_dir": (empty := tempfile.mkdtemp(prefix="kvbound-ray-"))}}
         if address == "local":
             ray.init(num_cpus=num_cpus or 2, **kw)
         else:
@@ -188,6 +195,8 @@ def ray_shards(shards: list, address: str, progress=None, out_dir: str | None = 
     finally:
         if started:
             ray.shutdown()
+        if empty:
+            os.rmdir(empty)
 
 
 # ------------------------------------------------------------------------------ the document

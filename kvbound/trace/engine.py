@@ -15,9 +15,11 @@ Faked (``fakes.py``): the model class (registered, never instantiated), the
 model runner's output. Checked (``checks.py``): the lifecycle promises.
 """
 
+import atexit
 import json
 import os
 import random
+import shutil
 import tempfile
 
 import kvbound_sidecar as sidecar
@@ -61,6 +63,7 @@ class Release:
     # -- model: a local config.json and a registered class object (no model code) ---------
     def _model_dir(self):
         d = tempfile.mkdtemp(prefix="kvbound-trace-model-")
+        atexit.register(shutil.rmtree, d, True)  # every segment's engine reads it; gone with the worker
         cfg = {
             "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
             "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
