@@ -313,6 +313,10 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-26-0-mamba-eagle-vllm-exception-apply-cow-2req.json", "_apply_cow"),
     # the calibration of the lookup checks: a HIT_PENDING right of a gap defers (docs/lookup.md)
     ("0-29-0-swa-scripted-lookup-needless-deferral-13req.json", None),
+    # a multi-module MTP window (extra_retained_tokens): 0.28-0.30 load a window chunk the lookup
+    # never confirmed (docs/findings.md); the tier then lacks it and prepare_load asserts
+    ("0-29-0-swa-mtp-lifecycle-load-key-not-confirmed-3req.json", None),
+    ("0-30-0-swa-mtp-vllm-exception-prepare-load-4req.json", "prepare_load"),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""
@@ -338,3 +342,21 @@ def test_vllm_src_runs_a_checkout(tmp_path):
     doc = json.loads(out.read_text())
     assert rc == 0 and doc["layouts"][0]["requests"] == 40 and doc["layouts"][0]["loads"] > 0
     assert main(["trace", "--vllm-src", str(tmp_path), "--vllm", "0.33.0"]) == 2  # no vllm/ there
+
+
+def test_mtp_retained_window_on_real_tables(workers):
+    """Layout swa-mtp: a multi-module MTP drafter makes the window retain 2 tokens more
+    (extra_retained_tokens, set the way the planner sets it). On real 0.33.0 every captured
+    table carries it, every premise (window-skipped-null among them) holds on those tables and
+    the shadow reads only the attended positions: no finding. On 0.30.0 the load takes a
+    window chunk the lookup never confirmed (its window ignores the retained tokens)."""
+    env, w = workers("0.33.0")
+    job = R.make_job("swa-mtp", (0, "mtp"), 100, 0, "sync", {})
+    res = w.job(job)
+    found, tally = R.check_result("0.33.0", "swa-mtp", job, res)
+    assert found == [], [f.key() for f in found]
+    windows = [g for c in res["cases"] for g in c["case"]["groups"] if g.get("kind") == "sliding_window"]
+    assert tally["cases"] > 10 and windows and {g.get("extra_retained_tokens") for g in windows} == {2}
+    env30, w30 = workers("0.30.0")
+    found, _ = R.check_result("0.30.0", "swa-mtp", job, w30.job(job))
+    assert "lifecycle:load_key_not_confirmed" in {f.kind for f in found}

@@ -16,6 +16,7 @@ model runner's output. Checked (``checks.py``): the lifecycle promises.
 """
 
 import atexit
+import dataclasses
 import json
 import os
 import random
@@ -69,6 +70,9 @@ class Release:
             "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
             "num_hidden_layers": 2, "vocab_size": 65536, "max_position_embeddings": 1 << 16,
             "rms_norm_eps": 1e-5, "torch_dtype": "float32", "tie_word_embeddings": False,
+            # three MTP modules: a speculative config of method "mtp" is multi-module
+            # (SpeculativeConfig.use_multi_module_mtp, 0.30.0 vllm/config/speculative.py:1944-1950)
+            "num_nextn_predict_layers": 3,
         }
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(cfg, f)
@@ -174,10 +178,17 @@ class Release:
             from vllm.config import SpeculativeConfig
 
             sp = lay["speculative"]
-            spec_kw["speculative_config"] = SpeculativeConfig(
-                method=sp["method"], model=self.model_dir,
+            # SpeculativeConfig takes method "mtp" only from an MTP model type (0.33.0
+            # vllm/config/speculative.py:1469-1499) and the trace has no model: an MTP drafter is
+            # built as EAGLE, then named "mtp", so the release's own properties (use_eagle,
+            # use_multi_module_mtp with the config's num_nextn_predict_layers, the scheduler's
+            # num_prefill_lookahead_tokens) answer as for that drafter
+            sc = SpeculativeConfig(
+                method="eagle" if sp["method"] == "mtp" else sp["method"], model=self.model_dir,
                 num_speculative_tokens=sp["num_speculative_tokens"],
                 target_model_config=model_config, target_parallel_config=ParallelConfig())
+            sc.method = sp["method"]
+            spec_kw["speculative_config"] = sc
         vllm_config = VllmConfig(
             **spec_kw,
             model_config=model_config, cache_config=cache_config, scheduler_config=sched_cfg,
@@ -186,6 +197,7 @@ class Release:
                                                 kv_connector_extra_config=extra),
         )
         cache_config.num_gpu_blocks = nb
+        self._tag_retained_tokens(kv_cache_config, vllm_config)
         bs, hbs = self._block_sizes(kv_cache_config, vllm_config)
         cls = self.AsyncScheduler if par.get("async") else self.Scheduler
         sched = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
@@ -193,6 +205,23 @@ class Release:
                     **({"hash_block_size": hbs} if hbs is not None else {}))
         wconn = self.oc.OffloadingConnector(vllm_config, self.KVConnectorRole.WORKER, kv_cache_config)
         return Engine(self, lay, par, vllm_config, kv_cache_config, sched, wconn, hbs or bs)
+
+    def _tag_retained_tokens(self, kv_cache_config, vllm_config):
+        """What the release's planner does after merging the workers' specs: every sliding-window
+        spec retains ``extra_retained_tokens`` more tokens behind its window under a multi-module
+        MTP drafter (0.30.0 v1/core/kv_cache_utils.py:2672-2682: num_speculative_tokens - 1;
+        0.31.0 :2738 and 0.33.0 v1/core/kv_cache_planning.py:1636: num_prefill_lookahead_tokens - 1,
+        the same number, read here from the release's own VllmConfig where it has the property)."""
+        sc = vllm_config.speculative_config
+        if not hasattr(self.kci.SlidingWindowSpec, "extra_retained_tokens") or sc is None:
+            return
+        if hasattr(type(vllm_config), "num_prefill_lookahead_tokens"):
+            extra = max(0, vllm_config.num_prefill_lookahead_tokens - 1)
+        else:
+            extra = sc.num_speculative_tokens - 1 if sc.use_multi_module_mtp() else 0
+        for g in kv_cache_config.kv_cache_groups:
+            if isinstance(g.kv_cache_spec, self.kci.SlidingWindowSpec):
+                g.kv_cache_spec = dataclasses.replace(g.kv_cache_spec, extra_retained_tokens=extra)
 
     def _block_sizes(self, kv_cache_config, vllm_config):
         fn = getattr(self.kcu, "resolve_kv_cache_block_sizes", None)

@@ -72,6 +72,12 @@ LAYOUTS = {
     # request's token horizon (0.26-0.29: num_tokens; 0.30+: clamped to num_tokens - 1).
     "full-store-all": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
     "swa-store-all": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=128)], "blocks_per_chunk": 1},
+    # A sliding-window hybrid with a multi-module MTP drafter (3 modules, 3 speculative
+    # tokens): the planner makes the window retain num_speculative_tokens - 1 = 2 tokens more
+    # (engine._tag_retained_tokens), so the window's skipped blocks, the load's window bound
+    # and the premise window-skipped-null meet extra_retained_tokens on real tables.
+    "swa-mtp": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 1,
+                "speculative": {"method": "mtp", "num_speculative_tokens": 3}},
     # Two GPU blocks per offloaded chunk.
     "bpc2": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 2},
 }
@@ -88,6 +94,7 @@ ENGINE = {
     "mamba-block": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
     "mamba528": dict(_BASE, num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
     "bpc2": dict(_BASE),
+    "swa-mtp": dict(_BASE),
     "full-store-all": dict(_BASE, offload_prompt_only=False, aligned_decode_p=0.3),
     "swa-store-all": dict(_BASE, offload_prompt_only=False, aligned_decode_p=0.3),
     "eagle": dict(_BASE),
@@ -139,13 +146,16 @@ NEED = {
                                 " spec leaves one attention group, which HybridKVCacheCoordinator refuses"
                                 " (0.28.0 v1/core/kv_cache_coordinator.py:682 \"requires at least two"
                                 " attention groups\"; gone in 0.29)"),
+    "extra_retained_tokens": ("extra_retained_tokens", "a window that retains tokens for an MTP drafter needs"
+                              " SlidingWindowSpec.extra_retained_tokens, which arrived in 0.28 (0.28.0"
+                              " v1/kv_cache_interface.py; earlier specs refuse the keyword)"),
     "sync_loads": ("sync_loads", "sync loads (kv_connector_extra_config sync_load_budget_bytes) arrived in"
                    " 0.33 (0.33.0 offloading/scheduler.py:168,323)"),
 }
 _MAMBA = ("mamba_external_kv",)
 _MAMBA16 = _MAMBA + ("prefix_match_unit",)
 NEEDS = {
-    "full": (), "swa": (), "bpc2": (),
+    "full": (), "swa": (), "bpc2": (), "swa-mtp": ("extra_retained_tokens",),
     "chunked": ("chunked_local_offload",),
     "mamba": _MAMBA16, "mamba-block": _MAMBA, "mamba528": _MAMBA16,
     "swa-sync": ("sync_loads",), "mamba-sync": _MAMBA16 + ("sync_loads",),

@@ -15,7 +15,8 @@ Worker side (standard library only; vLLM's objects come in through ``eng``), imp
   block keeps one state (the state after the last token the step computed, in the slot of
   that position);
 - before the forward, every slot the model reads (attention: positions
-  ``[get_num_skipped_tokens(c), c)``, Mamba: the state after ``c`` tokens) must hold the
+  ``[get_num_skipped_tokens(c + extra_retained_tokens), c)``: a window's retained tokens are
+  kept, never attended; Mamba: the state after ``c`` tokens) must hold the
   reading request's own identity at that position, else ``data:wrong_kv``;
 - the CPU tier is a dict CPU block id -> ``blocks_per_chunk`` GPU-block contents, written by
   store jobs and read by load jobs at a seeded moment between submission and completion,
@@ -163,7 +164,10 @@ class ShadowKV:
         rid = req.request_id
         verified = self.verified.setdefault(rid, {})
         for g, m in enumerate(self.managers):
-            lo = max(0, m.get_num_skipped_tokens(c))
+            # the positions the step's first query attends: a sliding window also retains (never
+            # attends) extra_retained_tokens behind it for an MTP re-prefill (0.33.0
+            # v1/core/single_type_kv_cache_manager.py:1167-1184), so ask for the skip at c + extra
+            lo = max(0, m.get_num_skipped_tokens(c + getattr(m, "extra_retained_tokens", 0)))
             B = self.block_size[g]
             blocks = m.req_to_blocks.get(rid, ())
             for i in range(lo // B, (c - 1) // B + 1):
