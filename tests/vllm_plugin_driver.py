@@ -30,8 +30,8 @@ def update_state_after_alloc(self, request, blocks, num_external_tokens):
     out = real_update(self, request, blocks, num_external_tokens)
     if defect["on"]:
         for job_id, job in self._current_batch_load_jobs.items():
-            if job_id not in before:
-                job.dst_spec.block_ids += 1
+            if job_id not in before:  # (src, dst) is transfer_spec before 0.25
+                (job.dst_spec if hasattr(job, "dst_spec") else job.transfer_spec[1]).block_ids += 1
     return out
 
 
