@@ -7,6 +7,6 @@ connector call, ``fakes.py`` what stands in for the model runner, the transfer e
 and an adversarial tier, ``checks.py`` the lifecycle promises checked inside the
 engine. The plumbing shared with conform's worker is ``kvbound/conform/sidecar.py``.
 
-Host side: ``layouts`` (the engines), ``workload`` (seeded traffic), ``runner`` (the
-checks at every captured call: spec, premises, findings), ``shrink`` and ``tracefile``.
+Host side: ``layouts`` (the engines), ``workload`` (seeded traffic), ``runner`` (segments and
+findings; the checks at every captured call, spec and premises, are ``callcheck``'s), ``shrink`` and ``tracefile``.
 """

@@ -318,21 +318,15 @@ class Engine:
                         error="%s: %s" % (type(e).__name__, e), assert_site=sidecar.assert_site(e)))
                 raise
             if case is not None:
-                jobs = {j: v for j, v in (getattr(cs, "_current_batch_load_jobs", {}) or {}).items()
-                        if j not in jobs_before}
                 res = dict(ctx, case=case, outcome="ok")
                 keys = eng.loaded_keys[nkeys:]
                 res["keys"] = eng.describe_keys(request, keys[-1]) if keys else []
-                if jobs:
-                    (job,) = jobs.values()
-                    # a TransferJob names its (src, dst) pair as transfer_spec before 0.25
-                    # (0.24.0 offloading/common.py:63) and dst_spec since: probed by feature
-                    dst = job.dst_spec if hasattr(job, "dst_spec") else job.transfer_spec[1]
-                    ids = [int(x) for x in dst.block_ids]
+                load = eng.rel.capture.load_job_fields(cs, jobs_before)
+                if load is not None:
+                    ids = load["dst_block_ids"]
                     if eng.mutant == "dst_off_by_one":  # planted defect: tests show the checks see it
-                        ids = [i + 1 for i in ids]
-                    res.update(dst_block_ids=ids, group_sizes=[int(x) for x in dst.group_sizes],
-                               block_indices=[int(x) for x in dst.block_indices])
+                        ids = load["dst_block_ids"] = [i + 1 for i in ids]
+                    res.update(load)
                     eng.stats["loads"] += 1
                     eng.checks.check_load_dst(request, ids)
                 else:
@@ -362,21 +356,8 @@ class Engine:
                 "partial_tail_boundary": getattr(st, "partial_tail_boundary", None)}
 
     def describe_keys(self, request, keys):
-        """prepare_load's keys as kvbound's plan names them: [group_idx, chunk], and
-        [group_idx, "boundary", key_tokens] for a key that is no whole chunk's (a partial
-        tail's, keyed by the hash of its first key_tokens tokens)."""
-        ob = self.rel.obase
-        hashes = list(request.block_hashes)
-        tph = self.rel.capture._tokens_per_hash(self.csched.config)
-        where = {}
-        for pos, g in enumerate(self.csched.config.kv_group_configs):
-            gi = getattr(g, "group_idx", pos)
-            hpc = self.rel.capture._first(g, "hashes_per_chunk", "hash_block_size_factor")
-            for j in range(len(hashes) // hpc):
-                where[ob.make_offload_key(hashes[(j + 1) * hpc - 1], gi)] = [gi, j]
-            for i, h in enumerate(hashes):
-                where.setdefault(ob.make_offload_key(h, gi), [gi, "boundary", (i + 1) * tph])
-        return [where.get(k, ["unknown"]) for k in keys]
+        """prepare_load's keys as kvbound's plan names them (``capture.describe_keys``)."""
+        return self.rel.capture.describe_keys(self.csched, request, keys)
 
     def violate(self, check, request_id, msg):
         self.violations.append({"check": check, "step": self.step_no, "request": request_id,

@@ -4,7 +4,8 @@ and the checks at every connector call.
 A trace is cut into segments (a fresh engine each: real scheduler, real CPU tier,
 its own seed), so a finding reproduces from one segment's requests alone and
 shrinking reruns only those. Every ``update_state_after_alloc`` call that loads is
-captured as a kvbound case and checked (a) against the spec of that release
+captured as a kvbound case and checked (``callcheck.check_call``, which the vLLM
+plugin's live monitor shares) (a) against the spec of that release
 (``conform.compare.judge``), (b) against the premises of the proofs; the worker
 reports (c) lifecycle violations and any exception inside vLLM.
 """
@@ -15,24 +16,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbound.conform.compare import AGREE, DISAGREE, judge
+from kvbound.conform.compare import AGREE, DISAGREE
 from kvbound.conform.prepare import ReleaseEnv
 from kvbound.conform.runner import Worker
 from kvbound.errors import LayoutUnsupported, TraceError, WorkerError
 from kvbound.options import WORKERS
-from kvbound.proofs.premises import evaluate as evaluate_premises
-from kvbound.spec import case_from_dict
 
+from .callcheck import check_call
 from .layouts import ENGINE, LAYOUTS, layout_support
 from .workload import workload
 
 SCRIPT = Path(__file__).with_name("worker.py")
 STAT_KEYS = ("requests", "steps", "lookups", "loads", "partial_hits", "partial_tails", "stores",
              "preemptions", "aborts", "drafts", "accepted", "tier_pending", "tier_retry", "tier_evicted")
-
-
-# Premises about whole-chunk hits, which a 0.33 partial-tail hit does not claim.
-WHOLE_CHUNK_PREMISES = ("keys-cover-hit", "hit-a-chunk")
 
 
 class TraceWorker(Worker):
@@ -173,29 +169,13 @@ def check_result(release: str, layout_name: str, job: dict, res: dict) -> tuple[
         add(kind, dict(detail, lookup_case=case))  # a lookup case (spec/lookup.py), not a load case
     for c in res.get("cases", ()):
         tally["cases"] += 1
-        try:
-            case = case_from_dict(c["case"], c["case"].get("name", "?"))
-        except ValueError as e:
-            # The call vLLM made is no valid case: the block table it handed the connector
-            # breaks the format's rules (e.g. one GPU block in two places of one request,
-            # seen on 0.21.0/0.22.1 swa). A finding about the call, never a host traceback.
-            add("premise:valid-call", {"detail": str(e), "step": c.get("step")}, c["case"])
-            continue
-        rec = judge(case, release, c)
-        if rec["verdict"] == AGREE:
+        verdict, got = check_call(release, c)
+        if verdict == AGREE:
             tally["agree"] += 1
-        elif rec["verdict"] == DISAGREE:
-            add("spec-disagreement", {"diff": rec["diff"], "real": rec["real"], "spec": rec["spec"],
-                                      "step": c.get("step"), "lookup": c.get("lookup")}, c["case"])
-        else:
+        elif verdict not in (None, DISAGREE):
             tally["undriven"] += 1
-        for v in evaluate_premises(case):
-            if v.holds:
-                continue
-            if v.premise.id in WHOLE_CHUNK_PREMISES and c.get("partial_tail_boundary") is not None:
-                continue  # a partial tail: the last, partial chunk is keyed by its boundary hash
-            add("premise:" + v.premise.id, {"group_index": v.group_index, "detail": v.detail,
-                                            "step": c.get("step")}, c["case"])
+        for kind, detail in got:
+            add(kind, detail, c["case"])
     return out, tally
 
 
