@@ -89,11 +89,29 @@ class Finding:
     case: dict | None = None  # the captured call, when the finding is about one
 
     def key(self) -> str:
-        """What a shrink must keep: the same kind (and, for a vLLM exception, the same site)."""
+        """What a shrink must keep and what a campaign counts as one finding: the same kind
+        and, where the detail says it, the same shape (a vLLM exception's site; the group
+        kind and answers a deferral hangs on; the group kind a wrong read is in and what
+        it found there), so two defects of one kind stay two findings."""
         if self.kind in ("vllm-exception", "harness:exception", "harness:setup", "crash:engine_build"):
             site = self.detail.get("assert_site") or {}
             return f"{self.kind}@{site.get('function')}:{site.get('statement') or self.detail.get('error')}"
-        return self.kind
+        shape = self.shape()
+        return f"{self.kind}[{shape}]" if shape else self.kind
+
+    def shape(self) -> str | None:
+        d = self.detail
+        if self.kind == "lookup:needless_deferral" and d.get("deferred_on"):
+            # "<group kind> <answer> <key>" each (lookup_checks.deferral_causes): the key dropped
+            return "deferred on " + ", ".join(sorted({" ".join(c.split()[:2]) for c in d["deferred_on"]}))
+        if self.kind == "data:wrong_kv" and isinstance(d.get("group"), int):
+            groups = (self.segment.get("layout") or {}).get("groups") or ()
+            kind = groups[d["group"]]["kind"] if d["group"] < len(groups) else "?"
+            via = d.get("provenance") or ""
+            found = ("the null block" if via == "the null block" else "unwritten") if d.get("found") is None \
+                else "another prefix"
+            return f"{kind}: {found}" + (", arrived by a load" if via.startswith("load job") else "")
+        return None
 
     @property
     def finding_class(self) -> str:
