@@ -62,7 +62,6 @@ class AlignWorld:
         self.tpb = [z3.Int(f"tokens_per_block[{j}]") for j in range(MAX_GROUPS)]
         self.scale = [z3.Int(f"dcp_scale[{j}]") for j in range(MAX_GROUPS)]
         self.bpc = z3.Int("blocks_per_chunk")
-        self.constraints = []
 
     def active(self, j):
         return j < self.n

@@ -14,6 +14,7 @@ vLLM's order and the key slice are the ones every other obligation uses.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import gcd
 
 import z3
@@ -21,7 +22,7 @@ import z3
 from kvbound.spec import KIND_CODES, Block, BlockState, Case, Group, GroupKind, cdiv
 
 from .encoding import HSH, NUL, UNH, Code, GroupInputs, SymTable, encode_group, window_in_chunks
-from .premises import PREMISES, when_kind
+from .premises import PREMISES, GroupTerms, when_kind
 from .terms import AND, CDIV, IF, IMPLIES, NOT, OR
 from .world import _EXPAND, config_for
 
@@ -31,7 +32,7 @@ TABLE_LENGTH = 0  # 0: symbolic tables (every length), quantifiers left to Z3
 
 
 class Slot:
-    """One group of the hybrid world, with the attributes a premise's Z3 face reads."""
+    """One group of the hybrid world."""
 
     def __init__(self, world: "HybridWorld", s: int, length: int):
         self.index = s
@@ -56,6 +57,12 @@ class Slot:
     def is_kind(self, kind: GroupKind):
         return self.kind == KIND_CODES[kind]
 
+    def group_terms(self) -> GroupTerms:
+        """What the premises read of this group (the request's partial tail a Z3 Bool)."""
+        return GroupTerms(self.N, self.M, self.T, self.b, self.bpc, self.tpc, self.f, self.k, self.j, self.table,
+                          self.sync_load, self.num_keys, self.window, self.span, self.extra, self.tail,
+                          self.boundary, self.tph, self.prompt)
+
     def inputs(self) -> GroupInputs:
         return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load,
                            self.table, windowed=z3.Not(self.is_kind(GroupKind.FULL_ATTENTION)),
@@ -76,8 +83,6 @@ class HybridWorld:
         self.boundary, self.tph = z3.Int("partial_tail_boundary"), z3.Int("tokens_per_hash")
         self.prompt = z3.Int("num_prompt_tokens")
         self.slots = [Slot(self, s, length) for s in range(groups)]
-        self.constraints = []
-        self.table = self.slots[0].table  # the runner's "has a table" test
 
     def active(self, s: int):
         return s < self.n
@@ -85,15 +90,15 @@ class HybridWorld:
     def plan(self, code: Code, tag: str = ""):
         """The plan of group 0, the group the claim is about (w.l.o.g.: the plan carries no state
         from one group to the next, so any group of the model can be numbered 0); a windowed group 0's
-        window in chunks is the config's, as ``code``'s release derives it."""
+        window in chunks is the config's, as ``code``'s release derives it (a constraint of the returned
+        plan)."""
         s0 = self.slots[0]
         out = encode_group(0, s0.inputs(), code, tag)
         sliding, chunked = s0.is_kind(GroupKind.SLIDING_WINDOW), s0.is_kind(GroupKind.CHUNKED_LOCAL)
-        self.constraints += out.constraints + [
+        return replace(out, constraints=out.constraints + [
             z3.Implies(OR(sliding, chunked), AND(s0.span >= 1, s0.extra >= 0, s0.window == window_in_chunks(
                 sliding, s0.span, s0.extra, s0.tpc, code.window_counts_retained))),
-            z3.Implies(chunked, s0.extra == 0)]
-        return out
+            z3.Implies(chunked, s0.extra == 0)])
 
     def base(self):
         """Sizes positive; the LCM rule: N = q·unit, unit a common multiple of every
@@ -132,7 +137,7 @@ class HybridWorld:
         for s in self.slots:
             for p in chosen if s.index == 0 else [p for p in chosen if p.id in SHARED]:
                 codes = sorted(KIND_CODES[k] for k in p.kinds)  # sorted: frozenset order varies per process
-                out.append(z3.Implies(self.active(s.index), when_kind(s.kind, codes, p.term(s))))
+                out.append(z3.Implies(self.active(s.index), when_kind(s.kind, codes, p.term(s.group_terms()))))
             # kinds without a window: the config premise the window assert reads
             out.append(z3.Implies(s.is_kind(GroupKind.FULL_ATTENTION), AND(s.window == 0, s.extra == 0)))
         return out

@@ -50,9 +50,7 @@ FAMILIES = (("0.21.0", "0.24.0"), ("0.25.1", "0.29.0"), ("0.30.0", "0.33.0"))
 
 
 class LookupWorld:
-    """K keys, their answers and the window, as Z3 variables."""
-
-    table = None  # no block table: the runner's bounded-length search does not apply
+    """K keys, their answers and the window, as Z3 variables (``constraints``: their domains)."""
 
     def __init__(self, K: int, retry: bool, release: str):
         self.K, self.retry, self.release = K, retry, release
@@ -61,9 +59,6 @@ class LookupWorld:
         top = RETRY if retry else PENDING
         self.constraints = [z3.And(self.w >= 1, self.w <= K)] + [
             z3.Or(x == HIT, x == MISS, *[x == v for v in range(PENDING, top + 1)]) for x in self.a]
-
-    def premise_terms(self, ids):
-        return []
 
     def to_case(self, model, name):
         return witness_case(self, model, name)
@@ -197,22 +192,17 @@ def _build(claim: str, release: str, retry: bool):
                     z3.Implies(e == j, supported(world, j, ok_ready)) for j in range(1, world.K + 1)]))
             claims.append(z3.Implies(sel == world.K, c))
             constraints += [z3.Implies(sel == world.K, x) for x in world.constraints]
-        world = _Multi(worlds, sel, constraints, release)
+        world = _Multi(worlds, sel, release)
         return Problem(premises=[z3.And(sel >= 1, sel <= MAX_KEYS)], claim=z3.And(*claims), world=world,
-                       witness=world.witness)
+                       constraints=constraints, tables=False, witness=world.witness)
     return build
 
 
 class _Multi:
     """The worlds of every key count, selected by ``K``."""
 
-    table = None
-
-    def __init__(self, worlds, sel, constraints, release):
-        self.worlds, self.sel, self.constraints, self.release = worlds, sel, constraints, release
-
-    def premise_terms(self, ids):
-        return []
+    def __init__(self, worlds, sel, release):
+        self.worlds, self.sel, self.release = worlds, sel, release
 
     def witness(self, model) -> LookupWitness:
         K = model.eval(self.sel, model_completion=True).as_long()

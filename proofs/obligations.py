@@ -43,14 +43,14 @@ def replay_assert(variant, name: AssertName, asserts=True):
 def _boundary(code):
     w = World(GroupKind.MAMBA)
     p = w.plan(code)
-    return Problem(w.base(), w.N <= p.start * w.b, w)
+    return Problem(w.base(), w.N <= p.start * w.b, w, constraints=p.constraints)
 
 
 def _alignment(code):
     w = AlignWorld()
     prem = w.base() + w.scheduler_unit() + [w.lone_group_premise()]
     # split on the two branches of resolve_kv_cache_block_sizes: Z3 settles each at once
-    return Problem(prem, w.unit_and_N_divisible(), w, splits=(w.n == 1, w.n >= 2))
+    return Problem(prem, w.unit_and_N_divisible(), w, tables=False, splits=(w.n == 1, w.n >= 2))
 
 
 def _alignment_weaker(code):
@@ -58,27 +58,27 @@ def _alignment_weaker(code):
     fa_tpc = w.tokens_per_block(0) * w.bpc
     prem = w.base() + [w.n >= 2, w.kind[0] == 0, w.N_local % fa_tpc == 0]
     pow2 = [z3.Or(*[w.spec_bs[j] == v for v in (16, 32, 64)]) for j in range(2)]  # block sizes as deployed
-    return Problem(prem, w.every_group_aligned(w.N_local), w, shaping=w.small() + [w.n == 2, w.dcp == 1] + pow2,
+    return Problem(prem, w.every_group_aligned(w.N_local), w, tables=False, shaping=w.small() + [w.n == 2, w.dcp == 1] + pow2,
                    witness=lambda m: w.to_case(m, "witness-alignment.weaker-premise", N=w.N_local))
 
 
 def _alignment_lone(code):
     w = AlignWorld()
     prem = w.base() + w.scheduler_unit() + [w.n == 1]
-    return Problem(prem, w.every_group_aligned(w.N()), w, shaping=w.small() + [w.dcp == 1],
+    return Problem(prem, w.every_group_aligned(w.N()), w, tables=False, shaping=w.small() + [w.dcp == 1],
                    witness=lambda m: w.to_case(m, "witness-alignment.lone-group"))
 
 
 def _fixed_subsumes(code):
     w = World(GroupKind.MAMBA)
     p = w.plan(code)
-    return Problem(w.base() + [w.aligned()], w.N <= p.start * w.b, w)
+    return Problem(w.base() + [w.aligned()], w.N <= p.start * w.b, w, constraints=p.constraints)
 
 
 def _fixed_subsumes_converse(code):
     w = World(GroupKind.FULL_ATTENTION)
     p = w.plan(code)
-    return Problem(w.base() + [w.N <= p.start * w.b], w.aligned(), w,
+    return Problem(w.base() + [w.N <= p.start * w.b], w.aligned(), w, constraints=p.constraints,
                    witness=lambda m: w.to_case(m, "witness-fixed-assert-subsumes-legacy.converse"),
                    shaping=w.small())
 
@@ -104,7 +104,7 @@ def _legacy_refuted(code):
     w = World(GroupKind.MAMBA)
     p = w.plan(code)
     prem = w.base() + [NOT(w.sync_load), w.j < w.k] + _recurrent_below_f(w)
-    return Problem(prem, w.N <= p.start * w.b, w,
+    return Problem(prem, w.N <= p.start * w.b, w, constraints=p.constraints,
                    witness=lambda m: w.to_case(m, "witness-legacy-refuted"), shaping=w.small())
 
 
@@ -113,14 +113,14 @@ def _legacy_full_attention(code):
     legacy, fixed = w.plan(code_for(LEGACY_LAST_RELEASE), "L"), w.plan(code, "F")
     t = w.table
     prem = w.base() + [t.forall(0, w.f, lambda i: t.state(i) == HSH)]
-    return Problem(prem, legacy.start == fixed.start, w)
+    return Problem(prem, legacy.start == fixed.start, w, constraints=legacy.constraints + fixed.constraints)
 
 
 def _legacy_agrees_when_passing(code):
     w = World(GroupKind.MAMBA)
     legacy, fixed = w.plan(code_for(LEGACY_LAST_RELEASE), "L"), w.plan(code, "F")
     prem = w.base() + [w.aligned(), w.N <= legacy.start * w.b]
-    return Problem(prem, legacy.start == fixed.start, w)
+    return Problem(prem, legacy.start == fixed.start, w, constraints=legacy.constraints + fixed.constraints)
 
 
 def _legacy_without_asserts(code):
@@ -128,7 +128,7 @@ def _legacy_without_asserts(code):
     legacy, fixed = w.plan(code_for(LEGACY_LAST_RELEASE, asserts=False), "L"), w.plan(code, "F")
     prem = w.base() + [NOT(w.sync_load), w.j < w.k] + _recurrent_below_f(w)
     claim = OR(legacy.start >= w.f, legacy.start_chunk == fixed.start_chunk)
-    return Problem(prem, claim, w, witness=lambda m: w.to_case(m, "witness-legacy-without-asserts"),
+    return Problem(prem, claim, w, constraints=legacy.constraints + fixed.constraints, witness=lambda m: w.to_case(m, "witness-legacy-without-asserts"),
                    shaping=w.small())
 
 
@@ -151,7 +151,7 @@ def _null_skip_needed(code):
     t = w.table
     prem = w.base() + [NOT(w.sync_load), w.j < w.k]
     claim = t.forall(p.start, w.k, lambda i: t.state(i) != NUL)
-    return Problem(prem, claim, w, witness=lambda m: w.to_case(m, "witness-null-skip-needed"),
+    return Problem(prem, claim, w, constraints=p.constraints, witness=lambda m: w.to_case(m, "witness-null-skip-needed"),
                    shaping=w.small())
 
 
@@ -172,7 +172,7 @@ def _null_skip_fixed(code):
     w = World(GroupKind.MAMBA)
     p = w.plan(code)
     t = w.table
-    return Problem(w.base(), t.forall(p.start, w.k, lambda i: t.state(i) != NUL), w)
+    return Problem(w.base(), t.forall(p.start, w.k, lambda i: t.state(i) != NUL), w, constraints=p.constraints)
 
 
 def _destinations_exact(code):
@@ -182,7 +182,7 @@ def _destinations_exact(code):
     prem = w.base() + ([] if code.sync_loads else [NOT(w.sync_load)])  # sync loads: 0.33+
     claim = AND(p.start == w.j, p.pending == p.dst_len,
                 OR(w.sync_load, t.forall(p.start, w.k, lambda i: t.state(i) != HSH)))
-    return Problem(prem, claim, w)
+    return Problem(prem, claim, w, constraints=p.constraints)
 
 
 def _keys_in_range(code):
@@ -193,13 +193,13 @@ def _keys_in_range(code):
     lookup_start, lookup_end = FLOORDIV(w.N, w.tpc), FLOORDIV(w.T + w.tpc - 1, w.tpc)
     claim = OR(p.pending == 0, AND(lookup_start <= p.start_chunk, p.start_chunk < p.end_chunk,
                                    p.end_chunk == lookup_end))
-    return Problem(w.base(), claim, w)
+    return Problem(w.base(), claim, w, constraints=p.constraints)
 
 
 def _keys_from_lookup_start(code):
     w = World(GroupKind.MAMBA)
     p = w.plan(code)
-    return Problem(w.base(), p.start_chunk >= FLOORDIV(w.N, w.tpc), w)
+    return Problem(w.base(), p.start_chunk >= FLOORDIV(w.N, w.tpc), w, constraints=p.constraints)
 
 
 def _keys_count(code):
@@ -207,7 +207,7 @@ def _keys_count(code):
     p = w.plan(code)
     prem = w.base() + [p.pending > 0, w.num_keys >= p.end_chunk_wanted]
     want = FLOORDIV(p.pending + p.start % w.bpc + w.bpc - 1, w.bpc)
-    return Problem(prem, p.end_chunk - p.start_chunk == want, w)
+    return Problem(prem, p.end_chunk - p.start_chunk == want, w, constraints=p.constraints)
 
 
 def _window_bound(code):
@@ -216,7 +216,7 @@ def _window_bound(code):
     t = w.table
     below_f = t.forall(0, w.f, lambda i: t.state(i) != UNH)  # local blocks: hashed, or null when skipped
     prem = w.base() + [below_f, NOT(w.sync_load)]
-    return Problem(prem, p.pending <= w.window * w.bpc + code.window_slack, w,
+    return Problem(prem, p.pending <= w.window * w.bpc + code.window_slack, w, constraints=p.constraints,
                    witness=lambda m: w.to_case(m, "witness-window-bound"), shaping=w.small(max_len=8))
 
 
@@ -227,7 +227,7 @@ def _window_nulls(kind):
         w = World(kind)
         p = w.plan(code)
         window_ok = dict(p.checks).get(ASSERT_CODE[AssertName.WINDOW_BOUND], True)  # the assert, as encoded
-        return Problem(w.base() + [NOT(w.sync_load)], window_ok, w)
+        return Problem(w.base() + [NOT(w.sync_load)], window_ok, w, constraints=p.constraints)
 
     return build
 
@@ -238,14 +238,14 @@ def _fixed_sync(code):
     t = w.table
     claim = AND(t.forall(w.f, p.start, lambda i: t.state(i) == NUL),
                 OR(p.start == w.k, AND(p.start >= w.f, p.start < w.k, t.state(p.start) != NUL)))
-    return Problem(w.base() + [w.sync_load], claim, w)
+    return Problem(w.base() + [w.sync_load], claim, w, constraints=p.constraints)
 
 
 def _fixed_sync_needed(code):
     w = World(GroupKind.FULL_ATTENTION)
     p = w.plan(code)  # the 0.30 - 0.32 scan, which matches unhashed blocks only
     prem = w.base() + [w.sync_load, w.j < w.k]
-    return Problem(prem, p.start == w.j, w,
+    return Problem(prem, p.start == w.j, w, constraints=p.constraints,
                    witness=lambda m: w.to_case(m, "witness-fixed-sync.needed", sync_load=True),
                    # shaped so vLLM 0.33's own lookup reserves the sync load (kvbound conform drives it):
                    # a hit of whole chunks, at least one, ending before the prompt does
@@ -264,13 +264,13 @@ def _replay_sync_needed(case):
 def _assert_order(code):
     w = World(GroupKind.SLIDING_WINDOW)
     p = w.plan(code)
-    return Problem(w.base() + [w.N % w.b != 0], p.fails_with(ASSERT_CODE[AssertName.ALIGNMENT]), w)
+    return Problem(w.base() + [w.N % w.b != 0], p.fails_with(ASSERT_CODE[AssertName.ALIGNMENT]), w, constraints=p.constraints)
 
 
 def _legacy_guarded(code):
     w = World(GroupKind.MAMBA)
     p = w.plan(code)
-    return Problem(w.base(), IMPLIES(p.passes(), p.start >= w.f), w)
+    return Problem(w.base(), IMPLIES(p.passes(), p.start >= w.f), w, constraints=p.constraints)
 
 
 def _keys_from_all_tokens(code):
@@ -283,7 +283,7 @@ def _keys_from_all_tokens(code):
     all_keys = FLOORDIV(tokens, w.tpc)
     prem = w.base() + [prompt >= 1, tokens >= prompt, w.num_keys == FLOORDIV(counted, w.tpc),
                        w.T <= all_keys * w.tpc]
-    return Problem(prem, OR(p.pending == 0, w.num_keys >= p.end_chunk_wanted), w)
+    return Problem(prem, OR(p.pending == 0, w.num_keys >= p.end_chunk_wanted), w, constraints=p.constraints)
 
 
 TAIL = ("n-aligned", "fresh-after-nulls", "keys-cover-hit", "hit-a-chunk", "partial-tail-lookup")
@@ -295,7 +295,7 @@ def _window_retained_before_031(code):
     w = World(GroupKind.SLIDING_WINDOW)
     p = w.plan(code)  # 0.28 - 0.30: the window in chunks is cdiv(w, tpc)
     window_ok = dict(p.checks)[ASSERT_CODE[AssertName.WINDOW_BOUND]]
-    return Problem(w.base() + [NOT(w.sync_load)], window_ok, w,
+    return Problem(w.base() + [NOT(w.sync_load)], window_ok, w, constraints=p.constraints,
                    witness=lambda m: w.to_case(m, "witness-window-bound.retained-before-0.31"),
                    shaping=w.small(max_len=8, max_tokens=128) + [w.b == 16, w.bpc == 1, w.extra >= 1, w.extra <= 3,
                                                                  w.span % 16 == 0, w.span <= 32])
@@ -329,7 +329,7 @@ def _partial_tail_loads(kind):
                      p.has_boundary_key, p.key_tokens == lookup_key_tokens))]
         # one split per conjunct (their negations cover ¬claim): each settles at once, whatever Z3
         # built earlier in the process (one search over the whole claim can wander past the timeout)
-        return Problem(w.base(), AND(*parts), w, splits=tuple(NOT(x) for x in parts))
+        return Problem(w.base(), AND(*parts), w, constraints=p.constraints, splits=tuple(NOT(x) for x in parts))
 
     return build
 
@@ -337,21 +337,21 @@ def _partial_tail_loads(kind):
 def _partial_tail_assert_holds(code):
     w = TailWorld(GroupKind.MAMBA)
     p = w.plan(code)
-    return Problem(w.base(), NOT(p.fails_with(ASSERT_CODE[AssertName.PARTIAL_TAIL])), w)
+    return Problem(w.base(), NOT(p.fails_with(ASSERT_CODE[AssertName.PARTIAL_TAIL])), w, constraints=p.constraints)
 
 
 def _partial_tail_guard(code):
     w = TailWorld(GroupKind.MAMBA)
     p = w.plan(code)
     prem = w.base() + [w.boundary != w.T]
-    return Problem(prem, p.fails_with(ASSERT_CODE[AssertName.PARTIAL_TAIL]), w)
+    return Problem(prem, p.fails_with(ASSERT_CODE[AssertName.PARTIAL_TAIL]), w, constraints=p.constraints)
 
 
 def _partial_tail_chunk_needed(code):
     w = TailWorld(GroupKind.FULL_ATTENTION)
     p = w.plan(code.mutate(tail_chunk_dropped=False))  # keeps the boundary's chunk as a chunk key
     prem = w.base() + [NOT(w.eagle), NOT(w.sync_load)]
-    return Problem(prem, NOT(p.fails_with(ASSERT_CODE[AssertName.KEYS_LENGTH])), w,
+    return Problem(prem, NOT(p.fails_with(ASSERT_CODE[AssertName.KEYS_LENGTH])), w, constraints=p.constraints,
                    witness=lambda m: w.to_case(m, "witness-partial-tail.boundary-chunk-dropped"),
                    shaping=w.small() + [w.N == 0, w.b == 16, w.tph == 4, w.j == w.f])
 
@@ -369,7 +369,7 @@ def _start_is_fresh(code):
     w = World(GroupKind.MAMBA)
     p = w.plan(code)
     t = w.table
-    return Problem(w.base() + [NOT(w.sync_load)], OR(p.start == w.k, t.state(p.start) == UNH), w)
+    return Problem(w.base() + [NOT(w.sync_load)], OR(p.start == w.k, t.state(p.start) == UNH), w, constraints=p.constraints)
 
 
 def _safe_load(oid: str):
@@ -385,7 +385,7 @@ def _safe_load(oid: str):
         parts = safe_parts(w, out)
         legacy = code.variant is Variant.LEGACY
         # one split per conjunct (their negations cover ¬claim): Z3 settles each at once
-        return Problem(prem, AND(*parts), w,
+        return Problem(prem, AND(*parts), w, constraints=out.constraints,
                        shaping=w.pr_shape() if legacy else w.retained_window_shape(),
                        witness=lambda m: w.to_case(m, f"witness-{oid}"),
                        splits=tuple(NOT(p) for p in parts),

@@ -4,9 +4,9 @@ A premise is a fact about the inputs of ``update_state_after_alloc`` that vLLM's
 allocator, scheduler or lookup guarantees (read from the source lines it lists),
 not something the connector checks. Each ``Premise`` has
 
-* ``term(g)``: its Z3 formula over a symbolic group ``g`` (a ``world.World`` or a
-  slot of ``hybrid.HybridWorld``: ``N, M, T, b, bpc, tpc, f, k, j, table, window,
-  span, extra, sync_load, num_keys``; ``j`` names the first fresh block), which the obligations assume; and
+* ``term(g)``: its Z3 formula over one group's terms ``g``, a ``GroupTerms`` (each world
+  builds its groups' explicitly: ``world.World``, ``world.TailWorld``, a slot of
+  ``hybrid.HybridWorld``), which the obligations assume; and
 * ``check(case, gi)``: the same statement as an executable predicate over one
   group of a concrete ``Case`` (``None`` when it holds, else what is wrong).
 
@@ -43,7 +43,7 @@ class Premise:
     math: str  # the formula, in the catalogue's notation
     kinds: frozenset  # the group kinds it is stated for
     sources: tuple  # "release file:line (function)" it was read from
-    term: Callable  # (symbolic group) -> Z3 formula
+    term: Callable  # (GroupTerms) -> Z3 formula
     check: Callable  # (Case, group index) -> None when it holds, else what is wrong
 
     def applies(self, kind: GroupKind) -> bool:
@@ -53,6 +53,32 @@ class Premise:
     def kinds_label(self) -> str:
         """The kinds it is stated for, as the catalogue and ``kvbound premises --list`` print them."""
         return "every kind" if self.kinds == frozenset(GroupKind) else ", ".join(sorted(k.value for k in self.kinds))
+
+
+@dataclass(frozen=True)
+class GroupTerms:
+    """What a load premise's Z3 face reads of one group: Z3 terms (or ints), named as vLLM
+    names them. A world passes its group's explicitly; a premise reads nothing else."""
+
+    N: object  # num_locally_computed_tokens
+    M: object  # num_external_tokens
+    T: object  # N + M
+    b: object  # tokens_per_block
+    bpc: object  # blocks_per_chunk
+    tpc: object  # tokens_per_chunk = b * bpc
+    f: object  # cdiv(N, b), the first fresh block
+    k: object  # cdiv(T, b), the end of the load region
+    j: object  # the first fresh block after the nulls (premise fresh-after-nulls)
+    table: object  # a SymTable
+    sync_load: object
+    num_keys: object  # offload keys at admission
+    window: object = None  # sliding_window_size_in_chunks (None: full attention)
+    span: object = None  # sliding_window / attention_chunk_size in tokens (None: not windowed)
+    extra: object = 0  # extra_retained_tokens
+    tail: object = False  # a partial tail: False (none), True, or a Z3 Bool (the request's, in a hybrid)
+    boundary: object = 0  # partial_tail_boundary (read with a tail)
+    tph: object = None  # tokens_per_hash (read with a tail)
+    prompt: object = None  # num_prompt_tokens (read with a tail)
 
 
 class PremiseCheck(NamedTuple):
@@ -229,7 +255,7 @@ def _term_mamba_one_block(g):
 
 
 def _term_keys_cover(g):
-    tail = g.tail  # False (World), True (TailWorld) or a Z3 Bool (a HybridWorld slot)
+    tail = g.tail
     whole = g.num_keys * g.tpc >= g.T
     return whole if tail is False else IF(tail, g.num_keys >= CDIV(g.T, g.tpc) - 1, whole)  # bpc = 1 with a tail
 
@@ -390,4 +416,4 @@ def when_kind(kind_term, kind_codes, formula):
     return IF(OR(*[kind_term == c for c in kind_codes]), formula, True)
 
 
-__all__ = ["PREMISES", "Premise", "PremiseCheck", "evaluate", "premise", "terms", "when_kind"]
+__all__ = ["PREMISES", "GroupTerms", "Premise", "PremiseCheck", "evaluate", "premise", "terms", "when_kind"]

@@ -16,9 +16,13 @@ from .encoding import Code
 
 @dataclass(frozen=True)
 class Problem:
+    """What the runner decides: is ``premises ∧ constraints ∧ ¬claim`` unsat?"""
+
     premises: list
     claim: object
-    world: World | None = None
+    world: object = None  # the premises' Z3 faces (``premise_terms(ids)``) and a model's witness (``to_case``)
+    constraints: list = field(default_factory=list)  # what pins the encoded code's unknowns (each plan's constraints)
+    tables: bool = True  # symbolic block tables: the runner also searches tables of a few fixed lengths
     witness: Callable | None = None  # model -> Case, for a refutation
     shaping: list = field(default_factory=list)  # small-numbers constraints tried first for witnesses
     splits: tuple = (True,)  # a case split covering every input; proved iff every case is unsat

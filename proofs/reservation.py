@@ -409,16 +409,13 @@ _BOOLS = {"c1", "c2"}
 class ReservationWorld:
     """Every pair of calls at once, for one manager kind and allocator code."""
 
-    table = None  # no block table: the runner's bounded-length search does not apply
-
     def __init__(self, kind: GroupKind, release: str):
         self.kind, self.release, self.code = kind, release, allocator_code(release)
         self.x = Calls(**{n: (z3.Bool(n) if n in _BOOLS else z3.Int(n)) for n in _FIELDS})
         self.first, self.running = calls(kind, self.code, self.x)
-        self.constraints = []
 
     def premise_terms(self, ids) -> list:
-        return [BY_ID[i].term(self) for i in ids if BY_ID[i].applies(self.kind)]
+        return [BY_ID[i].term(self.kind, self.x) for i in ids if BY_ID[i].applies(self.kind)]
 
     def base(self):
         x = self.x
@@ -449,17 +446,6 @@ class ReservationWorld:
         return AllocCalls(name=name, kind=self.kind, release=self.release, **v)
 
 
-class _Concrete:
-    """A witness's numbers where a world's terms are read: premises fold to bools on it."""
-
-    def __init__(self, calls: "AllocCalls"):
-        self.kind, self.x = calls.kind, calls.inputs
-
-
-def concrete_world(calls: "AllocCalls") -> _Concrete:
-    return _Concrete(calls)
-
-
 # --- the premises (about an allocate_slots call, not a load) ----------------------------------
 #
 # Their subject is a pair of allocate_slots calls of one request on one manager (``reservation.Calls``:
@@ -476,7 +462,7 @@ class AllocationPremise:
     math: str
     kinds: frozenset
     sources: tuple
-    term: Callable  # (reservation world: .kind, .x) -> formula (a bool on a concrete world)
+    term: Callable  # (kind, Calls) -> formula (a bool on a witness's numbers)
 
     def applies(self, kind: GroupKind) -> bool:
         return kind in self.kinds
@@ -485,44 +471,38 @@ class AllocationPremise:
 
     def check(self, calls) -> str | None:
         """None when the witness ``calls`` (reservation.AllocCalls) meets it, else the statement."""
-        return None if self.term(concrete_world(calls)) is True else f"{self.id}: {self.statement}"
+        return None if self.term(calls.kind, calls.inputs) is True else f"{self.id}: {self.statement}"
 
 
-def _t_nonempty(w):
-    x = w.x
+def _t_nonempty(kind, x):
     return x.L + x.E + x.NEW >= 1
 
 
-def _t_evictable(w):
-    x = w.x
+def _t_evictable(kind, x):
     h = CDIV(x.L, x.b)
-    if w.kind is GroupKind.MAMBA:
+    if kind is GroupKind.MAMBA:
         return AND(x.ev <= 1, x.ev <= h)
-    s = skipped_blocks(w.kind, x, x.L + x.E)
+    s = skipped_blocks(kind, x, x.L + x.E)
     return x.ev <= MAX(h - s, 0)
 
 
-def _t_running(w):
-    x = w.x
+def _t_running(kind, x):
     T = x.L + x.E
     return x.C == T + x.NEW
 
 
-def _t_checkpoint(w):
-    x = w.x
+def _t_checkpoint(kind, x):
     return AND(IMPLIES(x.c1, CDIV(x.L + x.E + x.NEW, x.b) >= 2), IMPLIES(x.c2, CDIV(x.C + x.NEW2, x.b) >= 2))
 
 
-def _t_async(w):
-    x = w.x
+def _t_async(kind, x):
     return IMPLIES(x.E > 0, AND(x.NEW == 0, x.LA == 0))
 
 
-def _t_window(w):
-    x = w.x
-    if w.kind is GroupKind.SLIDING_WINDOW:
+def _t_window(kind, x):
+    if kind is GroupKind.SLIDING_WINDOW:
         return AND(x.w >= 1, x.extra >= 0)
-    if w.kind is GroupKind.CHUNKED_LOCAL:
+    if kind is GroupKind.CHUNKED_LOCAL:
         return x.chunk >= 1
     return True
 
@@ -613,7 +593,7 @@ def _build(kind, release, scenario):
         prem = w.base()
         if scenario == "sync":  # a sync load: adopt E and compute NEW in the same call (0.33)
             prem += [x.E >= 1, x.NEW >= 1]
-        return Problem(prem, w.claim(), w, shaping=w.small() if scenario == "sync" else [],
+        return Problem(prem, w.claim(), w, tables=False, shaping=w.small() if scenario == "sync" else [],
                        witness=lambda m: w.to_case(m, f"witness-reservation.{kind.value}.{scenario}"),
                        splits=(x.E == 0, x.E >= 1),
                        cases=(x.E == 0, x.E >= 1, x.L >= 1))
@@ -687,6 +667,6 @@ def obligations() -> list:
     return out
 
 
-__all__ = ["ALLOCATION_PREMISES", "AllocCalls", "AllocationPremise", "AllocatorCode", "Calls", "ReservationWorld", "allocator_code", "calls", "concrete_world",
+__all__ = ["ALLOCATION_PREMISES", "AllocCalls", "AllocationPremise", "AllocatorCode", "Calls", "ReservationWorld", "allocator_code", "calls",
            "holds", "obligations", "skipped_blocks",
            "witness_from_dict", "witness_to_dict"]
