@@ -11,7 +11,15 @@ from typing import Callable
 
 from kvbound.spec.verdicts import Verdict
 
-from .encoding import Code
+from .encoding import Code, code_for
+
+
+# The code each obligation encodes, by the first release of its row of RELEASES.
+CODE_LEGACY, LEGACY_LAST_RELEASE = code_for("0.28.0"), "0.29.0"  # the proofs model 0.28+ (the legacy rows 0.28, 0.29)
+CODE_030 = code_for("0.30.0")  # the fixed scan; the window in chunks ignores retained tokens
+CODE_031 = code_for("0.31.0")  # 0.31 - 0.32: the window counts retained tokens
+CODE_033 = code_for("0.33.0")  # sync loads, EAGLE partial tails
+LATEST = "0.33.0"
 
 
 @dataclass(frozen=True)

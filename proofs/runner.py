@@ -19,6 +19,7 @@ from .obligations import OBLIGATIONS, Obligation
 from .problem import problem
 from .options import OBLIGATION, PROVE, SolverOptions
 from .terms import NOT, as_bool
+from .witnesses import witness_from_dict, witness_to_dict
 from .world import expanded
 
 
@@ -192,8 +193,6 @@ def by_id(ids=None) -> list[Obligation]:
 
 def _task(args):
     """One unit of work in a worker: an obligation, or a mutant against every proved one."""
-    from .reservation import witness_to_dict
-
     kind, name, options = args
     if kind == "mutant":
         t0 = time.perf_counter()
@@ -243,8 +242,6 @@ def run_all(ids=None, options: SolverOptions = PROVE, mutants: bool = True, jobs
     """Every obligation (vacuity and witness replay included) and every mutant.
 
     ``jobs`` worker processes share the work (Z3 is single-threaded per solver)."""
-    from .reservation import witness_from_dict
-
     t0 = time.perf_counter()
     obs = by_id(ids)
     tasks = [("mutant", m, options) for m in ENCODING_KNOB_MUTANTS] if mutants else []

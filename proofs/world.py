@@ -20,7 +20,7 @@ from kvbound.spec import NULL, Block, BlockState, Case, Group, GroupConfig, Grou
 
 from kvbound.spec import STATE_CODES
 
-from .encoding import HSH, NUL, UNH, Code, GroupInputs, SymTable, encode_group, window_in_chunks
+from .encoding import HSH, NUL, Code, GroupInputs, SymTable, encode_group, window_in_chunks
 from .premises import GroupTerms, Premise, terms
 from .terms import CDIV
 

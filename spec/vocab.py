@@ -301,7 +301,7 @@ class ReleaseFeatures:
     group_subsets: bool = True  # 0.30+: configs carry group_idx, tables are blocks.blocks[group_idx]
     sync_loads: bool = True  # 0.33+: the offloading connector may load synchronously (load_kv_async False)
     allocator: str | None = "0.32.0"  # the KV-cache allocator code it runs (MambaManager align mode), by the
-    # first release of that code; None before 0.28 (not modelled). proofs/reservation.py reads it.
+    # first release of that code; None before 0.28 (not modelled). proofs/allocator.py reads it.
     # What an engine of the release can be built with (kvbound trace's layouts need them):
     mamba_external_kv: bool = True  # 0.23+: the scheduler takes external (connector) tokens for Mamba
     schedule_end_hook: bool = True  # 0.23+: OffloadingManager.on_schedule_end
