@@ -12,7 +12,6 @@ import pytest
 from kvbound.trace import runner as R
 from kvbound.trace import shadow as SH
 
-from test_trace import _env
 
 
 # --- pure parts ---------------------------------------------------------------------------
@@ -42,20 +41,6 @@ def test_job_pairs_follow_the_cpu_worker_mapping():
 
 
 # --- real vLLM ----------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def workers():
-    started = {}
-
-    def get(version):
-        if version not in started:
-            env = _env(version)
-            started[version] = (env, R.start_worker(env))
-        return started[version]
-    yield get
-    for _, w in started.values():
-        w.stop()
-
 
 def _kinds(w, version, layout, overrides=None, n=100, seed=3):
     job = R.make_job(layout, (seed, "mut"), n, 0, "sync", overrides)
