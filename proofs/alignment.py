@@ -33,7 +33,7 @@ from math import gcd
 
 import z3
 
-from kvbound.spec import KIND_CODES, NULL, AssertName, Case, Group, GroupKind, H, U, Variant, cdiv
+from kvbound.spec import KIND_CODES, KIND_MAMBA, KIND_OF_CODE, NULL, AssertName, Case, Group, GroupKind, H, U, Variant, cdiv
 from kvbound.spec.verdicts import Verdict
 
 from .problem import Bound, Obligation, Problem
@@ -42,8 +42,6 @@ from .terms import AND, IF
 from .world import config_for
 
 MAX_GROUPS = 8
-MAMBA = KIND_CODES[GroupKind.MAMBA]
-_KIND_OF_CODE = {c: k for k, c in KIND_CODES.items()}
 
 
 class AlignWorld:
@@ -71,7 +69,7 @@ class AlignWorld:
 
     def sharded(self, j):
         """``dcp_sharded``: True for attention specs, False for Mamba."""
-        return self.kind[j] != MAMBA
+        return self.kind[j] != KIND_MAMBA
 
     def tokens_per_block(self, j):
         """``resolve_dcp_kv_block_size``: what the connector uses for group j (named; see base)."""
@@ -127,7 +125,7 @@ class AlignWorld:
         v = lambda t: model.eval(t, model_completion=True).as_long()  # noqa: E731
         n, bpc = v(self.n), v(self.bpc)
         bs = [v(self.tokens_per_block(j)) for j in range(n)]
-        kinds = [_KIND_OF_CODE[v(self.kind[j])] for j in range(n)]
+        kinds = [KIND_OF_CODE[v(self.kind[j])] for j in range(n)]
         N = v(self.N()) if N is None else v(N)
         M = bs[0] * bpc  # one chunk of the first group
         T = N + M

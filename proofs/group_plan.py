@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import z3
 
-from kvbound.spec import AssertName, GroupKind, Variant, plan_load
+from kvbound.spec import STATE_H, STATE_N, STATE_U, AssertName, GroupKind, Variant, plan_load
 from kvbound.spec.asserts import ASSERT_CODE
 from kvbound.spec.verdicts import Verdict
 
-from .encoding import HSH, NUL, UNH, code_for
+from .encoding import code_for
 from .problem import CODE_030, CODE_031, CODE_033, CODE_LEGACY, LATEST, LEGACY_LAST_RELEASE, Obligation, Problem
 from .replays import replay_assert, replay_window_retained
 from .terms import AND, FLOORDIV, IMPLIES, NOT, OR
@@ -60,7 +60,7 @@ def _replay_converse(case):
 def _recurrent_below_f(w):
     t = w.table
     i = z3.Int("i_unhashed")
-    return [0 <= i, i < w.f, t.state(i) == UNH]
+    return [0 <= i, i < w.f, t.state(i) == STATE_U]
 
 
 def _legacy_refuted(code):
@@ -75,7 +75,7 @@ def _legacy_full_attention(code):
     w = World(GroupKind.FULL_ATTENTION)
     legacy, fixed = w.plan(code_for(LEGACY_LAST_RELEASE), "L"), w.plan(code, "F")
     t = w.table
-    prem = w.base() + [t.forall(0, w.f, lambda i: t.state(i) == HSH)]
+    prem = w.base() + [t.forall(0, w.f, lambda i: t.state(i) == STATE_H)]
     return Problem(prem, legacy.start == fixed.start, w, constraints=legacy.constraints + fixed.constraints)
 
 
@@ -113,7 +113,7 @@ def _null_skip_needed(code):
     p = w.plan(code.mutate(no_scan=True))  # the variant start = f, no loop
     t = w.table
     prem = w.base() + [NOT(w.sync_load), w.j < w.k]
-    claim = t.forall(p.start, w.k, lambda i: t.state(i) != NUL)
+    claim = t.forall(p.start, w.k, lambda i: t.state(i) != STATE_N)
     return Problem(prem, claim, w, constraints=p.constraints, witness=lambda m: w.to_case(m, "witness-null-skip-needed"),
                    shaping=w.small())
 
@@ -135,7 +135,7 @@ def _null_skip_fixed(code):
     w = World(GroupKind.MAMBA)
     p = w.plan(code)
     t = w.table
-    return Problem(w.base(), t.forall(p.start, w.k, lambda i: t.state(i) != NUL), w, constraints=p.constraints)
+    return Problem(w.base(), t.forall(p.start, w.k, lambda i: t.state(i) != STATE_N), w, constraints=p.constraints)
 
 
 def _destinations_exact(code):
@@ -144,7 +144,7 @@ def _destinations_exact(code):
     t = w.table
     prem = w.base() + ([] if code.sync_loads else [NOT(w.sync_load)])  # sync loads: 0.33+
     claim = AND(p.start == w.j, p.pending == p.dst_len,
-                OR(w.sync_load, t.forall(p.start, w.k, lambda i: t.state(i) != HSH)))
+                OR(w.sync_load, t.forall(p.start, w.k, lambda i: t.state(i) != STATE_H)))
     return Problem(prem, claim, w, constraints=p.constraints)
 
 
@@ -177,7 +177,7 @@ def _window_bound(code):
     w = World(GroupKind.SLIDING_WINDOW)
     p = w.plan(code)
     t = w.table
-    below_f = t.forall(0, w.f, lambda i: t.state(i) != UNH)  # local blocks: hashed, or null when skipped
+    below_f = t.forall(0, w.f, lambda i: t.state(i) != STATE_U)  # local blocks: hashed, or null when skipped
     prem = w.base() + [below_f, NOT(w.sync_load)]
     return Problem(prem, p.pending <= w.window * w.bpc + code.window_slack, w, constraints=p.constraints,
                    witness=lambda m: w.to_case(m, "witness-window-bound"), shaping=w.small(max_len=8))
@@ -199,8 +199,8 @@ def _fixed_sync(code):
     w = World(GroupKind.MAMBA)
     p = w.plan(code)
     t = w.table
-    claim = AND(t.forall(w.f, p.start, lambda i: t.state(i) == NUL),
-                OR(p.start == w.k, AND(p.start >= w.f, p.start < w.k, t.state(p.start) != NUL)))
+    claim = AND(t.forall(w.f, p.start, lambda i: t.state(i) == STATE_N),
+                OR(p.start == w.k, AND(p.start >= w.f, p.start < w.k, t.state(p.start) != STATE_N)))
     return Problem(w.base() + [w.sync_load], claim, w, constraints=p.constraints)
 
 
@@ -272,7 +272,7 @@ def _partial_tail_loads(kind):
         t = w.table
         lookup_key_tokens = w.boundary + w.margin  # 0.33 scheduler.py:1154-1158, as the lookup used it
         parts = [p.passes(), p.start == w.j, p.start >= w.f,
-                 t.forall(p.start, p.k, lambda i: t.state(i) != NUL),
+                 t.forall(p.start, p.k, lambda i: t.state(i) != STATE_N),
                  IMPLIES(p.pending > 0, AND(
                      p.start_chunk >= FLOORDIV(w.N, w.tpc), p.end_chunk == p.k - 1,
                      p.has_boundary_key, p.key_tokens == lookup_key_tokens))]
@@ -318,7 +318,7 @@ def _start_is_fresh(code):
     w = World(GroupKind.MAMBA)
     p = w.plan(code)
     t = w.table
-    return Problem(w.base() + [NOT(w.sync_load)], OR(p.start == w.k, t.state(p.start) == UNH), w, constraints=p.constraints)
+    return Problem(w.base() + [NOT(w.sync_load)], OR(p.start == w.k, t.state(p.start) == STATE_U), w, constraints=p.constraints)
 
 
 TAIL = ("n-aligned", "fresh-after-nulls", "keys-cover-hit", "hit-a-chunk", "partial-tail-lookup")

@@ -19,9 +19,10 @@ from math import gcd
 
 import z3
 
-from kvbound.spec import KIND_CODES, Block, BlockState, Case, Group, GroupKind, cdiv
+from kvbound.spec import (KIND_CODES, KIND_FULL, KIND_MAMBA, KIND_OF_CODE, STATE_H, STATE_N, STATE_U, Block, BlockState,
+                          Case, Group, GroupKind, cdiv)
 
-from .encoding import HSH, NUL, UNH, Code, GroupInputs, SymTable, encode_group, window_in_chunks
+from .encoding import Code, GroupInputs, SymTable, encode_group, window_in_chunks
 from .premises import PREMISES, GroupTerms, when_kind
 from .terms import AND, CDIV, IF, IMPLIES, NOT, OR
 from .world import _EXPAND, config_for
@@ -119,12 +120,11 @@ class HybridWorld:
         tokens_per_block > tokens_per_hash); an EAGLE full-attention group keys it ``margin`` past the
         boundary (0.33 kv_cache_utils.eagle_proof_margin: one hash unit or one block)."""
         s0 = self.slots[0]
-        fa, mamba = KIND_CODES[GroupKind.FULL_ATTENTION], KIND_CODES[GroupKind.MAMBA]
         supported = AND(self.bpc == 1, self.tph >= 1, s0.b > self.tph, s0.b % self.tph == 0,
-                        *[z3.Implies(self.active(s.index), AND(s.b == s0.b, OR(s.kind == fa, s.kind == mamba)))
+                        *[z3.Implies(self.active(s.index), AND(s.b == s0.b, OR(s.kind == KIND_FULL, s.kind == KIND_MAMBA)))
                           for s in self.slots],
-                        OR(*[AND(self.active(s.index), s.kind == mamba) for s in self.slots]))
-        margin = IF(AND(self.tail, s0.eagle, s0.kind == fa),
+                        OR(*[AND(self.active(s.index), s.kind == KIND_MAMBA) for s in self.slots]))
+        margin = IF(AND(self.tail, s0.eagle, s0.kind == KIND_FULL),
                     OR(s0.margin == self.tph, s0.margin == s0.b) if eagle_margins else s0.margin == 0,
                     s0.margin == 0)
         return [z3.Implies(self.tail, supported), margin]
@@ -148,7 +148,7 @@ class HybridWorld:
         s0, t = self.slots[0], self.slots[0].table
         out = [self.n == 2, self.slots[1].is_kind(GroupKind.FULL_ATTENTION), s0.is_kind(GroupKind.MAMBA),
                self.bpc == 1, s0.b == 16, self.slots[1].b == 16, s0.f >= 5, self.M == 16,
-               t.state(0) == HSH, t.state(1) == HSH, t.state(2) == NUL, t.state(3) == UNH, t.state(4) == NUL]
+               t.state(0) == STATE_H, t.state(1) == STATE_H, t.state(2) == STATE_N, t.state(3) == STATE_U, t.state(4) == STATE_N]
         return out + [s0.num_keys * s0.tpc <= 128, self.slots[1].num_keys * self.slots[1].tpc <= 128]
 
     def retained_window_shape(self):
@@ -172,17 +172,17 @@ class HybridWorld:
         groups, tpcs, prompt = [], [], 0
         next_id = 1
         for s in self.slots[:n]:
-            kind, b = _KIND_OF_CODE[v(s.kind)], v(s.b)
+            kind, b = KIND_OF_CODE[v(s.kind)], v(s.b)
             k = cdiv(T, b)
             blocks = []
             if s.index == 0:
                 length = v(s.table.length) if s.table.expand is None else s.table.expand
                 for i in range(length):
                     st = v(s.table.st[i])
-                    if st == NUL:
+                    if st == STATE_N:
                         blocks.append(Block(BlockState.NULL))
                     else:
-                        blocks.append(Block(BlockState.HASHED if st == HSH else BlockState.UNHASHED, next_id))
+                        blocks.append(Block(BlockState.HASHED if st == STATE_H else BlockState.UNHASHED, next_id))
                         next_id += 1
                 span = v(s.span) if kind in (GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL) else None
             else:
@@ -208,9 +208,6 @@ class HybridWorld:
                     num_locally_computed_tokens=N, num_external_tokens=M, groups=tuple(groups), sync_load=sync)
 
 
-_KIND_OF_CODE = {c: k for k, c in KIND_CODES.items()}
-
-
 def _windowed_config(kind, b, span, extra=0):
     from kvbound.spec import GroupConfig
 
@@ -232,7 +229,7 @@ def safe_parts(w: HybridWorld, o) -> list:
         IF(s.tail, o.start_chunk <= o.end_chunk, o.start_chunk < o.end_chunk),
         o.has_boundary_key == s.tail, IMPLIES(s.tail, o.key_tokens == s.boundary + s.margin)))
     return [*[ok for _, ok in o.checks], o.start == s.j, o.pending == o.dst_len,
-            t.forall(o.start, o.k, lambda i: t.state(i) != NUL), keys_ok]
+            t.forall(o.start, o.k, lambda i: t.state(i) != STATE_N), keys_ok]
 
 
 __all__ = ["GROUPS", "TABLE_LENGTH", "HybridWorld", "safe_parts"]

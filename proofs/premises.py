@@ -23,10 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from kvbound.spec import BlockState, Case, GroupKind, cdiv
+from kvbound.spec import STATE_H, STATE_N, STATE_U, BlockState, Case, GroupKind, cdiv
 
 from .allocator import AllocCalls, skipped_blocks
-from .encoding import HSH, NUL, UNH
 from .terms import AND, CDIV, FLOORDIV, IF, IMPLIES, MAX, OR
 
 ALL_KINDS = frozenset(GroupKind)
@@ -235,35 +234,35 @@ def _term_fresh_after_nulls(g):
     """∃ j ∈ [f, k]: [f, j) null, [j, k) fresh; j is the group's own ``g.j``."""
     t = g.table
     return AND(g.f <= g.j, g.j <= g.k,
-               t.forall(g.f, g.j, lambda i: t.state(i) == NUL),
-               t.forall(g.j, g.k, lambda i: OR(t.state(i) == UNH, AND(g.sync_load, t.state(i) != NUL))))
+               t.forall(g.f, g.j, lambda i: t.state(i) == STATE_N),
+               t.forall(g.j, g.k, lambda i: OR(t.state(i) == STATE_U, AND(g.sync_load, t.state(i) != STATE_N))))
 
 
 def _term_computed_hashed(g):
     t = g.table
-    return t.forall(0, g.f, lambda i: t.state(i) == HSH)
+    return t.forall(0, g.f, lambda i: t.state(i) == STATE_H)
 
 
 def _term_computed_cached(g):
     t = g.table
-    return t.forall(0, g.f, lambda i: t.state(i) != UNH)
+    return t.forall(0, g.f, lambda i: t.state(i) != STATE_U)
 
 
 def _term_sliding_skipped_null(g):
     """The skipped blocks are null (the window in chunks is the config's: the plan derives it)."""
     t = g.table
     skipped = MAX(g.T - g.span + 1 - g.extra, 0)
-    return AND(g.span >= 1, g.extra >= 0, t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == NUL))
+    return AND(g.span >= 1, g.extra >= 0, t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == STATE_N))
 
 
 def _term_chunked_skipped_null(g):
     t = g.table
-    return AND(g.span >= 1, t.forall(0, FLOORDIV(FLOORDIV(g.T, g.span) * g.span, g.b), lambda i: t.state(i) == NUL))
+    return AND(g.span >= 1, t.forall(0, FLOORDIV(FLOORDIV(g.T, g.span) * g.span, g.b), lambda i: t.state(i) == STATE_N))
 
 
 def _term_mamba_one_block(g):
     t = g.table
-    return AND(g.window == 1, t.forall(g.f, g.k - 1, lambda i: t.state(i) == NUL))
+    return AND(g.window == 1, t.forall(g.f, g.k - 1, lambda i: t.state(i) == STATE_N))
 
 
 def _term_keys_cover(g):

@@ -18,9 +18,9 @@ import z3
 
 from kvbound.spec import NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind, cdiv
 
-from kvbound.spec import STATE_CODES
+from kvbound.spec import STATE_CODES, STATE_H, STATE_N
 
-from .encoding import HSH, NUL, Code, GroupInputs, SymTable, encode_group, window_in_chunks
+from .encoding import Code, GroupInputs, SymTable, encode_group, window_in_chunks
 from .premises import GroupTerms, Premise, terms
 from .terms import CDIV
 
@@ -182,11 +182,11 @@ def table_from_model(table: SymTable, model, group_index: int) -> tuple:
     out = []
     for i in range(n):
         st = model.eval(table.st[i], model_completion=True).as_long()
-        if st == NUL:
+        if st == STATE_N:
             out.append(Block(BlockState.NULL))
         else:
             bid = 10 * (group_index + 3) + i + 1 if n <= 9 else 100 * (group_index + 1) + i + 1
-            out.append(Block(BlockState.HASHED if st == HSH else BlockState.UNHASHED, bid))
+            out.append(Block(BlockState.HASHED if st == STATE_H else BlockState.UNHASHED, bid))
     return tuple(out)
 
 

@@ -29,7 +29,7 @@ from kvbound.proofs.runner import run_obligation
 from kvbound.spec import GroupKind
 
 SCRIPT = ROOT / "scripts" / "repro_0_33_sync_mamba.py"
-KINDS = ("full_attention", "sliding_window", "chunked_local", "mamba")
+KINDS = tuple(k.value for k in GroupKind)
 
 
 def _replay(version, specs, *flags) -> dict:
