@@ -14,14 +14,10 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from kvbound.errors import BatchError
-from kvbound.spec import KIND_CODES, STATE_CODES, Block, BlockState, Case, Group, GroupConfig, GroupKind
+from kvbound.spec import (KIND_CHUNKED, KIND_CODES, KIND_MAMBA, KIND_SLIDING, STATE_CODES, STATE_N, STATE_U, Block,
+                          BlockState, Case, Group, GroupConfig, GroupKind)
 from kvbound.spec import cdiv as spec_cdiv  # ints; the tensor cdiv is below
 
-# The spec's codes (kvbound.spec.STATE_CODES, KIND_CODES), named for the tensor code.
-STATE_N, STATE_H, STATE_U = (STATE_CODES[s] for s in (BlockState.NULL, BlockState.HASHED, BlockState.UNHASHED))
-KIND_FULL, KIND_SLIDING, KIND_CHUNKED, KIND_MAMBA = (
-    KIND_CODES[k] for k in (GroupKind.FULL_ATTENTION, GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL, GroupKind.MAMBA)
-)
 _STATES = tuple(BlockState)
 _KINDS = tuple(GroupKind)
 

@@ -17,7 +17,9 @@ import torch
 
 from kvbound.spec import Case, LoadPlan, Variant, plan_load
 
-from .batch import KIND_CODES, PlanBatch, batch_from_cases, cases_from_batch
+from kvbound.spec import KIND_CODES
+
+from .batch import PlanBatch, batch_from_cases, cases_from_batch
 from kvbound.spec.asserts import ASSERT_CODE
 
 from .plan import (ASSERTION_VALUE_FIELDS, CODE_UNSUPPORTED, GROUP_FIELDS, NO_KEY, plan_fields,

@@ -24,7 +24,9 @@ import torch
 from kvbound.errors import ScopeError
 from kvbound.spec import Case, GroupKind
 
-from .batch import KIND_CODES, STATE_H, STATE_N, STATE_U, PlanBatch, cases_from_batch, resolve_device
+from kvbound.spec import KIND_CODES, STATE_H, STATE_N, STATE_U
+
+from .batch import PlanBatch, cases_from_batch, resolve_device
 
 _KIND_LETTERS = {"F": GroupKind.FULL_ATTENTION, "S": GroupKind.SLIDING_WINDOW, "C": GroupKind.CHUNKED_LOCAL,
                  "M": GroupKind.MAMBA}

@@ -33,8 +33,9 @@ import torch
 from kvbound.spec import Case
 from kvbound.spec.strategies import ADVERSARIAL_MUTATIONS, FAMILIES, MAX_TABLE
 
-from .batch import (cdiv, KIND_CHUNKED, KIND_CODES, KIND_FULL, KIND_MAMBA, KIND_SLIDING, STATE_H, STATE_N, STATE_U,
-                    PlanBatch, cases_from_batch, pack_states, resolve_device)
+from kvbound.spec import KIND_CHUNKED, KIND_CODES, KIND_FULL, KIND_MAMBA, KIND_SLIDING, STATE_H, STATE_N, STATE_U
+
+from .batch import PlanBatch, cases_from_batch, cdiv, pack_states, resolve_device
 
 FAMILY_CODES = {f: i for i, f in enumerate(FAMILIES)}
 _REALISTIC, _RECURRENT, _ADVERSARIAL = (FAMILY_CODES[f] for f in ("realistic", "recurrent_state", "adversarial"))

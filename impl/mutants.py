@@ -18,7 +18,9 @@ from kvbound.spec import AssertName, Variant
 from kvbound.spec.asserts import ASSERT_CODE
 
 from . import plan as P
-from .batch import STATE_H, STATE_N, floordiv
+from kvbound.spec import STATE_N
+
+from .batch import floordiv
 
 
 def _start_in(lo_offset: int = 0, hi_offset: int = 0):

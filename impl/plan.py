@@ -26,8 +26,10 @@ import torch
 from kvbound.spec import Assertion, AssertName, GroupPlan, LoadPlan, ReleaseFeatures, Variant, variant_features
 from kvbound.spec.asserts import ASSERT_CODE, ASSERT_OF_CODE, ASSERTS, NO_ASSERT
 
-from .batch import (KIND_FULL, cdiv, floordiv, KIND_MAMBA, KIND_SLIDING, MAMBA_MODE_CODES, PLANE_NONNULL, PLANE_UNHASHED,
-                    SLOT_WORD, STATE_H, STATE_N, STATE_U, PlanBatch, pack_slots, unpack_states)
+from kvbound.spec import KIND_FULL, KIND_MAMBA, KIND_SLIDING, STATE_H, STATE_N, STATE_U
+
+from .batch import (MAMBA_MODE_CODES, PLANE_NONNULL, PLANE_UNHASHED, SLOT_WORD, PlanBatch, cdiv, floordiv, pack_slots,
+                    unpack_states)
 
 assert (STATE_N, STATE_H, STATE_U) == (0, 1, 2), "the scan's bit tricks assume these codes"
 

@@ -47,6 +47,9 @@ witness Z3 found, drawn as block tables and replayed through the executable spec
 * **Premises** are named objects (`kvbound.proofs.premises`), each with its Z3 term and an
   executable predicate (`kvbound premises CASE...`), and the vLLM source lines it was read from;
   they are listed at the end of this page.
+* The `store.*` obligations are about `_build_store_jobs` (spec/store.py): what each release
+  stores of a request, against what the forward computed; their witnesses are one request's
+  numbers at one call.
 * The `lookup.*` obligations are about `get_num_new_matched_tokens`, not the load plan: their
   contract (no false hit, no lost hit, no needless deferral, progress), each clause with the vLLM
   lines it is read from, is stated in [docs/lookup.md](lookup.md#the-contract); their witnesses are
@@ -58,7 +61,8 @@ each variant's load start, `~` the load region.
 
 
 def _anchor(oid: str) -> str:
-    return oid.replace(".", "")
+    """The heading's anchor as GitHub makes it: lower case, punctuation other than - and _ dropped."""
+    return "".join(c for c in oid.lower() if c.isalnum() or c in "-_")
 
 
 def entry(result) -> str:
@@ -87,11 +91,9 @@ def entry(result) -> str:
         lines.append("* Used by the mutation check: a mutant of the scan or plan should refute it.")
     if result.witness is not None and not isinstance(result.witness, Case):  # an allocate_slots witness
         w = result.witness
-        replay = ("the model reproduces the failure" if result.replay is None
+        replay = (f"{w.replayed_on} reproduces the failure" if result.replay is None
                   else f"REPLAY FAILED: {result.replay}")
-        hint = getattr(w, "replay_hint", None) or (
-            f"`scripts/repro_0_33_sync_mamba.py --calls` replays it on the real KVCacheManager of {w.release}")
-        lines += ["", f"Witness `{w.name}` ({replay}; {hint}):", "", "```text", w.draw(), "```"]
+        lines += ["", f"Witness `{w.name}` ({replay}; {w.replay_hint}):", "", "```text", w.draw(), "```"]
     elif result.witness is not None:
         case = result.witness
         replay = "the spec reproduces the failure" if result.replay is None else f"REPLAY FAILED: {result.replay}"
@@ -111,17 +113,17 @@ def entry(result) -> str:
 
 
 def premises_section() -> str:
-    from kvbound.proofs.premises import PREMISES
-    from kvbound.proofs.reservation import ALLOCATION_PREMISES
+    from kvbound.proofs.premises import ALLOCATION_PREMISES, PREMISES, STORE_PREMISES
 
     out = ["# Premises", "",
            "What the obligations assume about the inputs, each read from vLLM's source. Every premise of a load "
            "is checked on concrete calls by `kvbound premises CASE...` (cases captured from a running vLLM "
            "included) with the predicate beside its Z3 term. The `alloc-*` premises are about allocate_slots "
            "calls (the reservation obligations); their terms fold on a witness's numbers, and "
-           "tests/test_reservation.py checks them on the calls it replays on real vLLM."]
+           "tests/test_reservation.py checks them on the calls it replays on real vLLM. The `store-*` premises are "
+           "about one `_build_store_jobs` call (the store obligations)."]
 
-    for p in PREMISES + ALLOCATION_PREMISES:
+    for p in PREMISES + ALLOCATION_PREMISES + STORE_PREMISES:
         out += ["", f"<a id=\"premise-{p.id}\"></a>", f"## premise `{p.id}` ({p.kinds_label})", "", p.statement, "",
                 "```text", p.math, "```", "", "Read from:", "", *[f"* {src}" for src in p.sources]]
     return "\n".join(out)

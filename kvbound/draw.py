@@ -220,7 +220,7 @@ def case_header(case: Case) -> str:
 
 def draw_witness(witness, legend: bool = True) -> str:
     """A proof witness drawn: a load (a spec Case) as block tables, an allocate_slots witness
-    (``kvbound.proofs.reservation.AllocCalls``) as its calls and the model's numbers."""
+    (``kvbound.proofs.allocator.AllocCalls``; every kind: ``kvbound.proofs.witnesses``) as its calls and the model's numbers."""
     return draw_case(witness, legend=legend) if isinstance(witness, Case) else witness.draw()
 
 

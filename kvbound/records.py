@@ -77,7 +77,7 @@ class ObligationRecord:
     @classmethod
     def of(cls, result) -> ObligationRecord:
         """From a ``kvbound.proofs.Result``."""
-        from kvbound.proofs.reservation import witness_to_dict
+        from kvbound.proofs.witnesses import witness_to_dict
 
         o = result.obligation
         return cls(

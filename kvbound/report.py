@@ -75,7 +75,7 @@ def case_of(d, where: str):
 
 def witness_of(d, where: str):
     """A prove witness that is not a load case (``"witness": "allocate_slots"`` or ``"lookup"``)."""
-    from kvbound.proofs.reservation import witness_from_dict
+    from kvbound.proofs.witnesses import witness_from_dict
 
     try:
         return witness_from_dict(d)

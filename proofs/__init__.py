@@ -3,9 +3,14 @@
 Directory ``proofs/`` at the repository top, installed as ``kvbound.proofs``: layer 1,
 the encoding ↔ spec relation (docs/architecture.md).
 
-Imports only kvbound.spec (and z3). ``check_plan`` holds any plan to the encoding;
-``witness_cases`` gives every witness the obligations produce as a spec Case;
-``run_all`` runs the suite (``kvbound prove`` draws and reports it).
+Imports only kvbound.spec (and z3). Organised by property: ``obligations`` is the index
+(``PROPERTIES``, one module each: ``safe_load``, ``group_plan``, ``alignment``, ``reservation``,
+``lookup``, ``store``, every ``Obligation`` in ``OBLIGATIONS``); the mechanism below them is
+the encoding (``terms``, ``encoding``), the worlds (``world``, ``hybrid``), the models
+(``allocator``), the premises, the witnesses, ``problem`` (an obligation's shape) and
+``runner``. ``check_plan`` holds any plan to the encoding; ``witness_cases`` gives every
+witness the obligations produce as a spec Case; ``run_all`` runs the suite (``kvbound prove``
+draws and reports it).
 """
 
 from .obligations import OBLIGATIONS, Obligation

@@ -33,14 +33,15 @@ from math import gcd
 
 import z3
 
-from kvbound.spec import KIND_CODES, NULL, Case, Group, GroupKind, H, U, cdiv
+from kvbound.spec import KIND_CODES, KIND_MAMBA, KIND_OF_CODE, NULL, AssertName, Case, Group, GroupKind, H, U, Variant, cdiv
+from kvbound.spec.verdicts import Verdict
 
+from .problem import Bound, Obligation, Problem
+from .replays import replay_assert
 from .terms import AND, IF
 from .world import config_for
 
 MAX_GROUPS = 8
-MAMBA = KIND_CODES[GroupKind.MAMBA]
-_KIND_OF_CODE = {c: k for k, c in KIND_CODES.items()}
 
 
 class AlignWorld:
@@ -62,14 +63,13 @@ class AlignWorld:
         self.tpb = [z3.Int(f"tokens_per_block[{j}]") for j in range(MAX_GROUPS)]
         self.scale = [z3.Int(f"dcp_scale[{j}]") for j in range(MAX_GROUPS)]
         self.bpc = z3.Int("blocks_per_chunk")
-        self.constraints = []
 
     def active(self, j):
         return j < self.n
 
     def sharded(self, j):
         """``dcp_sharded``: True for attention specs, False for Mamba."""
-        return self.kind[j] != MAMBA
+        return self.kind[j] != KIND_MAMBA
 
     def tokens_per_block(self, j):
         """``resolve_dcp_kv_block_size``: what the connector uses for group j (named; see base)."""
@@ -125,7 +125,7 @@ class AlignWorld:
         v = lambda t: model.eval(t, model_completion=True).as_long()  # noqa: E731
         n, bpc = v(self.n), v(self.bpc)
         bs = [v(self.tokens_per_block(j)) for j in range(n)]
-        kinds = [_KIND_OF_CODE[v(self.kind[j])] for j in range(n)]
+        kinds = [KIND_OF_CODE[v(self.kind[j])] for j in range(n)]
         N = v(self.N()) if N is None else v(N)
         M = bs[0] * bpc  # one chunk of the first group
         T = N + M
@@ -149,4 +149,59 @@ class AlignWorld:
                     num_locally_computed_tokens=N, num_external_tokens=M, groups=tuple(groups))
 
 
-__all__ = ["AlignWorld", "MAX_GROUPS"]
+# --- the obligations -------------------------------------------------------------
+
+def _alignment(code):
+    w = AlignWorld()
+    prem = w.base() + w.scheduler_unit() + [w.lone_group_premise()]
+    # split on the two branches of resolve_kv_cache_block_sizes: Z3 settles each at once
+    return Problem(prem, w.unit_and_N_divisible(), w, tables=False, splits=(w.n == 1, w.n >= 2))
+
+
+def _alignment_weaker(code):
+    w = AlignWorld()
+    fa_tpc = w.tokens_per_block(0) * w.bpc
+    prem = w.base() + [w.n >= 2, w.kind[0] == 0, w.N_local % fa_tpc == 0]
+    pow2 = [z3.Or(*[w.spec_bs[j] == v for v in (16, 32, 64)]) for j in range(2)]  # block sizes as deployed
+    return Problem(prem, w.every_group_aligned(w.N_local), w, tables=False, shaping=w.small() + [w.n == 2, w.dcp == 1] + pow2,
+                   witness=lambda m: w.to_case(m, "witness-alignment.weaker-premise", N=w.N_local))
+
+
+def _alignment_lone(code):
+    w = AlignWorld()
+    prem = w.base() + w.scheduler_unit() + [w.n == 1]
+    return Problem(prem, w.every_group_aligned(w.N()), w, tables=False, shaping=w.small() + [w.dcp == 1],
+                   witness=lambda m: w.to_case(m, "witness-alignment.lone-group"))
+
+
+ALIGN_BOUND = Bound(MAX_GROUPS, 0, "unbounded (block sizes, DCP size, N)",
+                    f"at most {MAX_GROUPS} KV-cache groups: slots are unrolled, LCM has no closed form over a "
+                    "symbolic count")
+
+OBLIGATIONS: list[Obligation] = [
+    Obligation(
+        "alignment",
+        "Every group's tokens_per_block divides the unit the scheduler rounds N to, for every mix of group "
+        "kinds, block sizes and DCP size; so the N a load sees is a multiple of every tokens_per_block.",
+        "unit = (n = 1 ? cache_bs·dcp₀ : lcm_j bs_j·dcp_j)  ⟹  ∀ g: tpb_g | unit ∧ tpb_g | (N_local − N_local mod unit)",
+        "the scheduler rounds N to the LCM of every group's DCP-scaled block size (a lone group: its "
+        "spec.block_size is cache_config.block_size)", Verdict.PROVED, _alignment, mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
+    Obligation(
+        "alignment.weaker-premise",
+        "The weaker premise 'N is a multiple of the full-attention group's tokens_per_chunk' does not make "
+        "every group aligned.",
+        "∃ config: tpc_FA | N ∧ ∃ g: tpb_g ∤ N",
+        "the scheduler rounds to the LCM, not to the full-attention chunk", Verdict.REFUTED, _alignment_weaker,
+        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
+    Obligation(
+        "alignment.lone-group",
+        "With one group the scheduler rounds to cache_config.block_size*dcp, the connector uses the spec's "
+        "block size: alignment needs them equal (a Mamba-only model without prefix caching has "
+        "mamba_block_size = max_model_len; a sliding-window layer may pick its own block size).",
+        "∃ lone group: spec.block_size ≠ cache_config.block_size ∧ tpb ∤ N",
+        "a lone group's spec.block_size is cache_config.block_size", Verdict.REFUTED, _alignment_lone,
+        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
+]
+
+
+__all__ = ["ALIGN_BOUND", "AlignWorld", "MAX_GROUPS", "OBLIGATIONS"]

@@ -18,14 +18,12 @@ from dataclasses import dataclass, replace
 
 import z3
 
-from kvbound.spec import STATE_CODES, AssertName, BlockState, ReleaseFeatures, Variant
+from kvbound.spec import STATE_CODES, STATE_H, STATE_N, STATE_U, AssertName, ReleaseFeatures, Variant
 from kvbound.spec.asserts import ASSERT_CODE, NO_ASSERT
 from kvbound.spec.versions import release_features
 
 from .terms import AND, CDIV, FLOORDIV, IF, MAX, MIN, MOD, NOT, OR, Sx
 
-# Block states as the spec codes them (kvbound.spec.STATE_CODES), named for the formulas.
-NUL, HSH, UNH = (STATE_CODES[s] for s in (BlockState.NULL, BlockState.HASHED, BlockState.UNHASHED))
 
 # Outcome codes: spec/asserts.py's NO_ASSERT (the group plans), else ASSERT_CODE of the assert that fires first.
 
@@ -192,7 +190,7 @@ class SymTable:
         # witnesses docs/invariants.md pins); removing it changes witnesses, not verdicts.
         i = z3.Int(f"{self.name}.i")  # noqa: F841
         return z3.And(self.length >= 0, self.forall(0, self.length, lambda i: z3.And(
-            self.st[i] >= NUL, self.st[i] <= UNH, (self.st[i] == NUL) == (self.id[i] == 0), self.id[i] >= 0,
+            self.st[i] >= STATE_N, self.st[i] <= STATE_U, (self.st[i] == STATE_N) == (self.id[i] == 0), self.id[i] >= 0,
         )))
 
     def forall(self, lo, hi, body):
@@ -270,10 +268,10 @@ def scan_pred(table, knobs: Knobs, match_hashed):
 
     def pred(i):
         st = table.state(i)
-        nonnull = (st != NUL) if knobs.null_skip else True
+        nonnull = (st != STATE_N) if knobs.null_skip else True
         if not knobs.unhashed_test:
             return nonnull
-        return AND(nonnull, OR(match_hashed, st == UNH)) if knobs.null_skip else OR(match_hashed, st != HSH)
+        return AND(nonnull, OR(match_hashed, st == STATE_U)) if knobs.null_skip else OR(match_hashed, st != STATE_H)
 
     return pred
 

@@ -14,14 +14,16 @@ vLLM's order and the key slice are the ones every other obligation uses.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import gcd
 
 import z3
 
-from kvbound.spec import KIND_CODES, Block, BlockState, Case, Group, GroupKind, cdiv
+from kvbound.spec import (KIND_CODES, KIND_FULL, KIND_MAMBA, KIND_OF_CODE, STATE_H, STATE_N, STATE_U, Block, BlockState,
+                          Case, Group, GroupKind, cdiv)
 
-from .encoding import HSH, NUL, UNH, Code, GroupInputs, SymTable, encode_group, window_in_chunks
-from .premises import PREMISES, when_kind
+from .encoding import Code, GroupInputs, SymTable, encode_group, window_in_chunks
+from .premises import PREMISES, GroupTerms, when_kind
 from .terms import AND, CDIV, IF, IMPLIES, NOT, OR
 from .world import _EXPAND, config_for
 
@@ -31,7 +33,7 @@ TABLE_LENGTH = 0  # 0: symbolic tables (every length), quantifiers left to Z3
 
 
 class Slot:
-    """One group of the hybrid world, with the attributes a premise's Z3 face reads."""
+    """One group of the hybrid world."""
 
     def __init__(self, world: "HybridWorld", s: int, length: int):
         self.index = s
@@ -56,6 +58,12 @@ class Slot:
     def is_kind(self, kind: GroupKind):
         return self.kind == KIND_CODES[kind]
 
+    def group_terms(self) -> GroupTerms:
+        """What the premises read of this group (the request's partial tail a Z3 Bool)."""
+        return GroupTerms(self.N, self.M, self.T, self.b, self.bpc, self.tpc, self.f, self.k, self.j, self.table,
+                          self.sync_load, self.num_keys, self.window, self.span, self.extra, self.tail,
+                          self.boundary, self.tph, self.prompt)
+
     def inputs(self) -> GroupInputs:
         return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load,
                            self.table, windowed=z3.Not(self.is_kind(GroupKind.FULL_ATTENTION)),
@@ -76,8 +84,6 @@ class HybridWorld:
         self.boundary, self.tph = z3.Int("partial_tail_boundary"), z3.Int("tokens_per_hash")
         self.prompt = z3.Int("num_prompt_tokens")
         self.slots = [Slot(self, s, length) for s in range(groups)]
-        self.constraints = []
-        self.table = self.slots[0].table  # the runner's "has a table" test
 
     def active(self, s: int):
         return s < self.n
@@ -85,15 +91,15 @@ class HybridWorld:
     def plan(self, code: Code, tag: str = ""):
         """The plan of group 0, the group the claim is about (w.l.o.g.: the plan carries no state
         from one group to the next, so any group of the model can be numbered 0); a windowed group 0's
-        window in chunks is the config's, as ``code``'s release derives it."""
+        window in chunks is the config's, as ``code``'s release derives it (a constraint of the returned
+        plan)."""
         s0 = self.slots[0]
         out = encode_group(0, s0.inputs(), code, tag)
         sliding, chunked = s0.is_kind(GroupKind.SLIDING_WINDOW), s0.is_kind(GroupKind.CHUNKED_LOCAL)
-        self.constraints += out.constraints + [
+        return replace(out, constraints=out.constraints + [
             z3.Implies(OR(sliding, chunked), AND(s0.span >= 1, s0.extra >= 0, s0.window == window_in_chunks(
                 sliding, s0.span, s0.extra, s0.tpc, code.window_counts_retained))),
-            z3.Implies(chunked, s0.extra == 0)]
-        return out
+            z3.Implies(chunked, s0.extra == 0)])
 
     def base(self):
         """Sizes positive; the LCM rule: N = q·unit, unit a common multiple of every
@@ -114,12 +120,11 @@ class HybridWorld:
         tokens_per_block > tokens_per_hash); an EAGLE full-attention group keys it ``margin`` past the
         boundary (0.33 kv_cache_utils.eagle_proof_margin: one hash unit or one block)."""
         s0 = self.slots[0]
-        fa, mamba = KIND_CODES[GroupKind.FULL_ATTENTION], KIND_CODES[GroupKind.MAMBA]
         supported = AND(self.bpc == 1, self.tph >= 1, s0.b > self.tph, s0.b % self.tph == 0,
-                        *[z3.Implies(self.active(s.index), AND(s.b == s0.b, OR(s.kind == fa, s.kind == mamba)))
+                        *[z3.Implies(self.active(s.index), AND(s.b == s0.b, OR(s.kind == KIND_FULL, s.kind == KIND_MAMBA)))
                           for s in self.slots],
-                        OR(*[AND(self.active(s.index), s.kind == mamba) for s in self.slots]))
-        margin = IF(AND(self.tail, s0.eagle, s0.kind == fa),
+                        OR(*[AND(self.active(s.index), s.kind == KIND_MAMBA) for s in self.slots]))
+        margin = IF(AND(self.tail, s0.eagle, s0.kind == KIND_FULL),
                     OR(s0.margin == self.tph, s0.margin == s0.b) if eagle_margins else s0.margin == 0,
                     s0.margin == 0)
         return [z3.Implies(self.tail, supported), margin]
@@ -132,7 +137,7 @@ class HybridWorld:
         for s in self.slots:
             for p in chosen if s.index == 0 else [p for p in chosen if p.id in SHARED]:
                 codes = sorted(KIND_CODES[k] for k in p.kinds)  # sorted: frozenset order varies per process
-                out.append(z3.Implies(self.active(s.index), when_kind(s.kind, codes, p.term(s))))
+                out.append(z3.Implies(self.active(s.index), when_kind(s.kind, codes, p.term(s.group_terms()))))
             # kinds without a window: the config premise the window assert reads
             out.append(z3.Implies(s.is_kind(GroupKind.FULL_ATTENTION), AND(s.window == 0, s.extra == 0)))
         return out
@@ -143,7 +148,7 @@ class HybridWorld:
         s0, t = self.slots[0], self.slots[0].table
         out = [self.n == 2, self.slots[1].is_kind(GroupKind.FULL_ATTENTION), s0.is_kind(GroupKind.MAMBA),
                self.bpc == 1, s0.b == 16, self.slots[1].b == 16, s0.f >= 5, self.M == 16,
-               t.state(0) == HSH, t.state(1) == HSH, t.state(2) == NUL, t.state(3) == UNH, t.state(4) == NUL]
+               t.state(0) == STATE_H, t.state(1) == STATE_H, t.state(2) == STATE_N, t.state(3) == STATE_U, t.state(4) == STATE_N]
         return out + [s0.num_keys * s0.tpc <= 128, self.slots[1].num_keys * self.slots[1].tpc <= 128]
 
     def retained_window_shape(self):
@@ -167,17 +172,17 @@ class HybridWorld:
         groups, tpcs, prompt = [], [], 0
         next_id = 1
         for s in self.slots[:n]:
-            kind, b = _KIND_OF_CODE[v(s.kind)], v(s.b)
+            kind, b = KIND_OF_CODE[v(s.kind)], v(s.b)
             k = cdiv(T, b)
             blocks = []
             if s.index == 0:
                 length = v(s.table.length) if s.table.expand is None else s.table.expand
                 for i in range(length):
                     st = v(s.table.st[i])
-                    if st == NUL:
+                    if st == STATE_N:
                         blocks.append(Block(BlockState.NULL))
                     else:
-                        blocks.append(Block(BlockState.HASHED if st == HSH else BlockState.UNHASHED, next_id))
+                        blocks.append(Block(BlockState.HASHED if st == STATE_H else BlockState.UNHASHED, next_id))
                         next_id += 1
                 span = v(s.span) if kind in (GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL) else None
             else:
@@ -203,9 +208,6 @@ class HybridWorld:
                     num_locally_computed_tokens=N, num_external_tokens=M, groups=tuple(groups), sync_load=sync)
 
 
-_KIND_OF_CODE = {c: k for k, c in KIND_CODES.items()}
-
-
 def _windowed_config(kind, b, span, extra=0):
     from kvbound.spec import GroupConfig
 
@@ -227,7 +229,7 @@ def safe_parts(w: HybridWorld, o) -> list:
         IF(s.tail, o.start_chunk <= o.end_chunk, o.start_chunk < o.end_chunk),
         o.has_boundary_key == s.tail, IMPLIES(s.tail, o.key_tokens == s.boundary + s.margin)))
     return [*[ok for _, ok in o.checks], o.start == s.j, o.pending == o.dst_len,
-            t.forall(o.start, o.k, lambda i: t.state(i) != NUL), keys_ok]
+            t.forall(o.start, o.k, lambda i: t.state(i) != STATE_N), keys_ok]
 
 
 __all__ = ["GROUPS", "TABLE_LENGTH", "HybridWorld", "safe_parts"]

@@ -25,8 +25,6 @@ needless); ``kvbound conform --vllm X FILE`` replays it on the real release.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import z3
 
 from kvbound.spec.lookup import Answer, LookupCase, LookupGroup, default_lookup_groups, lookup_for_version
@@ -35,6 +33,7 @@ from kvbound.spec.verdicts import Verdict
 from kvbound.spec.versions import release_features
 
 from .problem import Bound, Obligation, Problem
+from .witnesses import LookupWitness
 
 MAX_KEYS = 6
 HIT, PENDING, RETRY, MISS = 0, 1, 2, 3
@@ -50,9 +49,7 @@ FAMILIES = (("0.21.0", "0.24.0"), ("0.25.1", "0.29.0"), ("0.30.0", "0.33.0"))
 
 
 class LookupWorld:
-    """K keys, their answers and the window, as Z3 variables."""
-
-    table = None  # no block table: the runner's bounded-length search does not apply
+    """K keys, their answers and the window, as Z3 variables (``constraints``: their domains)."""
 
     def __init__(self, K: int, retry: bool, release: str):
         self.K, self.retry, self.release = K, retry, release
@@ -61,9 +58,6 @@ class LookupWorld:
         top = RETRY if retry else PENDING
         self.constraints = [z3.And(self.w >= 1, self.w <= K)] + [
             z3.Or(x == HIT, x == MISS, *[x == v for v in range(PENDING, top + 1)]) for x in self.a]
-
-    def premise_terms(self, ids):
-        return []
 
     def to_case(self, model, name):
         return witness_case(self, model, name)
@@ -131,43 +125,6 @@ def witness_case(world: LookupWorld, model, name: str) -> LookupCase:
                       num_block_hashes=K, tier=tier, release=world.release)
 
 
-@dataclass(frozen=True)
-class LookupWitness:
-    """A refuted lookup obligation's witness: a lookup case and the release it is about."""
-
-    case: LookupCase
-    release: str
-
-    @property
-    def name(self) -> str:
-        return self.case.name
-
-    def draw(self) -> str:
-        g = self.case.groups[1]
-        row = " ".join({"HIT": "H", "HIT_PENDING": "P", "RETRY": "R", "MISS": "."}[self.case.tier[f"1:{c}"][0].value]
-                       for c in range(g.num_keys))
-        got = lookup_for_version(self.case, self.release)
-        return (f"case {self.case.name}: a window of {g.window} chunks over {g.num_keys} keys"
-                f" (H hit, P pending, R retry, . miss; scanned right to left)\n  window group  {row}\n"
-                f"  vLLM {self.release}: {'deferred' if got.hit is None else f'hit {got.hit} tokens'}")
-
-    @property
-    def replay_hint(self) -> str:
-        return (f"`kvbound conform --vllm {self.release} FILE` on its lookup case replays it on the real"
-                f" get_num_new_matched_tokens of {self.release}")
-
-    def to_dict(self) -> dict:
-        from kvbound.spec.lookup import lookup_case_to_dict
-
-        return {"witness": "lookup", "release": self.release, **lookup_case_to_dict(self.case)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "LookupWitness":
-        from kvbound.spec.lookup import lookup_case_from_dict
-
-        return cls(lookup_case_from_dict(d), d["release"])
-
-
 def _replay_needless(w: LookupWitness) -> str | None:
     """None when the spec of the release defers on the witness and the contract calls it needless."""
     got = lookup_for_version(w.case, w.release)
@@ -197,22 +154,17 @@ def _build(claim: str, release: str, retry: bool):
                     z3.Implies(e == j, supported(world, j, ok_ready)) for j in range(1, world.K + 1)]))
             claims.append(z3.Implies(sel == world.K, c))
             constraints += [z3.Implies(sel == world.K, x) for x in world.constraints]
-        world = _Multi(worlds, sel, constraints, release)
+        world = _Multi(worlds, sel, release)
         return Problem(premises=[z3.And(sel >= 1, sel <= MAX_KEYS)], claim=z3.And(*claims), world=world,
-                       witness=world.witness)
+                       constraints=constraints, tables=False, witness=world.witness)
     return build
 
 
 class _Multi:
     """The worlds of every key count, selected by ``K``."""
 
-    table = None
-
-    def __init__(self, worlds, sel, constraints, release):
-        self.worlds, self.sel, self.constraints, self.release = worlds, sel, constraints, release
-
-    def premise_terms(self, ids):
-        return []
+    def __init__(self, worlds, sel, release):
+        self.worlds, self.sel, self.release = worlds, sel, release
 
     def witness(self, model) -> LookupWitness:
         K = model.eval(self.sel, model_completion=True).as_long()
@@ -223,7 +175,7 @@ class _Multi:
         return self.witness(model)
 
 
-def obligations() -> list:
+def _obligations() -> list:
     out = []
     for first, last in FAMILIES:
         rng = f"{first} – {last}"
@@ -257,4 +209,6 @@ def obligations() -> list:
     return out
 
 
-__all__ = ["LookupWitness", "obligations", "scan", "witness_case"]
+OBLIGATIONS: list[Obligation] = _obligations()
+
+__all__ = ["OBLIGATIONS", "scan", "witness_case"]

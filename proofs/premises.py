@@ -4,9 +4,9 @@ A premise is a fact about the inputs of ``update_state_after_alloc`` that vLLM's
 allocator, scheduler or lookup guarantees (read from the source lines it lists),
 not something the connector checks. Each ``Premise`` has
 
-* ``term(g)``: its Z3 formula over a symbolic group ``g`` (a ``world.World`` or a
-  slot of ``hybrid.HybridWorld``: ``N, M, T, b, bpc, tpc, f, k, j, table, window,
-  span, extra, sync_load, num_keys``; ``j`` names the first fresh block), which the obligations assume; and
+* ``term(g)``: its Z3 formula over one group's terms ``g``, a ``GroupTerms`` (each world
+  builds its groups' explicitly: ``world.World``, ``world.TailWorld``, a slot of
+  ``hybrid.HybridWorld``), which the obligations assume; and
 * ``check(case, gi)``: the same statement as an executable predicate over one
   group of a concrete ``Case`` (``None`` when it holds, else what is wrong).
 
@@ -23,28 +23,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from kvbound.spec import BlockState, Case, GroupKind, cdiv
+from kvbound.spec import STATE_H, STATE_N, STATE_U, BlockState, Case, GroupKind, cdiv
 
-from .encoding import HSH, NUL, UNH
+from .allocator import AllocCalls, skipped_blocks
 from .terms import AND, CDIV, FLOORDIV, IF, IMPLIES, MAX, OR
 
 ALL_KINDS = frozenset(GroupKind)
 
-# Source trees the lines below were read in (``~/.cache/kvbound/vllm-X/vllm/``).
-V29, V33 = "vllm 0.29.0", "vllm 0.33.0"
+# Source trees the lines below were read in (``~/.cache/kvbound/vllm-X/vllm/``), and their files.
+V26, V28, V29, V30, V32, V33 = "vllm 0.26.0", "vllm 0.28.0", "vllm 0.29.0", "vllm 0.30.0", "vllm 0.32.0", "vllm 0.33.0"
 STM = "v1/core/single_type_kv_cache_manager.py"
-SCHED = "distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
+KVM = "v1/core/kv_cache_manager.py"
+CORE_SCHED = "v1/core/sched/scheduler.py"
+SCHED = "distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"  # the offloading connector's
 
 
 @dataclass(frozen=True)
-class Premise:
+class Stated:
+    """What every premise states: an id, the statement in words and as a formula, the group kinds
+    it is stated for and the vLLM lines it was read from."""
+
     id: str
     statement: str  # English, for the report and the catalogue
     math: str  # the formula, in the catalogue's notation
     kinds: frozenset  # the group kinds it is stated for
     sources: tuple  # "release file:line (function)" it was read from
-    term: Callable  # (symbolic group) -> Z3 formula
-    check: Callable  # (Case, group index) -> None when it holds, else what is wrong
 
     def applies(self, kind: GroupKind) -> bool:
         return kind in self.kinds
@@ -53,6 +56,40 @@ class Premise:
     def kinds_label(self) -> str:
         """The kinds it is stated for, as the catalogue and ``kvbound premises --list`` print them."""
         return "every kind" if self.kinds == frozenset(GroupKind) else ", ".join(sorted(k.value for k in self.kinds))
+
+
+@dataclass(frozen=True)
+class Premise(Stated):
+    """A premise of a load: its Z3 face over one group's terms, and its executable face."""
+
+    term: Callable  # (GroupTerms) -> Z3 formula
+    check: Callable  # (Case, group index) -> None when it holds, else what is wrong
+
+
+@dataclass(frozen=True)
+class GroupTerms:
+    """What a load premise's Z3 face reads of one group: Z3 terms (or ints), named as vLLM
+    names them. A world passes its group's explicitly; a premise reads nothing else."""
+
+    N: object  # num_locally_computed_tokens
+    M: object  # num_external_tokens
+    T: object  # N + M
+    b: object  # tokens_per_block
+    bpc: object  # blocks_per_chunk
+    tpc: object  # tokens_per_chunk = b * bpc
+    f: object  # cdiv(N, b), the first fresh block
+    k: object  # cdiv(T, b), the end of the load region
+    j: object  # the first fresh block after the nulls (premise fresh-after-nulls)
+    table: object  # a SymTable
+    sync_load: object
+    num_keys: object  # offload keys at admission
+    window: object = None  # sliding_window_size_in_chunks (None: full attention)
+    span: object = None  # sliding_window / attention_chunk_size in tokens (None: not windowed)
+    extra: object = 0  # extra_retained_tokens
+    tail: object = False  # a partial tail: False (none), True, or a Z3 Bool (the request's, in a hybrid)
+    boundary: object = 0  # partial_tail_boundary (read with a tail)
+    tph: object = None  # tokens_per_hash (read with a tail)
+    prompt: object = None  # num_prompt_tokens (read with a tail)
 
 
 class PremiseCheck(NamedTuple):
@@ -197,39 +234,39 @@ def _term_fresh_after_nulls(g):
     """∃ j ∈ [f, k]: [f, j) null, [j, k) fresh; j is the group's own ``g.j``."""
     t = g.table
     return AND(g.f <= g.j, g.j <= g.k,
-               t.forall(g.f, g.j, lambda i: t.state(i) == NUL),
-               t.forall(g.j, g.k, lambda i: OR(t.state(i) == UNH, AND(g.sync_load, t.state(i) != NUL))))
+               t.forall(g.f, g.j, lambda i: t.state(i) == STATE_N),
+               t.forall(g.j, g.k, lambda i: OR(t.state(i) == STATE_U, AND(g.sync_load, t.state(i) != STATE_N))))
 
 
 def _term_computed_hashed(g):
     t = g.table
-    return t.forall(0, g.f, lambda i: t.state(i) == HSH)
+    return t.forall(0, g.f, lambda i: t.state(i) == STATE_H)
 
 
 def _term_computed_cached(g):
     t = g.table
-    return t.forall(0, g.f, lambda i: t.state(i) != UNH)
+    return t.forall(0, g.f, lambda i: t.state(i) != STATE_U)
 
 
 def _term_sliding_skipped_null(g):
     """The skipped blocks are null (the window in chunks is the config's: the plan derives it)."""
     t = g.table
     skipped = MAX(g.T - g.span + 1 - g.extra, 0)
-    return AND(g.span >= 1, g.extra >= 0, t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == NUL))
+    return AND(g.span >= 1, g.extra >= 0, t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == STATE_N))
 
 
 def _term_chunked_skipped_null(g):
     t = g.table
-    return AND(g.span >= 1, t.forall(0, FLOORDIV(FLOORDIV(g.T, g.span) * g.span, g.b), lambda i: t.state(i) == NUL))
+    return AND(g.span >= 1, t.forall(0, FLOORDIV(FLOORDIV(g.T, g.span) * g.span, g.b), lambda i: t.state(i) == STATE_N))
 
 
 def _term_mamba_one_block(g):
     t = g.table
-    return AND(g.window == 1, t.forall(g.f, g.k - 1, lambda i: t.state(i) == NUL))
+    return AND(g.window == 1, t.forall(g.f, g.k - 1, lambda i: t.state(i) == STATE_N))
 
 
 def _term_keys_cover(g):
-    tail = g.tail  # False (World), True (TailWorld) or a Z3 Bool (a HybridWorld slot)
+    tail = g.tail
     whole = g.num_keys * g.tpc >= g.T
     return whole if tail is False else IF(tail, g.num_keys >= CDIV(g.T, g.tpc) - 1, whole)  # bpc = 1 with a tail
 
@@ -268,9 +305,9 @@ PREMISES: tuple = (
         "N is a multiple of the group's tokens_per_block: the scheduler hands the connector the local hit rounded "
         "down to its block size, the LCM of every group's block size (proved by `alignment`).",
         "N mod b = 0", ALL_KINDS,
-        (source(V33, "v1/core/sched/scheduler.py", 1134, "partial_tail = num_new_local_computed_tokens % self.block_size"),
+        (source(V33, CORE_SCHED, 1134, "partial_tail = num_new_local_computed_tokens % self.block_size"),
          source(V33, "v1/core/kv_cache_utils.py", 816, "resolve_kv_cache_block_sizes: LCM of the groups' block sizes"),
-         source(V29, "v1/core/sched/scheduler.py", 852, "the same rounding")),
+         source(V29, CORE_SCHED, 852, "the same rounding")),
         _term_aligned, _check_aligned),
     Premise(
         "fresh-after-nulls",
@@ -340,9 +377,6 @@ PREMISES: tuple = (
         (source(V33, SCHED, 994, "_lookup_complete_chunks: new_num_hit_tokens < tokens_per_chunk returns 0"),
          source(V29, SCHED, 808, "the same")),
         _term_hit_a_chunk, _check_hit_a_chunk),
-)
-
-PREMISES += (
     Premise(
         "partial-tail-lookup",
         "A partial tail is what the lookup chose: a boundary on a hash boundary past N and before the prompt's "
@@ -356,6 +390,187 @@ PREMISES += (
         _term_partial_tail_lookup, _check_partial_tail_lookup),
 )
 
+
+# --- the allocation premises (about a pair of allocate_slots calls, not a load) --------------------
+#
+# Their subject is a pair of allocate_slots calls of one request on one manager (``allocator.Calls``),
+# not a load; the terms fold on ints, so ``check`` is the same formula evaluated on a concrete pair
+# (``allocator.AllocCalls``).
+
+@dataclass(frozen=True)
+class AllocationPremise(Stated):
+    """A premise of a pair of allocate_slots calls: one term, over the manager kind and the calls."""
+
+    term: Callable  # (kind, Calls) -> formula (a bool on a concrete pair of calls)
+
+    def check(self, calls: AllocCalls) -> str | None:
+        """None when the pair of calls (a witness, or a replay's) meets it, else the statement."""
+        return None if self.term(calls.kind, calls.inputs) is True else f"{self.id}: {self.statement}"
+
+
+def _t_nonempty(kind, x):
+    return x.L + x.E + x.NEW >= 1
+
+
+def _t_evictable(kind, x):
+    h = CDIV(x.L, x.b)
+    if kind is GroupKind.MAMBA:
+        return AND(x.ev <= 1, x.ev <= h)
+    s = skipped_blocks(kind, x, x.L + x.E)
+    return x.ev <= MAX(h - s, 0)
+
+
+def _t_running(kind, x):
+    T = x.L + x.E
+    return x.C == T + x.NEW
+
+
+def _t_checkpoint(kind, x):
+    return AND(IMPLIES(x.c1, CDIV(x.L + x.E + x.NEW, x.b) >= 2), IMPLIES(x.c2, CDIV(x.C + x.NEW2, x.b) >= 2))
+
+
+def _t_async(kind, x):
+    return IMPLIES(x.E > 0, AND(x.NEW == 0, x.LA == 0))
+
+
+def _t_window(kind, x):
+    if kind is GroupKind.SLIDING_WINDOW:
+        return AND(x.w >= 1, x.extra >= 0)
+    if kind is GroupKind.CHUNKED_LOCAL:
+        return x.chunk >= 1
+    return True
+
+
+ALLOCATION_PREMISES: tuple = (
+    AllocationPremise(
+        "alloc-call-adopts-or-computes",
+        "An allocate_slots call adopts a local hit or connector tokens, or schedules new ones: it raises "
+        "ValueError otherwise.", "L + E + NEW ≥ 1", ALL_KINDS,
+        (source(V33, KVM, 483, "allocate_slots: num_new_tokens must be greater than 0 when there are no computed "
+              "tokens to adopt"),),
+        _t_nonempty),
+    AllocationPremise(
+        "alloc-evictable-hit",
+        "Only non-null hit blocks with ref_cnt 0 are evictable: a Mamba hit is nulls then its one state block "
+        "(at most one evictable); another manager's evictable blocks lie in the hit past the skipped blocks "
+        "(the ones add_local_computed_blocks touches and get_num_blocks_to_allocate counts).",
+        "Mamba: ev ≤ min(1, ⌈L/b⌉);  else ev ≤ max(⌈L/b⌉ − ⌊skipped(T)/b⌋, 0)", ALL_KINDS,
+        (source(V33, STM, 161, "_get_num_evictable_blocks: ref_cnt == 0 and not null"),
+         source(V33, STM, 1516, "MambaManager.find_longest_cache_hit: nulls, then the cached state block"),
+         source(V33, STM, 259, "get_num_blocks_to_allocate: evictable blocks of new_computed_blocks past the skip"),
+         source(V33, STM, 305, "add_local_computed_blocks: touches new_computed_blocks[num_skipped_blocks:]")),
+        _t_evictable),
+    AllocationPremise(
+        "alloc-running-computed",
+        "At the running call the request has computed what its first call adopted and scheduled: the "
+        "scheduler adds the scheduled tokens to num_computed_tokens, and a first call schedules prompt tokens, "
+        "no draft tokens to reject (an async load's first call schedules nothing, so C = T).",
+        "C = L + E + NEW;  NEW2 ≥ 1", ALL_KINDS,
+        (source(V33, KVM, 510, "allocate_slots: num_local_computed_tokens = request.num_computed_tokens + "
+              "num_new_computed_tokens"),
+         source(V33, CORE_SCHED, 1858, "_update_after_schedule: request.num_computed_tokens += num_scheduled_token"),
+         source(V33, CORE_SCHED, 1286, "schedule: an async load schedules num_new_tokens = 0")),
+        _t_running),
+    AllocationPremise(
+        "alloc-checkpoint-index",
+        "A Mamba prefill checkpoint block is reserved only where its index cdiv(query_end, b) - 2 is a block.",
+        "c ⟹ ⌈(C + NEW)/b⌉ ≥ 2", frozenset({GroupKind.MAMBA}),
+        (source(V33, STM, 1668, "_needs_internal_checkpoint: checkpoint_idx = cdiv(query_end, block_size) - 2 >= 0"),
+         source(V29, STM, 1572, "_needs_internal_checkpoint: the same index")),
+        _t_checkpoint),
+    AllocationPremise(
+        "alloc-async-load",
+        "The connector's tokens are loaded asynchronously: the call that adopts them schedules no new tokens and "
+        "no lookahead (the offloading connector of 0.28 - 0.32 always; 0.33's unless it reserves a sync load).",
+        "E > 0 ⟹ NEW = 0 ∧ LA = 0", ALL_KINDS,
+        (source(V33, CORE_SCHED, 1286, "schedule: if load_kv_async: num_new_tokens = 0"),
+         source(V33, CORE_SCHED, 1403, "schedule: no lookahead tokens for an async load"),
+         source(V28, CORE_SCHED, 1008, "schedule: the same lookahead rule"),
+         source(V29, SCHED, 991, "get_num_new_matched_tokens returns (hits, bool(hits)): always async"),
+         source(V32, SCHED, 1097, "the same"),
+         source(V33, SCHED, 1277, "get_num_new_matched_tokens: async unless _reserve_sync_load")),
+        _t_async),
+    AllocationPremise(
+        "alloc-window-config",
+        "A sliding window is at least one token and retains a non-negative number of extra tokens; an attention "
+        "chunk is at least one token.",
+        "SWA: w ≥ 1 ∧ extra ≥ 0;  chunked local: c ≥ 1", frozenset({GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL}),
+        (source(V33, STM, 1148, "SlidingWindowManager.get_num_skipped_tokens"),
+         source(V33, STM, 1381, "ChunkedLocalAttentionManager.get_num_skipped_tokens")),
+        _t_window),
+)
+
+ALLOCATION_BY_ID = {p.id: p for p in ALLOCATION_PREMISES}
+
+
+# --- the store premises (about one _build_store_jobs call, not a load) -----------------------------
+#
+# Their subject is one request's numbers where ``_build_store_jobs`` reads them (``StoreTerms``):
+# what the scheduler scheduled and computed, and what the allocator holds.
+
+@dataclass(frozen=True)
+class StoreTerms:
+    """What a store premise reads: one request at one ``_build_store_jobs`` call (Z3 terms)."""
+
+    P: object  # num_prompt_tokens
+    O: object  # output tokens: num_tokens = P + O
+    C: object  # num_computed_tokens
+    S: object  # num_scheduled_tokens this step
+    A: object  # GPU blocks allocated to the group (one block per chunk)
+    B: object  # tokens per block (= per chunk)
+    T: object  # num_tokens
+    computed: object  # tokens whose KV the forward wrote once the batch ran (spec.store.computed_tokens)
+    horizon: object  # the release's store horizon (spec.store.store_horizon)
+
+
+@dataclass(frozen=True)
+class StorePremise(Stated):
+    """A premise of a store: one term over ``StoreTerms``."""
+
+    term: Callable  # (StoreTerms) -> Z3 formula
+
+
+FULL = frozenset({GroupKind.FULL_ATTENTION})
+
+STORE_PREMISES: tuple = (
+    StorePremise(
+        "store-running-scheduled",
+        "A running request is scheduled only tokens it has (no speculative decoding): computed and scheduled "
+        "tokens stay within num_tokens.",
+        "C + S ≤ T", FULL,
+        (source(V30, CORE_SCHED, 656, "schedule: num_new_tokens = num_tokens_with_spec + placeholders - "
+                                      "num_computed_tokens"),),
+        lambda s: s.C + s.S <= s.T),
+    StorePremise(
+        "store-finished-by-sampling",
+        "A request that finished by sampling has one output token at least and computed all but the final "
+        "sampled one, which is never forwarded; nothing is scheduled for it.",
+        "O ≥ 1 ∧ C = T − 1 ∧ S = 0", FULL,
+        (source(V30, CORE_SCHED, 1533, "_update_after_schedule: num_computed_tokens += num_scheduled_token; the "
+                                       "token sampled from the last forward is appended after it"),),
+        lambda s: AND(s.O >= 1, s.C == s.T - 1, s.S == 0)),
+    StorePremise(
+        "store-aborted-computed",
+        "An aborted request computed at most its tokens, and nothing is scheduled for it.",
+        "C ≤ T ∧ S = 0", FULL,
+        (source(V30, CORE_SCHED, 1533, "_update_after_schedule: num_computed_tokens counts forwarded tokens"),),
+        lambda s: AND(s.C <= s.T, s.S == 0)),
+    StorePremise(
+        "store-allocated-computed",
+        "The allocator holds blocks for the tokens computed so far: A ≤ cdiv(computed, B).",
+        "A·B < computed + B", FULL,
+        (source(V30, KVM, 370, "allocate_slots: blocks for the computed and the scheduled tokens"),),
+        lambda s: s.A * s.B < s.computed + s.B),
+    StorePremise(
+        "store-no-cap-assert",
+        "0.26 does not cap the stored chunks at the allocated blocks: the store is reached only where its "
+        "assert passes (more chunks than blocks is a crash, not a store).",
+        "⌊horizon/B⌋ ≤ A", FULL,
+        (source(V26, SCHED, 975, "_build_store_jobs: assert len(offload_keys) == len(offload_block_ids)"),),
+        lambda s: s.horizon / s.B <= s.A),
+)
+
+STORE_BY_ID = {p.id: p for p in STORE_PREMISES}
 
 
 BY_ID = {p.id: p for p in PREMISES}
@@ -390,4 +605,6 @@ def when_kind(kind_term, kind_codes, formula):
     return IF(OR(*[kind_term == c for c in kind_codes]), formula, True)
 
 
-__all__ = ["PREMISES", "Premise", "PremiseCheck", "evaluate", "premise", "terms", "when_kind"]
+__all__ = ["ALLOCATION_BY_ID", "ALLOCATION_PREMISES", "PREMISES", "STORE_BY_ID", "STORE_PREMISES", "AllocationPremise",
+           "GroupTerms", "Premise", "PremiseCheck", "Stated", "StorePremise", "StoreTerms", "evaluate", "premise", "terms",
+           "when_kind"]

@@ -11,14 +11,26 @@ from typing import Callable
 
 from kvbound.spec.verdicts import Verdict
 
-from .encoding import Code
+from .encoding import Code, code_for
+
+
+# The code each obligation encodes, by the first release of its row of RELEASES.
+CODE_LEGACY, LEGACY_LAST_RELEASE = code_for("0.28.0"), "0.29.0"  # the proofs model 0.28+ (the legacy rows 0.28, 0.29)
+CODE_030 = code_for("0.30.0")  # the fixed scan; the window in chunks ignores retained tokens
+CODE_031 = code_for("0.31.0")  # 0.31 - 0.32: the window counts retained tokens
+CODE_033 = code_for("0.33.0")  # sync loads, EAGLE partial tails
+LATEST = "0.33.0"
 
 
 @dataclass(frozen=True)
 class Problem:
+    """What the runner decides: is ``premises ∧ constraints ∧ ¬claim`` unsat?"""
+
     premises: list
     claim: object
-    world: World | None = None
+    world: object = None  # the premises' Z3 faces (``premise_terms(ids)``) and a model's witness (``to_case``)
+    constraints: list = field(default_factory=list)  # what pins the encoded code's unknowns (each plan's constraints)
+    tables: bool = True  # symbolic block tables: the runner also searches tables of a few fixed lengths
     witness: Callable | None = None  # model -> Case, for a refutation
     shaping: list = field(default_factory=list)  # small-numbers constraints tried first for witnesses
     splits: tuple = (True,)  # a case split covering every input; proved iff every case is unsat

@@ -1,403 +1,26 @@
 """The reservation property: ``allocate_slots`` never takes more blocks than it reserved.
 
-``KVCacheManager.allocate_slots`` (0.33.0 ``v1/core/kv_cache_manager.py:570-609``) asks every
-single-type manager ``get_num_blocks_to_allocate``, compares the sum with the free blocks, and
-only then allocates: ``add_local_computed_blocks`` (touches the local hit: an evictable hit
-block leaves the free queue), ``allocate_external_computed_blocks`` (blocks for the
-connector's tokens) and ``allocate_new_blocks`` (blocks for the tokens scheduled now, CoW
-and checkpoint blocks included). If a manager takes more than it reserved, a pool holding
-exactly the reserved blocks raises ``ValueError: Cannot get N free blocks from the pool``
-(``block_pool.py:718-719``) mid-step. The obligation, per manager kind and per allocator
-code: ``taken ≤ reserved`` (and the manager's own ``assert num_new_blocks <= max_new_blocks``
-holds) on a request's first call and on the running call after it.
-
-One model serves three uses: the Z3 obligations (every input an unbounded integer), the
-concrete evaluation of a witness (the ``terms`` helpers fold on ints), and
-``scripts/repro_0_33_sync_mamba.py --witness``, which replays a witness on the release's
-real ``KVCacheManager`` and compares its numbers with ``predict``'s.
-
-Which allocator code a release runs is the ``allocator`` column of
-``kvbound.spec.versions.RELEASES`` (nothing here names a release's behaviour twice).
-Source lines are cited per function below ("STM" is ``v1/core/single_type_kv_cache_manager.py``).
+Per manager kind and per allocator code (``allocator``, the model of what each reserves and
+takes): ``taken ≤ reserved`` (and the manager's own ``assert num_new_blocks <= max_new_blocks``
+holds) on a request's first call and on the running call after it, under the allocation
+premises (``premises.ALLOCATION_PREMISES``). Refuted for 0.33's sync connector load on a Mamba
+(align) group, proved for the rest. The model is held to the real allocator, not the spec:
+tests/test_reservation.py replays calls on a release's ``KVCacheManager``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import fields
 
 import z3
 
-from kvbound.spec import GroupKind, cdiv
+from kvbound.spec import GroupKind
 from kvbound.spec.verdicts import Verdict
-from kvbound.spec.versions import parse_version, release_features
 
-from .premises import ALL_KINDS, V29, V33, Premise, source
-from .terms import AND, CDIV, FLOORDIV, IF, IMPLIES, MAX, MIN, NOT, OR
-
-STM = "v1/core/single_type_kv_cache_manager.py"
-KVM = "v1/core/kv_cache_manager.py"
-COORD = "v1/core/kv_cache_coordinator.py"
-SCHED = "v1/core/sched/scheduler.py"
-OFFLOAD = "distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
-
-
-@dataclass(frozen=True)
-class AllocatorCode:
-    """What MambaManager's align-mode code does, by the release it was read from (``RELEASES``'
-    ``allocator`` column). The FullAttention / SlidingWindow / ChunkedLocal code paths the model
-    reads (the base class's ``get_num_blocks_to_allocate``, ``add_local_computed_blocks``,
-    ``allocate_external_computed_blocks``, ``allocate_new_blocks``, ``get_num_skipped_tokens``) are
-    the same in 0.28.0 - 0.33.0 (compared function by function, docstrings and comments aside)."""
-
-    release: str  # the first release of this code, "0.28.0" ... "0.32.0"
-
-    @property
-    def _v(self):
-        return parse_version(self.release)[:2]
-
-    @property
-    def checkpoints(self) -> bool:
-        """0.29+: a prefill checkpoint block (``_needs_internal_checkpoint``)."""
-        return self._v >= (0, 29)
-
-    @property
-    def cap_is_min(self) -> bool:
-        """0.31+: ``min(num_new_blocks, physical_block_cap)``; before, ``num_new_blocks = cap``."""
-        return self._v >= (0, 31)
-
-    @property
-    def checkpoint_keeps_count(self) -> bool:
-        """0.30 only: a running request's checkpoint step keeps the uncapped count."""
-        return self._v == (0, 30)
-
-    @property
-    def spec_blocks_with_checkpoint(self) -> bool:
-        """0.30 - 0.31: a checkpoint step of a running request also adds num_speculative_blocks."""
-        return (0, 30) <= self._v < (0, 32)
-
-    @property
-    def early_return_needs_no_checkpoint(self) -> bool:
-        """0.30+: ``allocate_new_blocks`` returns [] only without a checkpoint block."""
-        return self._v >= (0, 30)
-
-    @property
-    def new_blocks_clamped(self) -> bool:
-        """0.30+: ``num_new_blocks = max(num_required_blocks - len(req_blocks), 0)``."""
-        return self._v >= (0, 30)
-
-    @property
-    def relocation(self) -> str:
-        """How speculative blocks of a running request are relocated: "skipped" (idx < skipped
-        blocks; 0.28 - 0.29), "no-checkpoint" (only without a checkpoint; 0.30 - 0.31),
-        "below-checkpoint" (idx < skipped - checkpoint; 0.32+)."""
-        return "skipped" if self._v < (0, 30) else "no-checkpoint" if self._v < (0, 32) else "below-checkpoint"
-
-
-def allocator_code(version: str) -> AllocatorCode:
-    """The allocator code ``version`` runs, from the release table."""
-    code = release_features(version).allocator
-    if code is None:
-        raise ValueError(f"vLLM {version}: the reservation model covers the allocators of 0.28.0 and later")
-    return AllocatorCode(code)
-
-
-# --- one call, as the allocator computes it ----------------------------------------------
-
-@dataclass
-class Calls:
-    """The inputs of two consecutive ``allocate_slots`` calls of one request on one manager:
-    its first (a local hit of L tokens, E connector tokens, NEW tokens scheduled, LA lookahead
-    tokens) and the running call after it (C computed tokens, NEW2 scheduled, LA2 lookahead).
-    Ints (a witness) or Z3 terms (every call)."""
-
-    b: object  # the manager's block_size
-    L: object  # num_local_computed_tokens (the prefix-cache hit; a partial hit ends inside a block)
-    E: object  # num_external_computed_tokens
-    NEW: object  # num_new_tokens of the first call
-    LA: object  # num_lookahead_tokens of the first call
-    ev: object  # evictable hit blocks (ref_cnt 0): Mamba 0/1 (its one state block), else those past the skip
-    S: object = 0  # MambaSpec.num_speculative_blocks
-    c1: object = False  # the first call reserves a prefill checkpoint block (Mamba, 0.29+)
-    C: object = 0  # request.num_computed_tokens at the running call
-    NEW2: object = 0
-    LA2: object = 0
-    c2: object = False
-    w: object = 0  # sliding_window
-    extra: object = 0  # SlidingWindowSpec.extra_retained_tokens
-    chunk: object = 0  # attention_chunk_size
-
-
-@dataclass
-class CallOut:
-    reserved: object  # get_num_blocks_to_allocate
-    taken: object  # blocks that leave the free queue: touched hit blocks + get_new_blocks
-    ok: object  # the manager's own asserts hold
-    n: object = 0  # len(req_blocks) after the call
-    allocated: object = True  # Mamba: request in _allocated_block_reqs
-
-
-def _skipped_tokens(kind, x, tokens):
-    """``get_num_skipped_tokens`` (STM: base 722, SlidingWindow 1148, ChunkedLocal 1381, Mamba 1971)."""
-    if kind is GroupKind.SLIDING_WINDOW:
-        return MAX(tokens - x.w + 1 - x.extra, 0)
-    if kind is GroupKind.CHUNKED_LOCAL:
-        return FLOORDIV(tokens, x.chunk) * x.chunk
-    if kind is GroupKind.MAMBA:
-        return tokens - 1
-    return 0
-
-
-def skipped_blocks(kind, x, tokens):
-    """``num_skipped_tokens // block_size``, Python's floor (Mamba at 0 tokens: -1 // b = -1,
-    which slices and pads nothing; clamped at 0 here, where it means the same)."""
-    return MAX(FLOORDIV(MAX(_skipped_tokens(kind, x, tokens), 0), x.b), 0)
-
-
-def _hit_blocks(x):
-    """len(new_computed_blocks): cdiv(L, b) — a partial hit's last block included (the hit is
-    nulls then cached blocks, STM 268; Mamba's hit is nulls then its one state block, STM 1470)."""
-    return CDIV(x.L, x.b)
-
-
-def _partial(x, blocks):
-    """``_has_partial_local_hit`` (STM 164-174): blocks non-empty and L % b != 0."""
-    return AND(blocks > 0, x.L % x.b != 0)
-
-
-def first_call_base(kind, x: Calls) -> CallOut:
-    """FullAttention / SlidingWindow / ChunkedLocal, a request's first call (0.33.0 numbers):
-    reserve STM 176-266 (no blocks yet: not in num_cached_block), then add_local_computed_blocks
-    STM 268-325, allocate_external_computed_blocks STM 327-368, allocate_new_blocks STM 370-411;
-    kv_cache_manager.py:550-609 passes num_tokens = T + NEW + LA, total_computed_tokens = T."""
-    T = x.L + x.E
-    need = CDIV(T + x.NEW + x.LA, x.b)
-    h = _hit_blocks(x)
-    s = skipped_blocks(kind, x, T)
-    held = MAX(s, h)  # nulls for the skipped blocks, then hit[s:]
-    reserved = MAX(need - held, 0) + IF(_partial(x, h), 1, 0) + x.ev
-    # allocation
-    touched = x.ev  # the evictable blocks of hit[s:] leave the free queue (block_pool.touch)
-    cow = IF(_partial(x, h - MIN(s, h)), 1, 0)  # the partial hit of the trimmed hit: a CoW block
-    sk = _skipped_tokens(kind, x, T)
-    ext_tokens = IF(sk > 0, MIN(T - sk, x.E), x.E)
-    ext = IF(AND(x.E > 0, ext_tokens > 0), MAX(CDIV(T, x.b) - held, 0), 0)
-    held2 = held + ext
-    new = MAX(need - held2, 0)
-    return CallOut(reserved, touched + ext + cow + new, True, held2 + new)
-
-
-def running_call_base(kind, x: Calls, first: CallOut) -> CallOut:
-    """A running request (in num_cached_block): reserve max(cdiv(num_tokens, b) - len, 0)
-    (STM 226-233), allocate_new_blocks takes the same (STM 397-411); remove_skipped_blocks only
-    swaps blocks for nulls (kv_cache_manager.py:564-568)."""
-    need = CDIV(x.C + x.NEW2 + x.LA2, x.b)
-    new = MAX(need - first.n, 0)
-    return CallOut(new, new, True, first.n + new)
-
-
-def _mamba_reserve(code: AllocatorCode, need, held_hit, partial, c, S, allocated):
-    """MambaManager.get_num_blocks_to_allocate, align mode (0.33.0 STM 1692-1795; 0.29.0 STM
-    1582-1659; 0.28.0 STM 1467-1490): num_new = need + S - hit - len (+1 for a partial hit),
-    then the cap."""
-    c = c if code.checkpoints else False
-    nn = need + S - held_hit
-    nn = IF(partial, MAX(nn, 0) + 1, nn)
-    cap = 1 + IF(partial, 1, 0) + IF(c, 1, 0)
-    spec = OR(NOT(allocated), AND(c, code.spec_blocks_with_checkpoint))
-    cap = cap + IF(spec, S, 0)
-    if code.cap_is_min:
-        capped = MIN(nn, cap)
-    elif code.checkpoint_keeps_count:
-        capped = IF(AND(c, allocated), nn, cap)
-    else:
-        capped = cap
-    return IF(nn > 0, capped, nn)
-
-
-def _mamba_allocate(code: AllocatorCode, need, S, held, partial, c, allocated):
-    """MambaManager.allocate_new_blocks, align mode (0.33.0 STM 1797-1923): (taken, ok, len)."""
-    c = c if code.checkpoints else False
-    req = need + S
-    early = AND(req <= held, NOT(partial), NOT(c) if code.early_return_needs_no_checkpoint else True)
-    skipped = req - S - 1
-    null_end = skipped - IF(c, 1, 0)
-    held1 = IF(held < skipped, MAX(held, null_end), held)
-    if code.relocation == "skipped":
-        thr, relocating = skipped, allocated
-    elif code.relocation == "no-checkpoint":
-        thr, relocating = skipped, AND(allocated, NOT(c))
-    else:
-        thr, relocating = null_end, allocated
-    moved = IF(relocating, MAX(MIN(thr - (held - S), S), 0), 0)  # _relocate_speculative_block appends
-    held2 = held1 + moved
-    new = req - held2
-    if code.new_blocks_clamped:
-        new = MAX(new, 0)
-    new = IF(partial, MAX(new, 0) + 1, new)
-    max_new = 1 + IF(partial, 1, 0) + IF(c, 1, 0) + IF(
-        OR(NOT(allocated), AND(c, code.spec_blocks_with_checkpoint)), S, 0)
-    taken = MAX(new, 0)
-    grown = held2 + taken - IF(partial, 1, 0)  # a CoW block replaces the partial hit in place
-    return IF(early, 0, taken), OR(early, new <= max_new), IF(early, held, grown)
-
-
-def first_call_mamba(code: AllocatorCode, x: Calls) -> CallOut:
-    """Mamba align, a request's first call: reserve as ``_mamba_reserve`` (num_tokens =
-    num_tokens_main_model = T + NEW: align mode ignores lookahead, STM 1719-1724), then
-    add_local_computed_blocks (skips T - 1 tokens: the state block of the hit is touched only
-    when it is not skipped), allocate_external_computed_blocks (one block for the loaded state
-    unless the hit reaches T's block), allocate_new_blocks."""
-    T = x.L + x.E
-    need = CDIV(T + x.NEW, x.b)
-    h = _hit_blocks(x)
-    reserved = _mamba_reserve(code, need, h, _partial(x, h), x.c1, x.S, False) + x.ev
-    s = skipped_blocks(GroupKind.MAMBA, x, T)
-    touched = IF(AND(h >= 1, h - 1 >= s), x.ev, 0)
-    held = MAX(s, h)
-    partial_rec = _partial(x, h - MIN(s, h))
-    ext_tokens = IF(T - 1 > 0, MIN(1, x.E), x.E)
-    ext = IF(AND(x.E > 0, ext_tokens > 0), MAX(CDIV(T, x.b) - held, 0), 0)
-    taken, ok, n = _mamba_allocate(code, need, x.S, held + ext, partial_rec, x.c1, False)
-    return CallOut(reserved, touched + ext + taken, ok, n, True)
-
-
-def running_call_mamba(code: AllocatorCode, x: Calls, first: CallOut) -> CallOut:
-    """Mamba align, the running call after the first: no hit, no pending partial hit
-    (allocate_new_blocks pops it), allocated (both of its branches add the request)."""
-    need = CDIV(x.C + x.NEW2, x.b)
-    reserved = _mamba_reserve(code, need, first.n, False, x.c2, x.S, True)
-    taken, ok, n = _mamba_allocate(code, need, x.S, first.n, False, x.c2, True)
-    return CallOut(reserved, taken, ok, n, True)
-
-
-def calls(kind, code: AllocatorCode, x: Calls) -> tuple[CallOut, CallOut]:
-    if kind is GroupKind.MAMBA:
-        first = first_call_mamba(code, x)
-        return first, running_call_mamba(code, x, first)
-    first = first_call_base(kind, x)
-    return first, running_call_base(kind, x, first)
-
-
-def holds(out: CallOut):
-    return AND(out.ok, out.taken <= out.reserved)
-
-
-# --- the witness: a concrete pair of calls ----------------------------------------------------
-
-@dataclass(frozen=True)
-class AllocCalls:
-    """A witness of the reservation obligations: the manager, the release and the two calls'
-    inputs (ints). ``scripts/repro_0_33_sync_mamba.py --witness FILE`` replays it on the real
-    ``KVCacheManager`` of ``release`` (a full-attention group beside a Mamba one)."""
-
-    name: str
-    kind: GroupKind
-    release: str  # the release whose allocator (and scheduler) the obligation is about
-    b: int
-    L: int
-    E: int
-    NEW: int
-    LA: int = 0
-    ev: int = 0
-    S: int = 0
-    c1: bool = False
-    C: int = 0
-    NEW2: int = 0
-    LA2: int = 0
-    c2: bool = False
-    w: int = 0
-    extra: int = 0
-    chunk: int = 0
-
-    @property
-    def inputs(self) -> Calls:
-        return Calls(**{f.name: getattr(self, f.name) for f in fields(Calls)})
-
-    @property
-    def sync(self) -> bool:
-        return self.E > 0 and self.NEW > 0
-
-    def predict(self) -> dict:
-        """The model's numbers for both calls (ints: the terms fold)."""
-        first, running = calls(self.kind, allocator_code(self.release), self.inputs)
-        return {"first": {"reserved": first.reserved, "taken": first.taken, "ok": first.ok, "blocks": first.n},
-                "running": {"reserved": running.reserved, "taken": running.taken, "ok": running.ok,
-                            "blocks": running.n}}
-
-    def replay_spec(self) -> dict:
-        """The call spec ``scripts/repro_0_33_sync_mamba.py --calls`` replays: the local hit is made
-        by a first request, freed when the witness has an evictable hit block."""
-        return {"kind": self.kind.value, "b": self.b, "L": self.L, "E": self.E, "NEW": self.NEW, "LA": self.LA,
-                "S": self.S, "NEW2": self.NEW2, "LA2": self.LA2, "w": self.w, "extra": self.extra,
-                "chunk": self.chunk, "owner_freed": self.ev > 0}
-
-    @classmethod
-    def from_replay(cls, real: dict, group: int, release: str) -> "AllocCalls":
-        """The calls a real replay made on one of its groups (``--calls`` output: the hit vLLM found,
-        its evictable blocks and checkpoints), for ``predict`` to be compared with what vLLM did."""
-        c = real["spec"]
-        kind = GroupKind(real["kinds"][group])
-        T = real["L"] + c["E"]
-        return cls(name=f"replay-{kind.value}", kind=kind, release=release, b=c["b"], L=real["L"], E=c["E"],
-                   NEW=c["NEW"], LA=c.get("LA", 0), ev=real["ev"][group],
-                   S=c.get("S", 0) if kind is GroupKind.MAMBA else 0,
-                   c1=bool(real.get("c1")) and kind is GroupKind.MAMBA, C=T + c["NEW"], NEW2=c.get("NEW2", 1),
-                   LA2=c.get("LA2", 0), c2=bool(real.get("c2")) and kind is GroupKind.MAMBA,
-                   w=c.get("w", 0) if kind is GroupKind.SLIDING_WINDOW else 0,
-                   extra=c.get("extra", 0) if kind is GroupKind.SLIDING_WINDOW else 0,
-                   chunk=c.get("chunk", 0) if kind is GroupKind.CHUNKED_LOCAL else 0)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["kind"] = self.kind.value
-        return {"witness": "allocate_slots", **d}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "AllocCalls":
-        d = {k: v for k, v in d.items() if k != "witness"}
-        return cls(**{**d, "kind": GroupKind(d["kind"])})
-
-    def draw(self) -> str:
-        """The two calls as vLLM's allocate_slots sees them, and the model's numbers."""
-        p = self.predict()
-        T = self.L + self.E
-        how = "sync load (new tokens in the same call)" if self.sync else (
-            "async load (adopt only)" if self.E else "no connector tokens")
-        lines = [
-            f"case {self.name}: {self.kind.value} block_size={self.b}  vLLM {self.release} allocator",
-            f"  first call   L={self.L} local  E={self.E} external  NEW={self.NEW} new  LA={self.LA} lookahead"
-            f"  ({how}; T=L+E={T}, cdiv(T, b)={cdiv(T, self.b)}, cdiv(T+NEW, b)={cdiv(T + self.NEW, self.b)})"
-            + (f"  num_speculative_blocks={self.S} checkpoint={self.c1}" if self.kind is GroupKind.MAMBA else "")
-            + (f"  evictable hit blocks={self.ev}" if self.ev else ""),
-            f"    reserved {p['first']['reserved']}  taken {p['first']['taken']}"
-            + ("" if p["first"]["ok"] else "  (allocator assert fires)"),
-            f"  running call C={self.C} computed  NEW2={self.NEW2}  LA2={self.LA2}"
-            + (f"  checkpoint={self.c2}" if self.kind is GroupKind.MAMBA else ""),
-            f"    reserved {p['running']['reserved']}  taken {p['running']['taken']}"
-            + ("" if p["running"]["ok"] else "  (allocator assert fires)"),
-        ]
-        if self.kind is GroupKind.SLIDING_WINDOW:
-            lines.insert(1, f"  sliding_window={self.w} extra_retained_tokens={self.extra}")
-        if self.kind is GroupKind.CHUNKED_LOCAL:
-            lines.insert(1, f"  attention_chunk_size={self.chunk}")
-        return "\n".join(lines)
-
-
-def witness_to_dict(w) -> dict:
-    """A witness (a spec Case or AllocCalls) as JSON."""
-    from kvbound.spec import Case, case_to_dict
-
-    return case_to_dict(w) if isinstance(w, Case) else w.to_dict()
-
-
-def witness_from_dict(d: dict):
-    from kvbound.spec import case_from_dict
-
-    if d.get("witness") == "lookup":  # proofs/lookup.py
-        from .lookup import LookupWitness
-
-        return LookupWitness.from_dict(d)
-    return AllocCalls.from_dict(d) if d.get("witness") == "allocate_slots" else case_from_dict(d)
+from .allocator import AllocCalls, Calls, allocator_code, calls, holds
+from .premises import ALLOCATION_BY_ID
+from .problem import LATEST, Bound, Obligation, Problem
+from .terms import AND, NOT
 
 
 # --- the symbolic world --------------------------------------------------------------------
@@ -409,16 +32,13 @@ _BOOLS = {"c1", "c2"}
 class ReservationWorld:
     """Every pair of calls at once, for one manager kind and allocator code."""
 
-    table = None  # no block table: the runner's bounded-length search does not apply
-
     def __init__(self, kind: GroupKind, release: str):
         self.kind, self.release, self.code = kind, release, allocator_code(release)
         self.x = Calls(**{n: (z3.Bool(n) if n in _BOOLS else z3.Int(n)) for n in _FIELDS})
         self.first, self.running = calls(kind, self.code, self.x)
-        self.constraints = []
 
     def premise_terms(self, ids) -> list:
-        return [BY_ID[i].term(self) for i in ids if BY_ID[i].applies(self.kind)]
+        return [ALLOCATION_BY_ID[i].term(self.kind, self.x) for i in ids if ALLOCATION_BY_ID[i].applies(self.kind)]
 
     def base(self):
         x = self.x
@@ -449,150 +69,7 @@ class ReservationWorld:
         return AllocCalls(name=name, kind=self.kind, release=self.release, **v)
 
 
-class _Concrete:
-    """A witness's numbers where a world's terms are read: premises fold to bools on it."""
-
-    def __init__(self, calls: "AllocCalls"):
-        self.kind, self.x = calls.kind, calls.inputs
-
-
-def concrete_world(calls: "AllocCalls") -> _Concrete:
-    return _Concrete(calls)
-
-
-# --- the premises (about an allocate_slots call, not a load) ----------------------------------
-#
-# Their subject is a pair of allocate_slots calls of one request on one manager (``reservation.Calls``:
-# the world's ``x``), not a load; the terms fold on ints, so ``check`` is the same formula evaluated
-# on a witness's numbers (``reservation.AllocCalls``).
-
-V28, V32 = "vllm 0.28.0", "vllm 0.32.0"
-
-
-@dataclass(frozen=True)
-class AllocationPremise:
-    id: str
-    statement: str
-    math: str
-    kinds: frozenset
-    sources: tuple
-    term: Callable  # (reservation world: .kind, .x) -> formula (a bool on a concrete world)
-
-    def applies(self, kind: GroupKind) -> bool:
-        return kind in self.kinds
-
-    kinds_label = Premise.kinds_label
-
-    def check(self, calls) -> str | None:
-        """None when the witness ``calls`` (reservation.AllocCalls) meets it, else the statement."""
-        return None if self.term(concrete_world(calls)) is True else f"{self.id}: {self.statement}"
-
-
-def _t_nonempty(w):
-    x = w.x
-    return x.L + x.E + x.NEW >= 1
-
-
-def _t_evictable(w):
-    x = w.x
-    h = CDIV(x.L, x.b)
-    if w.kind is GroupKind.MAMBA:
-        return AND(x.ev <= 1, x.ev <= h)
-    s = skipped_blocks(w.kind, x, x.L + x.E)
-    return x.ev <= MAX(h - s, 0)
-
-
-def _t_running(w):
-    x = w.x
-    T = x.L + x.E
-    return x.C == T + x.NEW
-
-
-def _t_checkpoint(w):
-    x = w.x
-    return AND(IMPLIES(x.c1, CDIV(x.L + x.E + x.NEW, x.b) >= 2), IMPLIES(x.c2, CDIV(x.C + x.NEW2, x.b) >= 2))
-
-
-def _t_async(w):
-    x = w.x
-    return IMPLIES(x.E > 0, AND(x.NEW == 0, x.LA == 0))
-
-
-def _t_window(w):
-    x = w.x
-    if w.kind is GroupKind.SLIDING_WINDOW:
-        return AND(x.w >= 1, x.extra >= 0)
-    if w.kind is GroupKind.CHUNKED_LOCAL:
-        return x.chunk >= 1
-    return True
-
-
-ALLOCATION_PREMISES: tuple = (
-    AllocationPremise(
-        "alloc-call-adopts-or-computes",
-        "An allocate_slots call adopts a local hit or connector tokens, or schedules new ones: it raises "
-        "ValueError otherwise.", "L + E + NEW ≥ 1", ALL_KINDS,
-        (source(V33, KVM, 483, "allocate_slots: num_new_tokens must be greater than 0 when there are no computed "
-              "tokens to adopt"),),
-        _t_nonempty),
-    AllocationPremise(
-        "alloc-evictable-hit",
-        "Only non-null hit blocks with ref_cnt 0 are evictable: a Mamba hit is nulls then its one state block "
-        "(at most one evictable); another manager's evictable blocks lie in the hit past the skipped blocks "
-        "(the ones add_local_computed_blocks touches and get_num_blocks_to_allocate counts).",
-        "Mamba: ev ≤ min(1, ⌈L/b⌉);  else ev ≤ max(⌈L/b⌉ − ⌊skipped(T)/b⌋, 0)", ALL_KINDS,
-        (source(V33, STM, 161, "_get_num_evictable_blocks: ref_cnt == 0 and not null"),
-         source(V33, STM, 1516, "MambaManager.find_longest_cache_hit: nulls, then the cached state block"),
-         source(V33, STM, 259, "get_num_blocks_to_allocate: evictable blocks of new_computed_blocks past the skip"),
-         source(V33, STM, 305, "add_local_computed_blocks: touches new_computed_blocks[num_skipped_blocks:]")),
-        _t_evictable),
-    AllocationPremise(
-        "alloc-running-computed",
-        "At the running call the request has computed what its first call adopted and scheduled: the "
-        "scheduler adds the scheduled tokens to num_computed_tokens, and a first call schedules prompt tokens, "
-        "no draft tokens to reject (an async load's first call schedules nothing, so C = T).",
-        "C = L + E + NEW;  NEW2 ≥ 1", ALL_KINDS,
-        (source(V33, KVM, 510, "allocate_slots: num_local_computed_tokens = request.num_computed_tokens + "
-              "num_new_computed_tokens"),
-         source(V33, SCHED, 1858, "_update_after_schedule: request.num_computed_tokens += num_scheduled_token"),
-         source(V33, SCHED, 1286, "schedule: an async load schedules num_new_tokens = 0")),
-        _t_running),
-    AllocationPremise(
-        "alloc-checkpoint-index",
-        "A Mamba prefill checkpoint block is reserved only where its index cdiv(query_end, b) - 2 is a block.",
-        "c ⟹ ⌈(C + NEW)/b⌉ ≥ 2", frozenset({GroupKind.MAMBA}),
-        (source(V33, STM, 1668, "_needs_internal_checkpoint: checkpoint_idx = cdiv(query_end, block_size) - 2 >= 0"),
-         source(V29, STM, 1572, "_needs_internal_checkpoint: the same index")),
-        _t_checkpoint),
-    AllocationPremise(
-        "alloc-async-load",
-        "The connector's tokens are loaded asynchronously: the call that adopts them schedules no new tokens and "
-        "no lookahead (the offloading connector of 0.28 - 0.32 always; 0.33's unless it reserves a sync load).",
-        "E > 0 ⟹ NEW = 0 ∧ LA = 0", ALL_KINDS,
-        (source(V33, SCHED, 1286, "schedule: if load_kv_async: num_new_tokens = 0"),
-         source(V33, SCHED, 1403, "schedule: no lookahead tokens for an async load"),
-         source(V28, SCHED, 1008, "schedule: the same lookahead rule"),
-         source(V29, OFFLOAD, 991, "get_num_new_matched_tokens returns (hits, bool(hits)): always async"),
-         source(V32, OFFLOAD, 1097, "the same"),
-         source(V33, OFFLOAD, 1277, "get_num_new_matched_tokens: async unless _reserve_sync_load")),
-        _t_async),
-    AllocationPremise(
-        "alloc-window-config",
-        "A sliding window is at least one token and retains a non-negative number of extra tokens; an attention "
-        "chunk is at least one token.",
-        "SWA: w ≥ 1 ∧ extra ≥ 0;  chunked local: c ≥ 1", frozenset({GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL}),
-        (source(V33, STM, 1148, "SlidingWindowManager.get_num_skipped_tokens"),
-         source(V33, STM, 1381, "ChunkedLocalAttentionManager.get_num_skipped_tokens")),
-        _t_window),
-)
-
-BY_ID = {p.id: p for p in ALLOCATION_PREMISES}
-
-
 # --- the obligations -------------------------------------------------------------------------
-
-from .problem import Bound, Obligation, Problem  # noqa: E402
-
 
 ALLOC_PREMISES = ("alloc-call-adopts-or-computes", "alloc-evictable-hit", "alloc-running-computed",
                   "alloc-checkpoint-index", "alloc-window-config")
@@ -613,7 +90,7 @@ def _build(kind, release, scenario):
         prem = w.base()
         if scenario == "sync":  # a sync load: adopt E and compute NEW in the same call (0.33)
             prem += [x.E >= 1, x.NEW >= 1]
-        return Problem(prem, w.claim(), w, shaping=w.small() if scenario == "sync" else [],
+        return Problem(prem, w.claim(), w, tables=False, shaping=w.small() if scenario == "sync" else [],
                        witness=lambda m: w.to_case(m, f"witness-reservation.{kind.value}.{scenario}"),
                        splits=(x.E == 0, x.E >= 1),
                        cases=(x.E == 0, x.E >= 1, x.L >= 1))
@@ -633,7 +110,6 @@ def _replay_over_take(calls: "AllocCalls") -> str | None:
 
 _NAMES = {GroupKind.FULL_ATTENTION: "full-attention", GroupKind.SLIDING_WINDOW: "sliding-window",
           GroupKind.CHUNKED_LOCAL: "chunked-local", GroupKind.MAMBA: "mamba-align"}
-_LATEST = "0.33.0"
 
 
 def _mamba_ranges():
@@ -650,7 +126,7 @@ def _mamba_ranges():
     return out
 
 
-def obligations() -> list:
+def _obligations() -> list:
     out = []
     for kind in (GroupKind.FULL_ATTENTION, GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL):
         out.append(Obligation(
@@ -660,7 +136,7 @@ def obligations() -> list:
             "loaded sync or async, lookahead tokens) and on the running call after it.",
             MATH, "reserve and allocate count the same blocks (max(cdiv(num_tokens, b) − max(skipped, hit), 0), "
             "plus the CoW block and the touched evictable hit blocks)", Verdict.PROVED,
-            _build(kind, _LATEST, "any"), mutable=False, bound=BOUND, premises=ALLOC_PREMISES,
+            _build(kind, LATEST, "any"), mutable=False, bound=BOUND, premises=ALLOC_PREMISES,
             releases="0.28.0 – 0.33.0"))
     for first, last, code in _mamba_ranges():
         rng = first if first == last else f"{first} – {last}"
@@ -687,6 +163,6 @@ def obligations() -> list:
     return out
 
 
-__all__ = ["ALLOCATION_PREMISES", "AllocCalls", "AllocationPremise", "AllocatorCode", "Calls", "ReservationWorld", "allocator_code", "calls", "concrete_world",
-           "holds", "obligations", "skipped_blocks",
-           "witness_from_dict", "witness_to_dict"]
+OBLIGATIONS: list[Obligation] = _obligations()
+
+__all__ = ["ALLOC_PREMISES", "OBLIGATIONS", "ReservationWorld"]

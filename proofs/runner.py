@@ -19,6 +19,7 @@ from .obligations import OBLIGATIONS, Obligation
 from .problem import problem
 from .options import OBLIGATION, PROVE, SolverOptions
 from .terms import NOT, as_bool
+from .witnesses import witness_from_dict, witness_to_dict
 from .world import expanded
 
 
@@ -63,7 +64,7 @@ def decide(ob: Obligation, code: Code | None = None, options: SolverOptions = OB
                 s.add(*[as_bool(c) for c in (prob.shaping if shaped else [])])
                 if s.check() == z3.sat:
                     return Verdict.REFUTED, s.model(), prob
-                if not _has_table(prob):
+                if not prob.tables:
                     break
     prob = problem(ob, code)
     s = _assert_negation(prob, options.solver())
@@ -89,13 +90,9 @@ WITNESS_LENGTHS = (2, 4, 6, 8)
 
 
 def _assert_negation(prob, s: z3.Solver) -> z3.Solver:
-    s.add(*[as_bool(p) for p in prob.premises + prob.world.constraints])
+    s.add(*[as_bool(p) for p in prob.premises + list(prob.constraints)])
     s.add(as_bool(NOT(prob.claim)))
     return s
-
-
-def _has_table(prob) -> bool:
-    return getattr(prob.world, "table", None) is not None
 
 
 def premises_instance(ob: Obligation, code: Code | None, options: SolverOptions):
@@ -109,12 +106,12 @@ def premises_instance(ob: Obligation, code: Code | None, options: SolverOptions)
         if open_cases is None:
             open_cases = list(range(len(prob.cases)))
         s = options.solver()
-        s.add(*[as_bool(p) for p in prob.premises + prob.world.constraints])
+        s.add(*[as_bool(p) for p in prob.premises + list(prob.constraints)])
         for ci in list(open_cases):
             last[ci] = s.check(as_bool(prob.cases[ci]))
             if last[ci] == z3.sat:
                 open_cases.remove(ci)
-        if not open_cases or not _has_table(prob):
+        if not open_cases or not prob.tables:
             break
     return z3.sat if not open_cases else last[open_cases[0]]
 
@@ -196,8 +193,6 @@ def by_id(ids=None) -> list[Obligation]:
 
 def _task(args):
     """One unit of work in a worker: an obligation, or a mutant against every proved one."""
-    from .reservation import witness_to_dict
-
     kind, name, options = args
     if kind == "mutant":
         t0 = time.perf_counter()
@@ -247,8 +242,6 @@ def run_all(ids=None, options: SolverOptions = PROVE, mutants: bool = True, jobs
     """Every obligation (vacuity and witness replay included) and every mutant.
 
     ``jobs`` worker processes share the work (Z3 is single-threaded per solver)."""
-    from .reservation import witness_from_dict
-
     t0 = time.perf_counter()
     obs = by_id(ids)
     tasks = [("mutant", m, options) for m in ENCODING_KNOB_MUTANTS] if mutants else []

@@ -1,141 +1,153 @@
-"""Z3 obligations of the store contract: every chunk ``_build_store_jobs`` stores was computed.
+"""The store property: every chunk ``_build_store_jobs`` stores was computed by the forward.
 
 One obligation per (release row of ``spec.store.STORE_RELEASES``, request status,
 ``offload_prompt_only``), over unbounded integers: a request with ``P >= 1`` prompt tokens
-and ``T = P + O`` tokens (``O >= 0``; ``O >= 1`` once it finished by sampling), ``C``
-computed, ``S`` scheduled this step, ``A`` GPU blocks allocated, ``B`` tokens per block (one
-block per chunk; the claim is per full-attention group, groups carry no state between them).
-
-Premises, each read from vLLM (docs/trace.md, "Shadow KV"):
-- running: ``C + S <= T`` (no spec decode: the scheduler schedules known tokens only);
-  aborted: ``C <= T``; finished by sampling: ``C = T - 1`` (the final sampled token is
-  never forwarded);
-- the allocator holds blocks for the tokens scheduled so far: ``A <= cdiv(computed, B)``
-  where ``computed`` is the KV written once the batch ran (``spec.store.computed_tokens``);
-- 0.26 (no allocated cap): the store is reached only where its assert passes,
-  ``horizon // B <= A``.
+and ``T = P + O`` tokens (``O >= 0``), ``C`` computed, ``S`` scheduled this step, ``A`` GPU
+blocks allocated, ``B`` tokens per block (one block per chunk; the claim is per full-attention
+group, groups carry no state between them). The premises (``premises.STORE_PREMISES``, each
+read from vLLM) say what the scheduler and the allocator hand ``_build_store_jobs``.
 
 Claim: the stored chunks, ``min(horizon // B, A)`` of them (``storable_chunks``), end at or
-before ``computed``: ``min(horizon // B, A) * B <= computed``. The horizon is encoded from the
-same table the executable spec uses, so the two cannot drift apart.
-
-Imports only kvbound.spec and z3.
+before ``computed`` (``spec.store.computed_tokens``): ``min(horizon // B, A) * B <= computed``.
+The horizon is encoded from the same release row the executable spec reads, and every
+witness is replayed through ``spec.store``, so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import z3
 
-from kvbound.spec.store import ABORTED, FINISHED, RUNNING, STORE_RELEASES, StoreFeatures
+from kvbound.spec.store import (ABORTED, FINISHED, RUNNING, STORE_RELEASES, StoreFeatures, computed_tokens,
+                                next_stored_chunk_idx, store_horizon)
+from kvbound.spec.verdicts import Verdict
+from kvbound.spec.versions import CAMPAIGN_RELEASES, parse_version
 
-PROVED, REFUTED, UNKNOWN = "proved", "refuted", "unknown"
+from .premises import STORE_BY_ID, StoreTerms
+from .problem import Bound, Obligation, Problem
+from .witnesses import StoreWitness
 
-
-@dataclass(frozen=True)
-class StoreObligation:
-    id: str
-    release: StoreFeatures
-    status: str
-    offload_prompt_only: bool
-    expected: str
-    statement: str = ("every chunk _build_store_jobs stores ends at or before the tokens the forward"
-                      " computed")
+STATUSES = (RUNNING, FINISHED, ABORTED)
 
 
-@dataclass
-class StoreResult:
-    obligation: StoreObligation
-    verdict: str
-    witness: dict | None = None
+class StoreWorld:
+    """One request's numbers at one ``_build_store_jobs`` call, as Z3 integers, and the horizon and
+    computed tokens of its status under one release row."""
 
-    @property
-    def as_expected(self) -> bool:
-        return self.verdict == self.obligation.expected
+    def __init__(self, feats: StoreFeatures, status: str, offload_prompt_only: bool):
+        self.feats, self.status, self.offload_prompt_only = feats, status, offload_prompt_only
+        self.P, self.O, self.C, self.S, self.A, self.B = z3.Ints("P O C S A B")
+        self.T = self.P + self.O
+        T, C, S, P = self.T, self.C, self.S, self.P
+        if status == RUNNING:
+            after, self.computed = C + S, C + S
+        elif status == FINISHED:
+            after, self.computed = (z3.If(P > T - 1, P, T - 1) if feats.finished_clamp else T), C
+        else:
+            after, self.computed = (C if feats.aborted_at_computed else T), C
+        h = z3.If(after < T, after, T)
+        self.horizon = z3.If(h < P, h, P) if offload_prompt_only else h
+        chunks = self.horizon / self.B
+        self.stored = z3.If(chunks < self.A, chunks, self.A) if feats.caps_at_allocated else chunks
 
-    def drawing(self) -> str:
-        """The witness as a reviewer reads it: the last stored block's slots, computed or not."""
-        if not self.witness:
-            return ""
-        w = self.witness
-        B, comp, stored = w["B"], w["computed"], w["stored_chunks"]
-        start = (stored - 1) * B
-        slots = "".join("c" if p < comp else "." for p in range(start, start + B))
-        return (f"{self.obligation.id}: P={w['P']} T={w['T']} C={w['C']} S={w['S']} A={w['A']} B={B}\n"
-                f"  stored chunk {stored - 1} = tokens [{start}, {start + B}) under the hash of its prefix\n"
-                f"  block slots |{slots}|  (c = KV computed, . = never forwarded)")
+    def terms(self) -> StoreTerms:
+        return StoreTerms(self.P, self.O, self.C, self.S, self.A, self.B, self.T, self.computed, self.horizon)
+
+    def premise_terms(self, ids) -> list:
+        return [STORE_BY_ID[i].term(self.terms()) for i in ids]
+
+    def base(self):
+        return [self.P >= 1, self.O >= 0, self.C >= 0, self.S >= 0, self.A >= 0, self.B >= 1]
+
+    def small(self):
+        return [self.P <= 64, self.O <= 64, self.B == 16]  # the trace layouts' block size: witnesses replay there
+
+    def to_case(self, model, name: str) -> StoreWitness:
+        v = {k: model.eval(getattr(self, k), model_completion=True).as_long()
+             for k in ("P", "O", "T", "C", "S", "A", "B", "computed", "stored")}
+        return StoreWitness(name=name, release=self.feats.release, status=self.status,
+                            offload_prompt_only=self.offload_prompt_only, P=v["P"], O=v["O"], T=v["T"], C=v["C"],
+                            S=v["S"], A=v["A"], B=v["B"], computed=v["computed"], stored_chunks=v["stored"])
 
 
-def _expected(f: StoreFeatures, status: str, prompt_only: bool) -> str:
+def _premises(f: StoreFeatures, status: str) -> tuple:
+    """The premises of a status, in the order the claim's formula meets them."""
+    called = {RUNNING: "store-running-scheduled", FINISHED: "store-finished-by-sampling",
+              ABORTED: "store-aborted-computed"}[status]
+    return (called, "store-allocated-computed") + (() if f.caps_at_allocated else ("store-no-cap-assert",))
+
+
+def _build(f: StoreFeatures, status: str, prompt_only: bool, oid: str):
+    def build(_code):
+        w = StoreWorld(f, status, prompt_only)
+        return Problem(w.base(), w.stored * w.B <= w.computed, w, tables=False, shaping=w.small(),
+                       witness=lambda m: w.to_case(m, f"witness-{oid}"))
+
+    return build
+
+
+def replay_store(w: StoreWitness) -> str | None:
+    """None when the store spec of the witness's release stores a chunk past what was computed."""
+    T = w.P + w.O
+    horizon = store_horizon(w.release, w.status, w.P, T, w.C, w.S, w.offload_prompt_only)
+    stored = next_stored_chunk_idx(0, horizon, w.B, w.A, STORE_BY_RELEASE[w.release].caps_at_allocated)
+    computed = computed_tokens(w.status, T, w.C, w.S)
+    if stored is None:
+        return f"spec {w.release} asserts on the witness (more chunks than allocated blocks)"
+    if stored * w.B <= computed:
+        return f"spec {w.release} stores {stored} chunks, within the {computed} computed tokens"
+    return None
+
+
+def _expected(f: StoreFeatures, status: str, prompt_only: bool) -> tuple[Verdict, str]:
+    """The verdict and the premise it rests on (or whose absence the witness shows)."""
     if status == FINISHED and not prompt_only and not f.finished_clamp:
-        return REFUTED  # num_tokens counts the final sampled token (0.26-0.29)
+        return Verdict.REFUTED, ("a finished request's horizon is clamped to max(num_prompt_tokens, num_tokens - 1) "
+                                 "(0.30+; before, num_tokens counts the final sampled token)")
     if status == ABORTED and not f.aborted_at_computed:
-        return REFUTED  # an aborted request's horizon is num_tokens (0.26)
-    return PROVED
+        return Verdict.REFUTED, "an aborted request's horizon is num_computed_tokens (0.27+; 0.26: num_tokens)"
+    if status == FINISHED:
+        return Verdict.PROVED, ("the horizon stops before the final sampled token (the clamp, or "
+                                "offload_prompt_only caps it at the prompt)")
+    if status == ABORTED:
+        return Verdict.PROVED, "an aborted request's horizon is what it computed"
+    return Verdict.PROVED, "a running request's horizon is what it has computed once the batch ran"
 
 
-STORE_OBLIGATIONS: tuple = tuple(
-    StoreObligation(f"store.computed[{f.release}+,{status},prompt_only={po}]", f, status, po,
-                    _expected(f, status, po))
-    for _, f in STORE_RELEASES for status in (RUNNING, FINISHED, ABORTED) for po in (True, False))
+def _release_range(first: str) -> str:
+    """The campaign releases from ``first`` to the last before the next row of STORE_RELEASES."""
+    rows = [f.release for _, f in STORE_RELEASES]
+    nxt = rows.index(first) + 1
+    end = parse_version(rows[nxt])[:2] if nxt < len(rows) else (10 ** 6, 0)
+    covered = [r for r in CAMPAIGN_RELEASES if parse_version(first)[:2] <= parse_version(r)[:2] < end]
+    return first if covered[-1] == first else f"{first} – {covered[-1]}"
 
 
-def _problem(ob: StoreObligation):
-    P, O, C, S, A, B = z3.Ints("P O C S A B")
-    T = P + O
-    f = ob.release
-    prem = [P >= 1, O >= 0, C >= 0, S >= 0, A >= 0, B >= 1]
-    if ob.status == RUNNING:
-        prem += [C + S <= T]
-        after = C + S
-        computed = C + S
-    elif ob.status == FINISHED:
-        prem += [O >= 1, C == T - 1, S == 0]
-        after = z3.If(P > T - 1, P, T - 1) if f.finished_clamp else T
-        computed = C
-    else:
-        prem += [C <= T, S == 0]
-        after = C if f.aborted_at_computed else T
-        computed = C
-    h = z3.If(after < T, after, T)
-    if ob.offload_prompt_only:
-        h = z3.If(h < P, h, P)
-    prem += [A * B < computed + B]  # A <= cdiv(computed, B)
-    if f.caps_at_allocated:
-        stored = z3.If(h / B < A, h / B, A)
-    else:  # 0.26: no cap; more chunks than blocks asserts (a crash, not a store)
-        prem += [h / B <= A]
-        stored = h / B
-    claim = stored * B <= computed
-    small = [P <= 64, O <= 64, B == 16]  # the trace layouts' block size: witnesses replay there
-    return prem, claim, small, dict(P=P, O=O, C=C, S=S, A=A, B=B, T=T, stored=stored, computed=computed)
+BOUND = Bound(1, 0, "unbounded (P, O, C, S, A, B)",
+              "one full-attention group, one block per chunk: _build_store_jobs stores each group's chunks on its "
+              "own, with no state carried from one group to the next")
+MATH = "min(⌊horizon/B⌋, A)·B ≤ computed,  horizon = the release's tokens after the batch, capped (T; P if prompt only)"
+STORE_BY_RELEASE = {f.release: f for _, f in STORE_RELEASES}
 
 
-def run_store_obligation(ob: StoreObligation, timeout_ms: int = 20000) -> StoreResult:
-    prem, claim, small, v = _problem(ob)
-    s = z3.Solver()
-    s.set("timeout", timeout_ms)
-    s.add(*prem)
-    s.add(z3.Not(claim))
-    s.push()
-    s.add(*small)  # small witnesses first
-    r = s.check()
-    if r != z3.sat:
-        s.pop()
-        r = s.check()
-    if r == z3.unsat:
-        return StoreResult(ob, PROVED)
-    if r != z3.sat:
-        return StoreResult(ob, UNKNOWN)  # never "proved"
-    m = s.model()
-    val = {k: m.eval(x, model_completion=True).as_long() for k, x in v.items()}
-    return StoreResult(ob, REFUTED, {"P": val["P"], "O": val["O"], "T": val["T"], "C": val["C"],
-                                      "S": val["S"], "A": val["A"], "B": val["B"],
-                                      "computed": val["computed"], "stored_chunks": val["stored"],
-                                      "release": ob.release.release, "status": ob.status,
-                                      "offload_prompt_only": ob.offload_prompt_only})
+def _obligations() -> list:
+    out = []
+    for _, f in STORE_RELEASES:
+        for status in STATUSES:
+            for po in (True, False):
+                oid = f"store.computed[{f.release}+,{status},prompt_only={po}]"
+                expected, premise = _expected(f, status, po)
+                out.append(Obligation(
+                    oid,
+                    f"vLLM {_release_range(f.release)}'s _build_store_jobs, for {'an' if status == ABORTED else 'a'} "
+                    f"{status} request with "
+                    f"offload_prompt_only={po}, stores only chunks that end at or before the tokens the forward "
+                    "computed.",
+                    MATH if expected == Verdict.PROVED else f"¬ ({MATH})", premise, expected,
+                    _build(f, status, po, oid), reproduce=None if expected == Verdict.PROVED else replay_store,
+                    mutable=False, bound=BOUND, premises=_premises(f, status), releases=_release_range(f.release)))
+    return out
 
 
-def run_store_obligations() -> list[StoreResult]:
-    return [run_store_obligation(ob) for ob in STORE_OBLIGATIONS]
+OBLIGATIONS: list[Obligation] = _obligations()
+
+__all__ = ["OBLIGATIONS", "STATUSES", "StoreWorld", "replay_store"]

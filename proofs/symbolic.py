@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import z3
 
-from kvbound.spec import AssertName, Variant
+from kvbound.spec import LOAD_FIELDS, AssertName, Variant
 from kvbound.spec.verdicts import Verdict
 
 from .options import PLAN_CHECK, SolverOptions
@@ -124,7 +124,7 @@ def _split_keys(keys, group_ids):
 def plan_claim(case, outs, plan_json):
     """The plan's outputs as one formula over the encoding's terms (False if malformed)."""
     ok = plan_json.get("outcome") == "ok"
-    empty = not any(plan_json.get(f) for f in ("dst_block_ids", "group_sizes", "block_indices", "keys"))
+    empty = not any(plan_json.get(f) for f in LOAD_FIELDS)
     if outs is None:  # M == 0: nothing planned, nothing loaded
         return ok and empty
     n = len(outs)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import z3
 
+from kvbound.spec import cdiv
+
 
 def concrete(*xs) -> bool:
     return all(isinstance(x, (int, bool)) for x in xs)
@@ -73,9 +75,9 @@ def FLOORDIV(a, b):
 
 
 def CDIV(a, b):
-    """vLLM's ``cdiv`` for a >= 0, b >= 1."""
+    """vLLM's ``cdiv`` for a >= 0, b >= 1 (``kvbound.spec.cdiv`` on ints)."""
     if concrete(a, b):
-        return -(a // -b)
+        return cdiv(a, b)
     return FLOORDIV(a + b - 1, b)
 
 

@@ -2,7 +2,9 @@
 
 A ``World`` is one group of one request (N, M, b, bpc, window, keys, sync_load
 and a ``SymTable``) with the premises every call of ``update_state_after_alloc``
-meets. Obligations add their own premises and encode the plan with ``plan``.
+meets. Obligations add their own premises and encode the plan with ``plan``, which
+returns the plan's terms and the constraints that pin them (it changes nothing in
+the world: the obligation hands the constraints to its ``Problem``).
 ``to_case`` turns a model into a spec ``Case`` so the executable spec can replay it.
 """
 
@@ -16,10 +18,10 @@ import z3
 
 from kvbound.spec import NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind, cdiv
 
-from kvbound.spec import STATE_CODES
+from kvbound.spec import STATE_CODES, STATE_H, STATE_N
 
-from .encoding import HSH, NUL, UNH, Code, GroupInputs, SymTable, encode_group, window_in_chunks
-from .premises import Premise, terms
+from .encoding import Code, GroupInputs, SymTable, encode_group, window_in_chunks
+from .premises import GroupTerms, Premise, terms
 from .terms import CDIV
 
 
@@ -53,27 +55,28 @@ class World:
         windowed = kind in (GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL)
         self.span = z3.Int("window_tokens") if windowed else None  # sliding_window / attention_chunk_size
         self.extra = z3.Int("extra_retained_tokens") if windowed else 0
-        self.constraints = []  # what the plans encoded so far pin (their scans)
 
-    tail = False  # no partial tail (TailWorld has one)
+    def group_terms(self) -> GroupTerms:
+        """What the premises read of this group (no partial tail)."""
+        return GroupTerms(self.N, self.M, self.T, self.b, self.bpc, self.tpc, self.f, self.k, self.j, self.table,
+                          self.sync_load, self.num_keys, self.window, self.span, self.extra)
 
     def inputs(self) -> GroupInputs:
         return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load, self.table)
 
     def plan(self, code: Code, tag: str = ""):
         """The group's plan under ``code``; a windowed group's window in chunks is the config's, as
-        ``code``'s release derives it from the window and its retained tokens."""
+        ``code``'s release derives it from the window and its retained tokens (a constraint of the
+        returned plan)."""
         out = encode_group(0, self.inputs(), code, tag)
-        self.constraints += out.constraints
-        if self.span is not None:
-            self.constraints.append(self.window == window_in_chunks(
-                self.kind is GroupKind.SLIDING_WINDOW, self.span, self.extra, self.tpc, code.window_counts_retained))
-        self.code = code
-        return out
+        if self.span is None:
+            return out
+        return replace(out, constraints=out.constraints + [self.window == window_in_chunks(
+            self.kind is GroupKind.SLIDING_WINDOW, self.span, self.extra, self.tpc, code.window_counts_retained)])
 
     def premise_terms(self, ids) -> list:
         """The Z3 faces of the premises ``ids`` that apply to this group's kind."""
-        return terms(self, self.kind, ids)
+        return terms(self.group_terms(), self.kind, ids)
 
     def base(self):
         """What every call meets: sizes positive, M > 0 (else vLLM returns early),
@@ -119,8 +122,6 @@ class TailWorld(World):
     one block size, a Mamba align group with tokens_per_block > tokens_per_hash). A
     full-attention group may be an EAGLE group, keyed ``margin`` tokens past the boundary."""
 
-    tail = True
-
     def __init__(self, kind: GroupKind = GroupKind.FULL_ATTENTION, name: str = "g"):
         super().__init__(kind, name)
         self.boundary = z3.Int("partial_tail_boundary")
@@ -128,6 +129,10 @@ class TailWorld(World):
         self.tph = z3.Int("tokens_per_hash")
         self.prompt = z3.Int("num_prompt_tokens")
         self.eagle = z3.Bool("is_eagle_group") if kind is GroupKind.FULL_ATTENTION else False
+
+    def group_terms(self) -> GroupTerms:
+        """What the premises read of this group: a partial tail, at ``boundary``."""
+        return replace(super().group_terms(), tail=True, boundary=self.boundary, tph=self.tph, prompt=self.prompt)
 
     def inputs(self) -> GroupInputs:
         return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load, self.table,
@@ -177,11 +182,11 @@ def table_from_model(table: SymTable, model, group_index: int) -> tuple:
     out = []
     for i in range(n):
         st = model.eval(table.st[i], model_completion=True).as_long()
-        if st == NUL:
+        if st == STATE_N:
             out.append(Block(BlockState.NULL))
         else:
             bid = 10 * (group_index + 3) + i + 1 if n <= 9 else 100 * (group_index + 1) + i + 1
-            out.append(Block(BlockState.HASHED if st == HSH else BlockState.UNHASHED, bid))
+            out.append(Block(BlockState.HASHED if st == STATE_H else BlockState.UNHASHED, bid))
     return tuple(out)
 
 
@@ -203,5 +208,6 @@ def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
     if w.span is not None:
         s.add(w.span == (g.config.sliding_window or g.config.attention_chunk_size),
               w.extra == g.config.extra_retained_tokens)
-    s.add(z3.BoolVal(True) if p.term(w) is True else p.term(w))
+    g = w.group_terms()
+    s.add(z3.BoolVal(True) if p.term(g) is True else p.term(g))
     return is_sat(s)

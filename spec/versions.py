@@ -37,7 +37,7 @@ _COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eag
 #       the connector may load synchronously (offloading/scheduler.py:1277 `... and not sync_load`;
 #       0.28 - 0.32 return `bool(num_hit_tokens)`, always async: 0.29.0 :991, 0.32.0 :1097)
 # The allocator column: MambaManager's align-mode code (v1/core/single_type_kv_cache_manager.py),
-# by the first release of each version of it (proofs/reservation.py, AllocatorCode, says what
+# by the first release of each version of it (proofs/allocator.py, AllocatorCode, says what
 # changed): 0.28 no checkpoint block; 0.29 checkpoint block; 0.30 checkpoint restructured;
 # 0.31 min(num_new, cap); 0.32 num_speculative_blocks no longer added on checkpoint steps (0.33
 # changes only the checkpoint position's arguments, which the model leaves free).

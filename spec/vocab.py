@@ -63,6 +63,11 @@ class BlockState(str, Enum):
 # order of the enums is the code.
 STATE_CODES = {s: i for i, s in enumerate(BlockState)}  # N=0, H=1, U=2
 KIND_CODES = {k: i for i, k in enumerate(GroupKind)}  # full_attention=0, sliding_window, chunked_local, mamba=3
+KIND_OF_CODE = {c: k for k, c in KIND_CODES.items()}
+STATE_N, STATE_H, STATE_U = (STATE_CODES[s] for s in (BlockState.NULL, BlockState.HASHED, BlockState.UNHASHED))
+KIND_FULL, KIND_SLIDING, KIND_CHUNKED, KIND_MAMBA = (
+    KIND_CODES[k] for k in (GroupKind.FULL_ATTENTION, GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL, GroupKind.MAMBA)
+)
 
 NULL_BLOCK_ID = 0
 
@@ -301,7 +306,7 @@ class ReleaseFeatures:
     group_subsets: bool = True  # 0.30+: configs carry group_idx, tables are blocks.blocks[group_idx]
     sync_loads: bool = True  # 0.33+: the offloading connector may load synchronously (load_kv_async False)
     allocator: str | None = "0.32.0"  # the KV-cache allocator code it runs (MambaManager align mode), by the
-    # first release of that code; None before 0.28 (not modelled). proofs/reservation.py reads it.
+    # first release of that code; None before 0.28 (not modelled). proofs/allocator.py reads it.
     # What an engine of the release can be built with (kvbound trace's layouts need them):
     mamba_external_kv: bool = True  # 0.23+: the scheduler takes external (connector) tokens for Mamba
     schedule_end_hook: bool = True  # 0.23+: OffloadingManager.on_schedule_end
@@ -375,6 +380,12 @@ class GroupPlan:
         if self.boundary_key_tokens is not None:
             out += ((self.group_index, "boundary", self.boundary_key_tokens),)
         return out
+
+
+# The fields of a plan as ``LoadPlan.to_json`` (``kvbound plan``) writes them: what a load is
+# (LOAD_FIELDS), and with the outcome and the assert, every field a comparison reads.
+LOAD_FIELDS = ("dst_block_ids", "group_sizes", "block_indices", "keys")
+PLAN_FIELDS = ("outcome", "assertion", *LOAD_FIELDS)
 
 
 @dataclass(frozen=True)

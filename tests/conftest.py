@@ -46,3 +46,21 @@ def release_env_for(version: str):
 def prepared():
     """``prepared(version)``: ``release_env_for`` as a fixture."""
     return release_env_for
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """``workers(version)``: (env, trace worker) of a real release, one worker process per release
+    for the whole module (importing vLLM is slow); the release as ``release_env_for`` gives it."""
+    from kvbound.trace import runner
+
+    started = {}
+
+    def get(version):
+        if version not in started:
+            env = release_env_for(version)
+            started[version] = (env, runner.start_worker(env))
+        return started[version]
+    yield get
+    for _, w in started.values():
+        w.stop()

@@ -37,9 +37,9 @@ def test_every_obligation_is_catalogued_from_its_own_fields(results):
         assert f"## `{o.id}`" in text
         assert o.statement in text and o.math in text and o.premise in text
     for r in results:
-        if r.witness is not None:  # a load's witness replays on the spec, an allocate_slots one on the model
-            by = "spec" if isinstance(r.witness, Case) else "model"
-            assert f"Witness `{r.witness.name}` (the {by} reproduces the failure" in text
+        if r.witness is not None:  # a load's witness replays on the spec, another kind says where
+            by = "the spec" if isinstance(r.witness, Case) else r.witness.replayed_on
+            assert f"Witness `{r.witness.name}` ({by} reproduces the failure" in text
     assert "✗ boundary: num_locally_computed_tokens=" in text  # legacy-refuted's witness, drawn
 
 

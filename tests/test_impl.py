@@ -24,7 +24,7 @@ from kvbound.impl import (
     to_load_plans,
 )
 from kvbound.impl import plan as impl_plan
-from kvbound.impl.batch import STATE_H
+from kvbound.spec import STATE_H
 from kvbound.spec import AssertName, Variant, case_to_dict, load_case_paths, load_cases, plan_load
 from kvbound.spec.asserts import ASSERT_CODE
 from kvbound.spec.verdicts import Verdict

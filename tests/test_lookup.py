@@ -63,10 +63,10 @@ def test_contract_clauses():
 def test_lookup_obligations_verdicts_and_witnesses():
     """proofs/lookup.py: no needless deferral refuted on 0.21-0.29 and proved on 0.30+ (its RETRY
     form refuted on 0.25+), no lost/false hit proved; each witness replays through the spec."""
-    from kvbound.proofs.lookup import obligations
+    from kvbound.proofs.lookup import OBLIGATIONS
     from kvbound.proofs.runner import run_obligation
 
-    got = {o.id: run_obligation(o) for o in obligations()}
+    got = {o.id: run_obligation(o) for o in OBLIGATIONS}
     assert all(r.met for r in got.values()), {i: r.verdict for i, r in got.items() if not r.met}
     assert got["lookup.window.no-needless-deferral.0.25.1"].verdict == "refuted"
     assert got["lookup.window.no-needless-deferral.0.30.0"].verdict == "proved"

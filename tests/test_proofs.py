@@ -74,11 +74,10 @@ def test_witness_cases_replay_on_the_spec(witnesses):
     """Every refuted load obligation's witness is a case the spec replays (the reservation
     obligations' witnesses are allocate_slots calls: tests/test_reservation.py replays them;
     the lookup obligations' are lookup cases: tests/test_lookup.py replays them)."""
-    from kvbound.proofs.lookup import obligations as lookup_obligations
-    from kvbound.proofs.reservation import obligations as reservation_obligations
+    from kvbound.proofs import lookup, reservation, store
 
     cases = witnesses
-    other = {o.id for o in reservation_obligations()} | {o.id for o in lookup_obligations()}
+    other = {o.id for m in (reservation, lookup, store) for o in m.OBLIGATIONS}
     refuted = [o for o in OBLIGATIONS if o.expected == Verdict.REFUTED and o.id not in other]
     assert sorted(c.name for c in cases) == sorted(f"witness-{o.id}" for o in refuted)
     by_name = {c.name: c for c in cases}
@@ -138,14 +137,14 @@ def test_check_plan_rejects_the_spec_plans_under_every_mutant():
     spec plan of a generated case is no longer forced. floor-f is the exception, and why:
     cdiv(N, b) and N // b differ only on an unaligned N, where the alignment assert fires
     first either way (prove kills it: boundary)."""
-    from kvbound.proofs.mutants import MUTANTS as TABLE
+    from kvbound.proofs.mutants import MUTANTS
 
     families = ("realistic", "recurrent_state", "adversarial", "partial_tail", "adversarial_tail",
                 "retained_window", "resumed", "eagle")
     cases = [c for f in families for c in random_cases(25, seed=13, family=f)]
     plans = [(c, v, plan_load(c, v).to_json(c.name)) for c in cases for v in Variant]
     unseen = []
-    for m in TABLE:
+    for m in MUTANTS:
         if m.encoding is None:
             continue
         if not any(check_plan(c, v, p, code=Code(variant_features(v)).mutate(**m.encoding)).verdict == "not_forced"
@@ -273,18 +272,18 @@ def test_premises_command(tmp_path, capsys):
 # --- the one mutant table -----------------------------------------------------------
 
 def test_mutant_table_covers_every_class_and_scores_by_name():
-    from kvbound.proofs.mutants import MUTANTS as TABLE, applicable, score
+    from kvbound.proofs.mutants import MUTANTS, applicable, score
 
-    classes = {m.cls for m in TABLE}
+    classes = {m.cls for m in MUTANTS}
     assert {"scan", "assert", "sync", "keys", "partial-tail", "groups"} <= classes
-    assert len({m.name for m in TABLE}) == len(TABLE)
+    assert len({m.name for m in MUTANTS}) == len(MUTANTS)
     enc = [m.name for m in applicable("encoding")]
     assert enc == list(ENCODING_KNOB_MUTANTS)  # the runner's mutants are the table's encodable ones
-    for m in TABLE:  # a mutant the encoding cannot express says why
+    for m in MUTANTS:  # a mutant the encoding cannot express says why
         assert (m.encoding is None) == ("encoding" in m.not_for), m.name
     s = score("encoding", {n: ("x" if i else None) for i, n in enumerate(enc)})
     assert s["killed"] == len(enc) - 1 and s["survivors"] == [enc[0]] and s["total"] == len(enc)
-    assert set(s["not_applicable"]) == {m.name for m in TABLE if "encoding" in m.not_for}
+    assert set(s["not_applicable"]) == {m.name for m in MUTANTS if "encoding" in m.not_for}
     with pytest.raises(ValueError):
         score("encoding", {"no-such-mutant": None})
 
@@ -354,10 +353,10 @@ def test_check_plan_models_case_format_v2(family):
 
 
 def test_every_mutant_killer_hint_names_a_proved_obligation():
-    from kvbound.proofs.mutants import MUTANTS as TABLE
+    from kvbound.proofs.mutants import MUTANTS
 
     proved = {o.id for o in OBLIGATIONS if o.expected == Verdict.PROVED and o.mutable}
-    for m in TABLE:
+    for m in MUTANTS:
         assert m.killer is None or m.killer in proved, (m.name, m.killer)
 
 

@@ -222,14 +222,16 @@ def test_the_files_the_commands_write_read_back_through_the_same_records(tmp_pat
 
 
 def test_every_witness_kind_of_kvbound_prove_is_drawn():
-    """A load case, an allocate_slots witness and a lookup witness, as `kvbound prove --json` writes them."""
+    """A load case, an allocate_slots, a lookup and a store witness, as `kvbound prove --json` writes them."""
     from kvbound.report import prove_section
 
-    ids = {"legacy-refuted", "reservation.mamba-align.sync-load", "lookup.window.no-needless-deferral.0.25.1"}
+    ids = {"legacy-refuted", "reservation.mamba-align.sync-load", "lookup.window.no-needless-deferral.0.25.1",
+           "store.computed[0.27.0+,finished,prompt_only=False]"}
     data = _prove_json(ids)
-    assert {o["witness"].get("witness") for o in data["obligations"]} == {None, "allocate_slots", "lookup"}
+    assert {o["witness"].get("witness") for o in data["obligations"]} == {None, "allocate_slots", "lookup", "store"}
     sec = prove_section(data)
-    assert not sec.failed and sec.summary.startswith("3/3 obligations met")
+    assert not sec.failed and sec.summary.startswith("4/4 obligations met")
+    assert "never forwarded" in sec.body  # the store witness, drawn
     for i in ids:
         assert f'id="w-{i}"' in sec.body
     assert "window group" in sec.body and "vLLM 0.25.1: deferred" in sec.body  # the lookup witness, drawn

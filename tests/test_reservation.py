@@ -22,12 +22,14 @@ import subprocess
 import pytest
 
 from conftest import ROOT, release_env_for
-from kvbound.proofs.reservation import ALLOCATION_PREMISES, AllocCalls, ReservationWorld, obligations
+from kvbound.proofs.allocator import AllocCalls
+from kvbound.proofs.premises import ALLOCATION_PREMISES
+from kvbound.proofs.reservation import OBLIGATIONS, ReservationWorld
 from kvbound.proofs.runner import run_obligation
 from kvbound.spec import GroupKind
 
 SCRIPT = ROOT / "scripts" / "repro_0_33_sync_mamba.py"
-KINDS = ("full_attention", "sliding_window", "chunked_local", "mamba")
+KINDS = tuple(k.value for k in GroupKind)
 
 
 def _replay(version, specs, *flags) -> dict:
@@ -89,7 +91,7 @@ def disagreements(real: dict, release: str) -> list[str]:
 
 
 def _witness() -> AllocCalls:
-    ob = next(o for o in obligations() if o.id == "reservation.mamba-align.sync-load")
+    ob = next(o for o in OBLIGATIONS if o.id == "reservation.mamba-align.sync-load")
     r = run_obligation(ob)
     assert r.met and r.verdict == "refuted" and r.replay is None
     return r.witness
@@ -137,7 +139,7 @@ def test_the_model_counts_what_the_real_allocator_counts(real, version):
 def test_a_wrong_model_disagrees_with_the_real_allocator(real, monkeypatch):
     """Planted in the model: the Mamba cap counts the loaded-state block (the suggested fix, applied
     to the model rather than to vLLM): the real replay of the finding's call then disagrees."""
-    from kvbound.proofs import reservation as R
+    from kvbound.proofs import allocator as R
 
     finding = {**real["0.33.0"], "calls": real["0.33.0"]["calls"][N_RANDOM:N_RANDOM + 1]}
     assert disagreements(finding, "0.33.0") == []
@@ -182,7 +184,7 @@ def test_the_0_29_allocator_miscounts_the_same_call(real, witness):
     makes one (0.29's always loads asynchronously), so their obligations assume alloc-async-load."""
     got = real["0.29.0"]["calls"][-1]["first"][-1]
     assert got["taken"] == got["reserved"] + 1
-    ob = next(o for o in obligations() if o.id == "reservation.mamba-align.0.29.0")
+    ob = next(o for o in OBLIGATIONS if o.id == "reservation.mamba-align.0.29.0")
     assert "alloc-async-load" in ob.premises
 
 

@@ -12,7 +12,6 @@ import pytest
 from kvbound.trace import runner as R
 from kvbound.trace import shadow as SH
 
-from test_trace import _env
 
 
 # --- pure parts ---------------------------------------------------------------------------
@@ -42,20 +41,6 @@ def test_job_pairs_follow_the_cpu_worker_mapping():
 
 
 # --- real vLLM ----------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def workers():
-    started = {}
-
-    def get(version):
-        if version not in started:
-            env = _env(version)
-            started[version] = (env, R.start_worker(env))
-        return started[version]
-    yield get
-    for _, w in started.values():
-        w.stop()
-
 
 def _kinds(w, version, layout, overrides=None, n=100, seed=3):
     job = R.make_job(layout, (seed, "mut"), n, 0, "sync", overrides)
@@ -92,27 +77,30 @@ def test_shadow_clean_run_reports_nothing(workers):
 def test_store_obligations_per_release():
     """Z3: refuted where the release stores what the forward never computed (0.26-0.29
     finished with offload_prompt_only=False; 0.26 aborted), proved where it is fixed."""
-    from kvbound.proofs.store import REFUTED, run_store_obligations
+    from kvbound.proofs.runner import run_obligation
+    from kvbound.proofs.store import OBLIGATIONS
+    from kvbound.spec.verdicts import Verdict
 
-    results = run_store_obligations()
-    assert all(r.as_expected for r in results), [(r.obligation.id, r.verdict) for r in results]
-    refuted = {r.obligation.id for r in results if r.verdict == REFUTED}
+    results = [run_obligation(o) for o in OBLIGATIONS]
+    assert all(r.met for r in results), [(r.obligation.id, r.verdict, r.replay) for r in results]
+    refuted = {r.obligation.id for r in results if r.verdict == Verdict.REFUTED}
     assert "store.computed[0.27.0+,finished,prompt_only=False]" in refuted
     assert not any("0.30.0" in i for i in refuted)
     w = next(r for r in results if r.obligation.id == "store.computed[0.27.0+,finished,prompt_only=False]")
-    assert "never forwarded" in w.drawing()
+    assert "never forwarded" in w.witness.draw()
 
 
 def test_finished_request_store_horizon_0_29(workers):
     """The Z3 witness of 0.27-0.29's finish path, replayed on the real 0.29.0: a finished
     request stores the chunk that ends at its final sampled token, never forwarded (0.30.0
     clamps the horizon to num_tokens - 1); 0.30.0 stores nothing of the kind."""
-    from kvbound.proofs.store import STORE_OBLIGATIONS, run_store_obligation
+    from kvbound.proofs.runner import run_obligation
+    from kvbound.proofs.store import OBLIGATIONS
 
-    ob = next(o for o in STORE_OBLIGATIONS if o.id == "store.computed[0.27.0+,finished,prompt_only=False]")
-    w = run_store_obligation(ob).witness
-    assert w["B"] == 16
-    req = {"id": 7, "arrive": 0, "prompt": [["uniq", 7, w["P"]]], "max_tokens": w["O"], "abort_after": None}
+    ob = next(o for o in OBLIGATIONS if o.id == "store.computed[0.27.0+,finished,prompt_only=False]")
+    w = run_obligation(ob).witness
+    assert w.B == 16
+    req = {"id": 7, "arrive": 0, "prompt": [["uniq", 7, w.P]], "max_tokens": w.O, "abort_after": None}
     for version, expect in (("0.29.0", True), ("0.30.0", False)):
         env, wk = workers(version)
         job = {"layout": dict(R.LAYOUTS["full-store-all"], name="full-store-all"),
@@ -121,7 +109,7 @@ def test_finished_request_store_horizon_0_29(workers):
         stores = [f for f in found if f.kind in ("store:unwritten_source", "store:foreign_source")]
         assert bool(stores) == expect, [f.kind for f in found]
         if expect:
-            assert stores[0].detail["position"] == w["T"] - 1
+            assert stores[0].detail["position"] == w.T - 1
 
 
 def test_aborted_mid_prefill_store_0_26(workers):

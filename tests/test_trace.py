@@ -4,14 +4,12 @@ and real runs of vLLM 0.29.0 / 0.33.0 (with planted defects the checks must repo
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from kvbound.cli import main
 from kvbound.conform import compare as C
-from kvbound.conform.prepare import is_prepared, prepare_release
 from kvbound.spec import case_from_dict
 from kvbound.trace import runner as R
 from kvbound.trace import shrink as S
@@ -209,27 +207,6 @@ REAL = ("0.29.0", "0.33.0")
 LOOKUP_EFFICIENCY = ("lookup:lost_hit", "lookup:needless_deferral")
 
 
-def _env(version):
-    if not is_prepared(version) and not os.environ.get("CI"):
-        pytest.skip(f"vllm {version} is not prepared (kvbound conform --vllm {version} prepares it)")
-    return prepare_release(version, None)
-
-
-@pytest.fixture(scope="module")
-def workers():
-    """One worker process per release for the whole module (importing vLLM is slow)."""
-    started = {}
-
-    def get(version):
-        if version not in started:
-            env = _env(version)
-            started[version] = (env, R.start_worker(env))
-        return started[version]
-    yield get
-    for _, w in started.values():
-        w.stop()
-
-
 @pytest.mark.parametrize("version", REAL)
 def test_real_trace_is_clean_and_loads(version, workers):
     env, w = workers(version)
@@ -333,9 +310,9 @@ def test_engine_overrides_are_checked(capsys):
     assert "num_gpu_blocks" in capsys.readouterr().err
 
 
-def test_vllm_src_runs_a_checkout(tmp_path):
+def test_vllm_src_runs_a_checkout(tmp_path, prepared):
     """--vllm-src DIR runs a checkout's vllm/ (here the prepared 0.33.0 tree), judged by --vllm's spec."""
-    env = _env("0.33.0")
+    env = prepared("0.33.0")
     out = tmp_path / "t.json"
     rc = main(["trace", "--vllm-src", env.tree, "--vllm", "0.33.0", "--layout", "full", "--requests", "40",
                "--quiet", "--json", str(out), "--out", str(tmp_path / "f")])

@@ -20,7 +20,7 @@ from pathlib import Path
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
 from kvbound.records import DiffDisagreement, DiffRecord
 from kvbound.draw import draw_case
-from kvbound.spec import AssertName, GroupKind, case_to_dict, dump_cases, load_case_paths
+from kvbound.spec import PLAN_FIELDS, AssertName, GroupKind, case_to_dict, dump_cases, load_case_paths
 from kvbound.spec.strategies import ALL_FAMILIES, FAMILIES, family_of, random_cases
 from kvbound.spec.verdicts import PLAN_CHECK_VERDICTS, Verdict
 
@@ -379,7 +379,7 @@ def _field_table(d) -> str:
     impl = d.impl.to_json(d.case.name)
     spec = d.expected.to_json(d.case.name) if d.expected is not None else None
     rows = [("field", "spec" if spec else "", "impl")]
-    for f in ("outcome", "assertion", "dst_block_ids", "group_sizes", "block_indices", "keys"):
+    for f in PLAN_FIELDS:
         s = json.dumps(spec[f]) if spec else ""
         i = json.dumps(impl[f])
         mark = "  ≠" if spec and spec[f] != impl[f] else ""

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 
 from kvbound.draw import draw_witness
 from kvbound.errors import UsageError
-from kvbound.proofs.mutants import score as mutation_score
+from kvbound.proofs import mutants
 from kvbound.records import ObligationRecord, ProveRecord
 
 
@@ -88,7 +88,7 @@ def run(args) -> int:
         print(f"mutation score: {killed}/{n} ({100.0 * killed / n:.0f}%)")
         for m, by in report.mutants.items():
             print(f"  {m:26s} {'killed by ' + by if by else 'SURVIVED'}")
-        for m, why in mutation_score("encoding", report.mutants)["not_applicable"].items():
+        for m, why in mutants.score("encoding", report.mutants)["not_applicable"].items():
             print(f"  {m:26s} not in the encoding: {why}")
     print(f"total: {total:.2f} s wall, {cpu:.2f} s CPU ({len(report.results)} obligations"
           f"{'' if score is None else f', {score[1]} mutants'}, {args.jobs} jobs)")
@@ -148,7 +148,7 @@ def _write_json(path, report, total) -> None:
         mutants=report.mutants,
         # the one mutant table's score for this checker (kvbound.proofs.mutants): survivors by name, and
         # the mutants the encoding cannot express, each with why
-        mutation_score=None if report.mutants is None else mutation_score("encoding", report.mutants),
+        mutation_score=None if report.mutants is None else mutants.score("encoding", report.mutants),
         total_seconds=round(total, 3),
         ok=report.ok,
     )

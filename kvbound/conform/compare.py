@@ -10,14 +10,14 @@ from __future__ import annotations
 import re
 
 from kvbound.spec import (
-    AssertName, Case, GroupKind, Variant, plan_for_version, release_features, variant_for_version,
+    LOAD_FIELDS, PLAN_FIELDS, AssertName, Case, GroupKind, Variant, plan_for_version, release_features,
+    variant_for_version,
 )
 from kvbound.spec.strategies import ADVERSARIAL_FAMILIES, V2_FAMILIES
 from kvbound.spec.asserts import ASSERTS
 from kvbound.spec.verdicts import Verdict
 
 # The fields ``kvbound plan`` prints, compared one by one.
-PLAN_FIELDS = ("outcome", "assertion", "dst_block_ids", "group_sizes", "block_indices", "keys")
 
 # Asserts of update_state_after_alloc, recognised by their source statement, across
 # the field renames (0.20-0.24 gpu_block_size/block_size_factor; 0.26+
@@ -53,7 +53,7 @@ def real_plan_json(result: dict) -> dict:
     out = {"name": result.get("name"), "outcome": outcome, "assertion": None,
            "dst_block_ids": [], "group_sizes": [], "block_indices": [], "keys": []}
     if outcome == "ok":
-        for f in ("dst_block_ids", "group_sizes", "block_indices", "keys"):
+        for f in LOAD_FIELDS:
             out[f] = list(result.get(f) or [])
     elif outcome == "unsupported":
         out["reason"] = result.get("why")

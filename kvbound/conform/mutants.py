@@ -24,9 +24,7 @@ from dataclasses import dataclass
 from types import FunctionType
 
 from kvbound.errors import MutantError
-from kvbound.proofs.mutants import BY_NAME as CATALOGUE
-from kvbound.proofs.mutants import applicable
-from kvbound.proofs.mutants import score as catalogue_score
+from kvbound.proofs import mutants
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,7 @@ class SpecMutant:
 
     @property
     def what(self) -> str:
-        return CATALOGUE[self.name].what if self.name in CATALOGUE else "?"
+        return mutants.BY_NAME[self.name].what if self.name in mutants.BY_NAME else "?"
 
 
 _PLAN = "kvbound.spec.plan"
@@ -200,7 +198,7 @@ def score(jobs, judge_one) -> dict:
                     break
         killers[m.name] = None if killer is None else f"{killer['case']} on vllm {killer['release']}"
         details[m.name] = dict(killer or {}, what=m.what)
-    out = catalogue_score("spec", killers)
+    out = mutants.score("spec", killers)
     out["details"] = details
     out["equivalent"] = {n: SPEC_EQUIVALENT[n] for n in out["survivors"] if n in SPEC_EQUIVALENT}
     out["unexplained_survivors"] = [n for n in out["survivors"] if n not in SPEC_EQUIVALENT]
@@ -209,4 +207,4 @@ def score(jobs, judge_one) -> dict:
 
 def missing_patches() -> list[str]:
     """Mutants of the catalogue the spec can express but no patch here plants."""
-    return [m.name for m in applicable("spec") if m.name not in BY_NAME]
+    return [m.name for m in mutants.applicable("spec") if m.name not in BY_NAME]

@@ -1,0 +1,115 @@
+"""The witnesses refuted obligations draw, one kind per subject, and their JSON.
+
+A refutation's witness is what the claim is about, concrete: a load (a spec ``Case``, the load
+plan's properties), a pair of ``allocate_slots`` calls (``allocator.AllocCalls``, reservation),
+a lookup case and its release (``LookupWitness``, the lookup window), one request at a
+``_build_store_jobs`` call (``StoreWitness``, the store). ``witness_to_dict`` and
+``witness_from_dict`` carry any of them through a file (``kvbound prove --json``, the report)
+or a worker process (the runner); a non-load kind names itself in the ``"witness"`` field.
+Every non-load kind has ``name``, ``draw()``, ``replayed_on``, ``replay_hint`` and ``to_dict()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from kvbound.spec import Case, case_from_dict, case_to_dict
+from kvbound.spec.lookup import LookupCase, lookup_case_from_dict, lookup_case_to_dict, lookup_for_version
+
+from .allocator import AllocCalls
+
+
+@dataclass(frozen=True)
+class LookupWitness:
+    """A refuted lookup obligation's witness: a lookup case and the release it is about."""
+
+    case: LookupCase
+    release: str
+
+    replayed_on = "the spec"  # what replays it (the release's lookup spec and the contract)
+
+    @property
+    def name(self) -> str:
+        return self.case.name
+
+    def draw(self) -> str:
+        g = self.case.groups[1]
+        row = " ".join({"HIT": "H", "HIT_PENDING": "P", "RETRY": "R", "MISS": "."}[self.case.tier[f"1:{c}"][0].value]
+                       for c in range(g.num_keys))
+        got = lookup_for_version(self.case, self.release)
+        return (f"case {self.case.name}: a window of {g.window} chunks over {g.num_keys} keys"
+                f" (H hit, P pending, R retry, . miss; scanned right to left)\n  window group  {row}\n"
+                f"  vLLM {self.release}: {'deferred' if got.hit is None else f'hit {got.hit} tokens'}")
+
+    @property
+    def replay_hint(self) -> str:
+        return (f"`kvbound conform --vllm {self.release} FILE` on its lookup case replays it on the real"
+                f" get_num_new_matched_tokens of {self.release}")
+
+    def to_dict(self) -> dict:
+        return {"witness": "lookup", "release": self.release, **lookup_case_to_dict(self.case)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LookupWitness":
+        return cls(lookup_case_from_dict(d), d["release"])
+
+
+@dataclass(frozen=True)
+class StoreWitness:
+    """A refuted store obligation's witness: one request at one ``_build_store_jobs`` call of a
+    release row (``spec.store.STORE_RELEASES``), and the chunks it stores."""
+
+    name: str
+    release: str  # the row's first release
+    status: str
+    offload_prompt_only: bool
+    P: int
+    O: int
+    T: int
+    C: int
+    S: int
+    A: int
+    B: int
+    computed: int
+    stored_chunks: int
+
+    replayed_on = "the spec"  # what replays it (spec/store.py)
+
+    def draw(self) -> str:
+        """As a reviewer reads it: the last stored block's slots, computed or not."""
+        start = (self.stored_chunks - 1) * self.B
+        slots = "".join("c" if p < self.computed else "." for p in range(start, start + self.B))
+        return (f"case {self.name}: vLLM {self.release} {self.status} request, "
+                f"offload_prompt_only={self.offload_prompt_only}\n"
+                f"  P={self.P} T={self.T} C={self.C} S={self.S} A={self.A} B={self.B}\n"
+                f"  stored chunk {self.stored_chunks - 1} = tokens [{start}, {start + self.B}) under the hash of its prefix\n"
+                f"  block slots |{slots}|  (c = KV computed, . = never forwarded)")
+
+    @property
+    def replay_hint(self) -> str:
+        return ("`kvbound trace` on a `*-store-all` layout judges the real release's stores by the same spec "
+                "(tests/test_shadow.py replays the 0.27 – 0.29 finished witness on the real 0.29.0)")
+
+    def to_dict(self) -> dict:
+        return {"witness": "store", **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StoreWitness":
+        return cls(**{k: v for k, v in d.items() if k != "witness"})
+
+
+WITNESS_KINDS = {"allocate_slots": AllocCalls, "lookup": LookupWitness, "store": StoreWitness}  # the "witness" field -> its kind
+
+
+def witness_to_dict(w) -> dict:
+    """A witness of any kind as JSON: a load as a case file, another kind with its ``"witness"`` field."""
+    return case_to_dict(w) if isinstance(w, Case) else w.to_dict()
+
+
+def witness_from_dict(d: dict):
+    """The witness ``witness_to_dict`` wrote (a case file when it names no kind)."""
+    kind = d.get("witness")
+    return case_from_dict(d) if kind is None else WITNESS_KINDS[kind].from_dict(d)
+
+
+__all__ = ["WITNESS_KINDS", "LookupWitness", "StoreWitness", "witness_from_dict", "witness_to_dict"]
