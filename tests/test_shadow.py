@@ -167,3 +167,44 @@ def test_draw_content_marks_what_the_reader_does_not_own():
          "runs": [["own", 304, 319, None, None], ["unwritten", 319, 320, None, None]]}]}
     out = draw_content(table)
     assert "own KV 304..318 ok" in out and "unwritten 319 !!" in out and "<-" in out and "load job 6" in out
+
+
+def test_chunk_size_reaches_every_release():
+    """The chunk size goes in the extra-config key every release reads (``block_size``,
+    tokens per chunk); ``blocks_per_chunk`` only where the groups' block sizes differ (a
+    key only 0.26+ reads); nothing for one block per chunk (every release's default)."""
+    from kvbound.trace.layouts import chunk_size_config
+    from kvbound.trace.layouts import LAYOUTS
+
+    assert chunk_size_config(LAYOUTS["bpc2"]) == {"block_size": 32}
+    assert chunk_size_config(LAYOUTS["full"]) == {}
+    mixed = {"groups": [{"tokens_per_block": 16}, {"tokens_per_block": 32}], "blocks_per_chunk": 2}
+    assert chunk_size_config(mixed) == {"blocks_per_chunk": 2}
+
+
+# One request of 280 tokens (the shrunk reproducer of what 0.21-0.25 once reported on bpc2).
+_BPC2_ONE = [{"id": 199, "arrive": 0, "prompt": [["doc", 0, 0, 243], ["uniq", 194, 1], ["uniq", 199, 36]],
+              "max_tokens": 4, "abort_after": None}]
+
+
+def _bpc2_job(requests, **params):
+    return {"layout": dict(R.LAYOUTS["bpc2"], name="bpc2"),
+            "params": dict(R.ENGINE["bpc2"], seed="0", **dict({"async": False}, **params)),
+            "requests": requests}
+
+
+def test_bpc2_runs_two_blocks_per_chunk_before_0_26(workers):
+    """0.21-0.25 read the chunk size only from ``block_size`` (0.25.1
+    v1/kv_offload/base.py:554); given ``blocks_per_chunk`` they ran one block per chunk while
+    the shadow mapped two, and every multi-chunk store read as store:wrong_key /
+    store:foreign_source. Now the connector runs two (the engine refuses a layout whose
+    chunk size did not take), one request's store is clean, and a planted load shift still
+    reads wrong."""
+    env, w = workers("0.25.1")
+    res = w.job(_bpc2_job(_BPC2_ONE))
+    assert res.get("ok"), res.get("setup_error") or res.get("error")
+    found, _ = R.check_result("0.25.1", "bpc2", _bpc2_job(_BPC2_ONE), res)
+    assert not found, [(f.kind, f.detail.get("message")) for f in found]
+    assert res["stats"]["shadow_copies"] > 0
+    got, _ = _kinds(w, "0.25.1", "bpc2", {"mutant": "load_dst_shift"}, n=150)
+    assert "data:wrong_kv" in got, dict(got)
