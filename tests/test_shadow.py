@@ -208,3 +208,28 @@ def test_bpc2_runs_two_blocks_per_chunk_before_0_26(workers):
     assert res["stats"]["shadow_copies"] > 0
     got, _ = _kinds(w, "0.25.1", "bpc2", {"mutant": "load_dst_shift"}, n=150)
     assert "data:wrong_kv" in got, dict(got)
+
+
+def test_partial_swa_chunk_store_0_30(workers):
+    """docs/findings.md, 0.30.0 - 0.32.0: B's GPU hit leaves sliding-window block 2 null and
+    block 3 a hit; B stores chunk 1 (blocks 2-3) with sub-block 0 unwritten under the whole
+    chunk's key (the store tests only a chunk's last block, 0.30.0 offloading/scheduler.py:1596);
+    C loads the whole chunk and reads position 33 from the unwritten sub-block. 0.33.0 skips
+    a chunk with a reachable null block (offloading/scheduler.py:1971-1981)."""
+    doc = [["doc", 1, 0, 121], ["uniq", 0, 40]]
+    reqs = [{"id": 0, "arrive": 0, "prompt": doc, "max_tokens": 1, "abort_after": None},
+            {"id": 1, "arrive": 0, "prompt": [["doc", 1, 0, 116], ["uniq", 1, 12]], "max_tokens": 1,
+             "abort_after": None},
+            {"id": 3, "arrive": 4, "prompt": [["uniq", 3, 300]], "max_tokens": 1, "abort_after": None},
+            {"id": 8, "arrive": 12, "prompt": [["doc", 1, 0, 124], ["uniq", 8, 45]], "max_tokens": 1,
+             "abort_after": None}]
+    for version, expect in (("0.30.0", True), ("0.33.0", False)):
+        env, w = workers(version)
+        job = _bpc2_job(reqs, num_gpu_blocks=49, abort_p=0)
+        found, _ = R.check_result(version, "bpc2", job, w.job(job))
+        assert all(f.kind == "data:wrong_kv" for f in found), [f.kind for f in found]
+        assert bool(found) == expect, [f.detail.get("message") for f in found]
+        if expect:
+            d = found[0].detail
+            assert (d["request"], d["group"], d["position"]) == ("8", 1, 33)
+            assert "written by store job 1 of request 1" in d["provenance"]

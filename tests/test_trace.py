@@ -311,6 +311,8 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-30-0-eagle-lifecycle-not-drained-82req.json", None),
     ("0-27-0-mamba-eagle-untagged-vllm-exception-truncate-computed-blocks-7req.json", "truncate_computed_blocks"),
     ("0-26-0-mamba-eagle-vllm-exception-apply-cow-2req.json", "_apply_cow"),
+    # a sliding-window chunk stored with its first sub-block unwritten, loaded whole (0.30-0.32)
+    ("0-30-0-bpc2-data-wrong-kv-5req.json", None),
     # the calibration of the lookup checks: a HIT_PENDING right of a gap defers (docs/lookup.md)
     ("0-29-0-swa-scripted-lookup-needless-deferral-13req.json", None),
 ])
