@@ -313,6 +313,8 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-26-0-mamba-eagle-vllm-exception-apply-cow-2req.json", "_apply_cow"),
     # a sliding-window chunk stored with its first sub-block unwritten, loaded whole (0.30-0.32)
     ("0-30-0-bpc2-data-wrong-kv-5req.json", None),
+    # with a connector, 0.24-0.26 start a Mamba hybrid at the attention hit without its state
+    ("0-24-0-mamba-block-data-wrong-kv-3req.json", None),
     # the calibration of the lookup checks: a HIT_PENDING right of a gap defers (docs/lookup.md)
     ("0-29-0-swa-scripted-lookup-needless-deferral-13req.json", None),
 ])
