@@ -233,3 +233,22 @@ def test_partial_swa_chunk_store_0_30(workers):
             d = found[0].detail
             assert (d["request"], d["group"], d["position"]) == ("8", 1, 33)
             assert "written by store job 1 of request 1" in d["provenance"]
+
+
+def test_stalled_write_is_not_a_lost_chunk(workers):
+    """``full-stalled``'s tier never makes some completed stores readable, on purpose
+    (``stall_p``): the connector stored the chunk, so it is not ``store:lost_chunk`` (the
+    shrunk 1-request finding of the 0.30.0 run, seed 0, reported it). A chunk the connector
+    never offers (planted ``drop_store``) still is."""
+    env, w = workers("0.30.0")
+    req = [{"id": 199, "arrive": 0, "prompt": [["doc", 5, 0, 211], ["uniq", 189, 4], ["uniq", 199, 1]],
+            "max_tokens": 16, "abort_after": None}]
+    job = {"layout": dict(R.LAYOUTS["full-stalled"], name="full-stalled"),
+           "params": dict(R.ENGINE["full-stalled"], seed="(0, 'full-stalled', 0)", **{"async": False}),
+           "requests": req}
+    res = w.job(job)
+    assert res["stats"].get("tier_stalled", 0) > 0  # the script did stall a write of this request
+    found, _ = R.check_result("0.30.0", "full-stalled", job, res)
+    assert not [f for f in found if f.kind == "store:lost_chunk"], [f.detail["message"] for f in found]
+    got, _ = _kinds(w, "0.30.0", "full-stalled", {"mutant": "drop_store"})
+    assert "store:lost_chunk" in got, dict(got)
