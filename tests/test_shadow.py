@@ -155,3 +155,88 @@ def test_draw_content_marks_what_the_reader_does_not_own():
          "runs": [["own", 304, 319, None, None], ["unwritten", 319, 320, None, None]]}]}
     out = draw_content(table)
     assert "own KV 304..318 ok" in out and "unwritten 319 !!" in out and "<-" in out and "load job 6" in out
+
+
+def test_chunk_size_reaches_every_release():
+    """The chunk size goes in the extra-config key every release reads (``block_size``,
+    tokens per chunk); ``blocks_per_chunk`` only where the groups' block sizes differ (a
+    key only 0.26+ reads); nothing for one block per chunk (every release's default)."""
+    from kvbound.trace.layouts import chunk_size_config
+    from kvbound.trace.layouts import LAYOUTS
+
+    assert chunk_size_config(LAYOUTS["bpc2"]) == {"block_size": 32}
+    assert chunk_size_config(LAYOUTS["full"]) == {}
+    mixed = {"groups": [{"tokens_per_block": 16}, {"tokens_per_block": 32}], "blocks_per_chunk": 2}
+    assert chunk_size_config(mixed) == {"blocks_per_chunk": 2}
+
+
+# One request of 280 tokens (the shrunk reproducer of what 0.21-0.25 once reported on bpc2).
+_BPC2_ONE = [{"id": 199, "arrive": 0, "prompt": [["doc", 0, 0, 243], ["uniq", 194, 1], ["uniq", 199, 36]],
+              "max_tokens": 4, "abort_after": None}]
+
+
+def _bpc2_job(requests, **params):
+    return {"layout": dict(R.LAYOUTS["bpc2"], name="bpc2"),
+            "params": dict(R.ENGINE["bpc2"], seed="0", **dict({"async": False}, **params)),
+            "requests": requests}
+
+
+def test_bpc2_runs_two_blocks_per_chunk_before_0_26(workers):
+    """0.21-0.25 read the chunk size only from ``block_size`` (0.25.1
+    v1/kv_offload/base.py:554); given ``blocks_per_chunk`` they ran one block per chunk while
+    the shadow mapped two, and every multi-chunk store read as store:wrong_key /
+    store:foreign_source. Now the connector runs two (the engine refuses a layout whose
+    chunk size did not take), one request's store is clean, and a planted load shift still
+    reads wrong."""
+    env, w = workers("0.25.1")
+    res = w.job(_bpc2_job(_BPC2_ONE))
+    assert res.get("ok"), res.get("setup_error") or res.get("error")
+    found, _ = R.check_result("0.25.1", "bpc2", _bpc2_job(_BPC2_ONE), res)
+    assert not found, [(f.kind, f.detail.get("message")) for f in found]
+    assert res["stats"]["shadow_copies"] > 0
+    got, _ = _kinds(w, "0.25.1", "bpc2", {"mutant": "load_dst_shift"}, n=150)
+    assert "data:wrong_kv" in got, dict(got)
+
+
+def test_partial_swa_chunk_store_0_30(workers):
+    """docs/findings.md, 0.30.0 - 0.32.0: B's GPU hit leaves sliding-window block 2 null and
+    block 3 a hit; B stores chunk 1 (blocks 2-3) with sub-block 0 unwritten under the whole
+    chunk's key (the store tests only a chunk's last block, 0.30.0 offloading/scheduler.py:1596);
+    C loads the whole chunk and reads position 33 from the unwritten sub-block. 0.33.0 skips
+    a chunk with a reachable null block (offloading/scheduler.py:1971-1981)."""
+    doc = [["doc", 1, 0, 121], ["uniq", 0, 40]]
+    reqs = [{"id": 0, "arrive": 0, "prompt": doc, "max_tokens": 1, "abort_after": None},
+            {"id": 1, "arrive": 0, "prompt": [["doc", 1, 0, 116], ["uniq", 1, 12]], "max_tokens": 1,
+             "abort_after": None},
+            {"id": 3, "arrive": 4, "prompt": [["uniq", 3, 300]], "max_tokens": 1, "abort_after": None},
+            {"id": 8, "arrive": 12, "prompt": [["doc", 1, 0, 124], ["uniq", 8, 45]], "max_tokens": 1,
+             "abort_after": None}]
+    for version, expect in (("0.30.0", True), ("0.33.0", False)):
+        env, w = workers(version)
+        job = _bpc2_job(reqs, num_gpu_blocks=49, abort_p=0)
+        found, _ = R.check_result(version, "bpc2", job, w.job(job))
+        assert all(f.kind == "data:wrong_kv" for f in found), [f.kind for f in found]
+        assert bool(found) == expect, [f.detail.get("message") for f in found]
+        if expect:
+            d = found[0].detail
+            assert (d["request"], d["group"], d["position"]) == ("8", 1, 33)
+            assert "written by store job 1 of request 1" in d["provenance"]
+
+
+def test_stalled_write_is_not_a_lost_chunk(workers):
+    """``full-stalled``'s tier never makes some completed stores readable, on purpose
+    (``stall_p``): the connector stored the chunk, so it is not ``store:lost_chunk`` (the
+    shrunk 1-request finding of the 0.30.0 run, seed 0, reported it). A chunk the connector
+    never offers (planted ``drop_store``) still is."""
+    env, w = workers("0.30.0")
+    req = [{"id": 199, "arrive": 0, "prompt": [["doc", 5, 0, 211], ["uniq", 189, 4], ["uniq", 199, 1]],
+            "max_tokens": 16, "abort_after": None}]
+    job = {"layout": dict(R.LAYOUTS["full-stalled"], name="full-stalled"),
+           "params": dict(R.ENGINE["full-stalled"], seed="(0, 'full-stalled', 0)", **{"async": False}),
+           "requests": req}
+    res = w.job(job)
+    assert res["stats"].get("tier_stalled", 0) > 0  # the script did stall a write of this request
+    found, _ = R.check_result("0.30.0", "full-stalled", job, res)
+    assert not [f for f in found if f.kind == "store:lost_chunk"], [f.detail["message"] for f in found]
+    got, _ = _kinds(w, "0.30.0", "full-stalled", {"mutant": "drop_store"})
+    assert "store:lost_chunk" in got, dict(got)

@@ -288,6 +288,12 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-30-0-eagle-lifecycle-not-drained-82req.json", None),
     ("0-27-0-mamba-eagle-untagged-vllm-exception-truncate-computed-blocks-7req.json", "truncate_computed_blocks"),
     ("0-26-0-mamba-eagle-vllm-exception-apply-cow-2req.json", "_apply_cow"),
+    # a sliding-window chunk stored with its first sub-block unwritten, loaded whole (0.30-0.32)
+    ("0-30-0-bpc2-data-wrong-kv-5req.json", None),
+    # with a connector, 0.24-0.26 start a Mamba hybrid at the attention hit without its state
+    ("0-24-0-mamba-block-data-wrong-kv-3req.json", None),
+    # 0.21-0.23: an earlier group's external blocks are a later group's untouched hits
+    ("0-21-0-bpc2-premise-valid-call-14req.json", None),
     # the calibration of the lookup checks: a HIT_PENDING right of a gap defers (docs/lookup.md)
     ("0-29-0-swa-scripted-lookup-needless-deferral-13req.json", None),
     # a multi-module MTP window (extra_retained_tokens): 0.28-0.30 load a window chunk the lookup

@@ -25,7 +25,7 @@ import tempfile
 
 import kvbound_sidecar as sidecar
 
-from . import checks, fakes, lookups, shadow
+from . import checks, fakes, layouts, lookups, shadow
 
 
 class Release:
@@ -146,7 +146,8 @@ class Release:
             kv_cache_groups=groups)
         block_size = lay["groups"][0]["tokens_per_block"]
         extra = {"cpu_bytes_to_use": par["cpu_chunks"] * sum(page_bytes) * lay.get("blocks_per_chunk", 1)
-                 + 4096 * 64, "blocks_per_chunk": lay.get("blocks_per_chunk", 1)}
+                 + 4096 * 64}
+        extra.update(layouts.chunk_size_config(lay))
         if par.get("sync_load_budget_bytes"):
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
         if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
@@ -251,6 +252,13 @@ class Engine:
         self.vllm_config, self.kv_cache_config = vllm_config, kv_cache_config
         self.sched, self.wconn = sched, wconn
         self.csched = sched.connector.connector_scheduler
+        # The shadow and the store checks map chunks with the layout's blocks_per_chunk: the
+        # connector must run with it (a release that ignored the setting once ran bpc2 with
+        # one block per chunk, and the shadow's mapping reported its stores as wrong).
+        real_bpc = rel.capture._first(self.csched.config, "blocks_per_chunk", "block_size_factor")
+        if real_bpc != lay.get("blocks_per_chunk", 1):
+            raise ValueError("layout %s asks for %d blocks per chunk, vllm %s's connector runs with %s"
+                             % (lay.get("name"), lay.get("blocks_per_chunk", 1), rel.version, real_bpc))
         self.rng = random.Random(par.get("seed", 0))
         self.mutant = par.get("mutant")  # tests only: a planted defect the checks must report
         cls = fakes.fake_transfer_engine_class(rel.obase)

@@ -560,7 +560,8 @@ class ShadowKV:
         """Every whole chunk of a finished (not aborted) request's full-attention, non-draft
         groups whose KV was computed (the final sampled token never is) and that the policy
         offloads (the prompt only, under ``offload_prompt_only``) is in the tier, unless the
-        tier evicted it or refused to allocate (``store:lost_chunk``, efficiency)."""
+        tier evicted it, refused to allocate, or (scripted) stalled its write
+        (``store:lost_chunk``, efficiency)."""
         eng = self.eng
         mgr = eng.csched.manager
         policy = getattr(mgr, "_policy", None)
@@ -568,7 +569,10 @@ class ShadowKV:
         if policy is None or any(g["kind"] != "full_attention" for g in eng.lay["groups"]):
             return  # hybrids: the release's store policy skips chunks no hit can reach
         prompt_only = getattr(cfg, "offload_prompt_only", True)
-        gone = self.evicted | set(getattr(mgr, "kvbound_evicted", ()))
+        # Not the connector's loss: what the tier evicted (its own LRU or the script), and
+        # what the connector stored but a scripted tier never made readable (a stalled
+        # write: complete_store withheld on purpose, fakes._script_stalled_writes).
+        gone = self.evicted | set(getattr(mgr, "kvbound_evicted", ())) | set(getattr(mgr, "kvbound_stalled", ()))
         ob = eng.rel.obase
         for rid in sorted(self.finished, key=int):
             req = self.seen_requests.get(rid)

@@ -1,0 +1,212 @@
+"""Standalone reproducer: with any KV connector on a Mamba hybrid, vLLM 0.24-0.26 start a
+request at the full-attention group's local hit although its Mamba group has no state there.
+
+Drives vLLM's real engine-core ``Scheduler`` and ``KVCacheManager`` (full attention 64 +
+Mamba 64, ``mamba_cache_mode="align"``, prefix caching on) with a minimal KV connector of
+its own that never has anything (no OffloadingConnector, no kvbound). Request A computes a
+412-token prompt in one step, so the Mamba group caches a state only at A's last full
+block (384 tokens). Request B shares A's first 341 tokens: the full-attention group hits 5
+blocks (320 tokens), the Mamba group has no state at 320.
+
+What happens (0.24.0 ``v1/core/sched/scheduler.py:674-701``): with a connector and Mamba
+layers under the hybrid coordinator, the scheduler looks each group up on its own
+(``find_longest_cache_hit_per_group``, ``v1/core/kv_cache_coordinator.py:734-771``) and takes
+``num_new_local_computed_tokens = max(per_group_hits)`` (the comment: the Mamba state "is
+transferred unconditionally by _apply_prefix_caching in nixl/worker.py", which only NIXL
+does). B is scheduled from token 320 with its Mamba table null at block 4, the block whose
+state the forward reads (the state after 320 tokens): B's Mamba layers start from no state.
+Without a connector the same release asks ``get_computed_blocks`` for one hit every group
+agrees on, and B starts from 0.
+
+0.27.0 replaced the path (``kv_cache_manager.get_computed_blocks_for_connector``).
+
+    VLLM_TARGET_DEVICE=cpu PYTHONPATH=~/.cache/kvbound/vllm-0.24.0 ~/.cache/kvbound/deps-*/bin/python \\
+        scripts/repro_mamba_connector_max_hit.py [--no-connector] [--json]
+
+Exit 1 when B starts past its Mamba state (the defect), 0 otherwise.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import types
+
+B = 64  # tokens per block, both groups
+NUM_BLOCKS = 40
+A_PROMPT, SHARED, B_PROMPT = 412, 341, 366
+MODULE = "kvbound_repro_connector"
+
+
+def _connector_module():
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                                  KVConnectorMetadata, SupportsHMA)
+
+    class NothingConnector(KVConnectorBase_V1, SupportsHMA):
+        """Never has a token: every lookup answers 0, synchronously (SupportsHMA: a
+        connector on a hybrid model must be one, 0.24.0 scheduler.py:2325-2333)."""
+
+        def request_finished_all_groups(self, request, block_ids):
+            return False, None
+
+        def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            return 0, False
+
+        def update_state_after_alloc(self, request, blocks, num_external_tokens):
+            pass
+
+        def build_connector_meta(self, scheduler_output):
+            return KVConnectorMetadata()
+
+        def start_load_kv(self, forward_context, **kwargs):
+            pass
+
+        def wait_for_layer_load(self, layer_name):
+            pass
+
+        def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+            pass
+
+        def wait_for_save(self):
+            pass
+
+    mod = types.ModuleType(MODULE)
+    mod.NothingConnector = NothingConnector
+    sys.modules[MODULE] = mod
+
+
+def _model_dir():
+    d = tempfile.mkdtemp(prefix="repro-model-")
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+                   "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
+                   "num_hidden_layers": 2, "vocab_size": 65536, "max_position_embeddings": 8192,
+                   "rms_norm_eps": 1e-5, "torch_dtype": "float32"}, f)
+    return d
+
+
+def _register_model():
+    import torch.nn as nn
+    from vllm import ModelRegistry
+
+    class NeverBuilt(nn.Module):  # only its interface is inspected
+        def __init__(self, *, vllm_config, prefix=""):
+            super().__init__()
+
+        def embed_input_ids(self, input_ids):
+            raise NotImplementedError
+
+        def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+            raise NotImplementedError
+
+        def compute_logits(self, hidden_states):
+            raise NotImplementedError
+
+    ModelRegistry.register_model("LlamaForCausalLM", NeverBuilt)
+
+
+def _build(cls, **kw):  # a release's dataclass from the fields it has
+    if dataclasses.is_dataclass(cls):
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in kw.items() if k in names}
+    return cls(**kw)
+
+
+def run(with_connector=True):
+    try:  # 0.29+'s import chain reaches vit_attn_wrappers, which imports einops (never called)
+        import einops  # noqa: F401
+    except ImportError:
+        sys.modules["einops"] = types.ModuleType("einops")
+    import torch
+    import vllm
+    from vllm import SamplingParams
+    from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
+                             SchedulerConfig, VllmConfig)
+    from vllm.v1 import kv_cache_interface as kci
+    from vllm.v1 import outputs as vout
+    from vllm.v1.core import kv_cache_utils as kcu
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    try:
+        from vllm.utils.hashing import sha256
+    except ImportError:
+        from vllm.utils import sha256
+    kcu.init_none_hash(sha256)
+    _connector_module()
+    _register_model()
+    d = _model_dir()
+    t = torch.float32
+    fa = kci.FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=8, dtype=t)
+    mamba = _build(kci.MambaSpec, block_size=B, shapes=((64,),), dtypes=(t,), mamba_cache_mode="align")
+    groups = [kci.KVCacheGroupSpec(["layer.0"], fa), kci.KVCacheGroupSpec(["layer.1"], mamba)]
+    kv_cache_config = kci.KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
+    model = ModelConfig(model=d, tokenizer=d, skip_tokenizer_init=True, max_model_len=8192, dtype="float32",
+                        enforce_eager=True)
+    cache = CacheConfig(block_size=B, enable_prefix_caching=True, mamba_cache_mode="align")
+    cache.num_gpu_blocks = NUM_BLOCKS
+    kv = dict(kv_transfer_config=KVTransferConfig(kv_connector="NothingConnector", kv_role="kv_both",
+                                                  kv_connector_module_path=MODULE)) if with_connector else {}
+    config = VllmConfig(
+        model_config=model, cache_config=cache, parallel_config=ParallelConfig(),
+        scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=8192,
+                                         enable_chunked_prefill=True, is_encoder_decoder=False),
+        device_config=DeviceConfig(device="cpu"), **kv)
+    cache.num_gpu_blocks = NUM_BLOCKS
+    sched = Scheduler(vllm_config=config, kv_cache_config=kv_cache_config,
+                      structured_output_manager=StructuredOutputManager(config), block_size=B)
+    hasher = kcu.get_request_block_hasher(B, sha256)
+    doc = [1 + (i * 104729) % 60000 for i in range(A_PROMPT)]
+    prompts = {"A": doc, "B": doc[:SHARED] + [60001 + i for i in range(B_PROMPT - SHARED)]}
+    mgrs = sched.kv_cache_manager.coordinator.single_type_managers
+    seen = {}
+    for rid in ("A", "B"):  # B arrives once A has finished
+        sched.add_request(Request(request_id=rid, prompt_token_ids=prompts[rid],
+                                  sampling_params=SamplingParams(max_tokens=1, ignore_eos=True),
+                                  pooling_params=None, block_hasher=hasher))
+        for _ in range(8):
+            if not sched.has_requests():
+                break
+            so = sched.schedule()
+            ids = list(so.num_scheduled_tokens)
+            for r in ids:
+                if r not in seen:
+                    req = sched.requests[r]
+                    c0 = req.num_computed_tokens - so.num_scheduled_tokens[r]
+                    tables = [[0 if b.is_null else b.block_id for b in m.req_to_blocks[r]] for m in mgrs]
+                    seen[r] = {"starts_at": c0, "tables": tables,
+                               "mamba_state_block": None if c0 == 0 else tables[1][(c0 - 1) // B]}
+            out = vout.ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens
+                                   else [] for r in ids])
+            sched.update_from_output(so, out)
+    b = seen["B"]
+    return {"vllm": vllm.__version__, "connector": with_connector, "A": seen["A"], "B": b,
+            "defect": b["starts_at"] > 0 and b["mamba_state_block"] == 0}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--no-connector", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    res = run(not args.no_connector)
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        b = res["B"]
+        print(f"vllm {res['vllm']} ({'a connector' if res['connector'] else 'no connector'}):"
+              f" B starts at token {b['starts_at']}; tables: full attention {b['tables'][0]},"
+              f" mamba {b['tables'][1]}")
+        print("B's Mamba layers start from no state (block %d of its Mamba table is null)"
+              % ((b["starts_at"] - 1) // B) if res["defect"]
+              else "B starts where every group has its state")
+    return 1 if res["defect"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
