@@ -8,10 +8,11 @@ cd "$(dirname "$0")/.."
 BIN=${KVBOUND_VENV:-.venv}/bin
 ARGS=("$@")
 [ ${#ARGS[@]} -gt 0 ] || ARGS=(--vllm 0.21.0..0.33.0 --requests 200 --shrink-budget 20 --seed 0)
-OUT=$(mktemp -d)
+OUT=${BENCH_OUT:-$(mktemp -d)}  # BENCH_OUT=DIR keeps both documents and their findings
+mkdir -p "$OUT"
 export RAY_AUTH_MODE=token  # Ray 2.5x+ clusters authenticate every node with one token
 "$BIN/ray" get-auth-token --generate >/dev/null 2>&1 || true
-trap '"$BIN/ray" stop --force >/dev/null 2>&1 || true; rm -rf "$OUT"' EXIT
+trap '"$BIN/ray" stop --force >/dev/null 2>&1 || true; [ -n "${BENCH_OUT:-}" ] || rm -rf "$OUT"' EXIT
 
 t0=$(date +%s.%N)
 "$BIN/kvbound" campaign "${ARGS[@]}" --workers 2 --quiet --json "$OUT/local.json" --out "$OUT/lf" >/dev/null || true
