@@ -93,6 +93,10 @@ class LookupCase:
     transfer_jobs: bool = False
     skip_reading: bool = False
     being_loaded: frozenset = frozenset()  # key names in _chunks_being_loaded
+    # req_status.partial_tail_boundary before the call: the early returns (transfers in flight,
+    # skip_reading_prefix_cache) leave it as it was, since only _lookup resets it (0.33.0
+    # offloading/scheduler.py:1074 in _lookup vs the returns at :1247-1252 and :1258-1259)
+    prior_partial_tail_boundary: int | None = None
     release: str | None = None  # the release the case was captured on (informative)
 
     @property
@@ -484,10 +488,10 @@ def get_num_new_matched_tokens(case: LookupCase, feats: ReleaseFeatures) -> Look
     if why is not None:
         return LookupResult(None, unsupported=why)
     out = LookupResult(None)
-    if feats.lookup_defers_on_transfers and case.transfer_jobs:
-        return out
-    if case.skip_reading and feats.lookup_defers_on_transfers:
-        out.hit = 0
+    if feats.lookup_defers_on_transfers and (case.transfer_jobs or case.skip_reading):
+        out.partial_tail_boundary = case.prior_partial_tail_boundary  # not reset: _lookup never ran
+        if not case.transfer_jobs:
+            out.hit = 0
         return out
     tier = Tier(case.tier, case)
     out.hit = lookup(case, tier, feats, out)
@@ -529,7 +533,8 @@ def lookup_case_from_dict(d: dict, where: str = "?") -> LookupCase:
             eagle_proof_margins={int(k): int(v) for k, v in (lk.get("eagle_proof_margins") or {}).items()},
             max_num_new_tokens=lk.get("max_num_new_tokens"), max_load_tokens=lk.get("max_load_tokens"),
             transfer_jobs=bool(lk.get("transfer_jobs", False)), skip_reading=bool(lk.get("skip_reading", False)),
-            being_loaded=frozenset(lk.get("being_loaded", ())), release=lk.get("release"),
+            being_loaded=frozenset(lk.get("being_loaded", ())),
+            prior_partial_tail_boundary=lk.get("prior_partial_tail_boundary"), release=lk.get("release"),
         )
     except CaseError:
         raise
@@ -561,6 +566,8 @@ def lookup_case_to_dict(case: LookupCase) -> dict:
         "transfer_jobs": case.transfer_jobs, "skip_reading": case.skip_reading,
         "being_loaded": sorted(case.being_loaded),
     }
+    if case.prior_partial_tail_boundary is not None:
+        lk["prior_partial_tail_boundary"] = case.prior_partial_tail_boundary
     if case.release:
         lk["release"] = case.release
     return {"name": case.name, "lookup": lk}

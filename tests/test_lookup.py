@@ -4,15 +4,14 @@ shown to fire on a planted defect of the real lookup and not on a clean run."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from kvbound.conform.prepare import is_prepared, prepare_release
 from kvbound.spec.lookup import lookup_case_from_dict, lookup_case_to_dict, lookup_for_version
 from kvbound.spec.lookup_contract import check_lookup
 from kvbound.spec.versions import release_features
 from kvbound.trace import runner as R
+
+from conftest import ROOT
 
 FA = {"group_idx": 0, "kind": "full_attention", "tokens_per_chunk": 16, "num_keys": 12, "window": None}
 SW = {"group_idx": 1, "kind": "sliding_window", "tokens_per_chunk": 16, "num_keys": 12, "window": 4,
@@ -88,22 +87,28 @@ def test_saved_calibration_case():
 def test_lookup_case_round_trips():
     case = _case(CALIBRATION)
     assert lookup_case_from_dict(lookup_case_to_dict(case)) == case
+    d = lookup_case_to_dict(case)
+    d["lookup"].update(transfer_jobs=True, prior_partial_tail_boundary=736)
+    assert lookup_case_from_dict(lookup_case_to_dict(lookup_case_from_dict(d))).prior_partial_tail_boundary == 736
+
+
+def test_an_early_return_leaves_the_recorded_boundary():
+    """Only _lookup resets partial_tail_boundary (0.33.0 offloading/scheduler.py:1074): a call that
+    returns first, for transfers in flight, keeps the boundary an earlier lookup recorded."""
+    d = lookup_case_to_dict(_case(CALIBRATION))
+    d["lookup"]["prior_partial_tail_boundary"] = 736
+    ran = lookup_for_version(lookup_case_from_dict(d), "0.33.0")
+    assert ran.partial_tail_boundary != 736  # _lookup ran: reset, then its own answer
+    d["lookup"]["transfer_jobs"] = True
+    early = lookup_for_version(lookup_case_from_dict(d), "0.33.0")
+    assert early.hit is None and early.partial_tail_boundary == 736
 
 
 # --- real vLLM ------------------------------------------------------------------------
 
-def _env(version):
-    if not is_prepared(version) and not os.environ.get("CI"):
-        pytest.skip(f"vllm {version} is not prepared")
-    return prepare_release(version, None)
-
-
-@pytest.fixture(scope="module")
-def w033():
-    env = _env("0.33.0")
-    w = R.start_worker(env)
-    yield w
-    w.stop()
+@pytest.fixture
+def w033(workers):
+    return workers("0.33.0")[1]
 
 
 LOOKUP_CLASSES = ("lookup", "liveness")
@@ -129,6 +134,21 @@ def test_real_lookup_clean_run_reports_nothing(w033):
 ])
 def test_real_lookup_planted_defect(layout, mutant, kind, w033):
     assert kind in _kinds(w033, layout, mutant)
+
+
+def test_real_lookup_with_transfers_in_flight_keeps_its_boundary(w033):
+    """The segment where the spec once disagreed with real 0.33.0 (a deferral for in-flight
+    transfers that keeps an earlier partial-tail boundary, 736): the capture records the prior
+    boundary and the spec now gives vLLM's answer."""
+    from kvbound.trace import tracefile as TF
+
+    f = TF.load(ROOT / "tests" / "data" / "trace" / "0-33-0-mamba528-stale-partial-tail-boundary-29req.json")
+    res = w033.job(dict(f.segment, max_steps=3000))
+    kept = [c for c in res["lookups"] if c["case"]["lookup"]["transfer_jobs"]
+            and c["case"]["lookup"].get("prior_partial_tail_boundary") is not None]
+    assert kept and any(c["real"]["partial_tail_boundary"] is not None for c in kept)
+    found, _ = R.check_result("0.33.0", f.layout, f.segment, res)
+    assert "lookup:spec_disagreement" not in {g.kind for g in found}
 
 
 def test_real_stalled_write_is_a_stuck_request(w033):

@@ -70,6 +70,7 @@ class LookupCapture:
         rid = request.request_id
         st = getattr(cs, "_req_status", {}).get(rid)
         transfer_jobs = bool(getattr(st, "transfer_jobs", None)) if st is not None else False
+        prior_boundary = getattr(st, "partial_tail_boundary", None)
         loading = _first(cs, "_chunks_being_loaded", "_blocks_being_loaded")
         being_loaded = set(loading) if loading else set()
         self.asked = []
@@ -82,6 +83,8 @@ class LookupCapture:
         try:
             case, real_extra = self.describe(request, num_computed_tokens, asked, transfer_jobs,
                                              being_loaded, a, k)
+            if prior_boundary is not None:
+                case["lookup"]["prior_partial_tail_boundary"] = int(prior_boundary)
         except Exception as e:  # noqa: BLE001 - a harness fault, never a vLLM finding
             self.eng.violations.append({"check": "harness-capture", "step": self.eng.step_no,
                                         "request": rid, "error": "lookup: %s: %s" % (type(e).__name__, e)})
