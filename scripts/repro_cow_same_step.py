@@ -6,10 +6,10 @@ blocks) is redirected to a private copy of the cached block: the scheduler emits
 ``KVCacheBlockCopy(src, dst)`` (0.33.0 ``v1/core/single_type_kv_cache_manager.py:316-325``,
 ``:388-398``, ``:458-475``; ``v1/core/kv_cache_manager.py:863-878``) and the model runner
 zeroes the step's new blocks, then applies the copies, then runs the forward (0.33.0
-``v1/worker/gpu_model_runner.py:1205-1211``). When ``src`` was allocated and cached in the
-same step by another request, whose forward is what writes it, the copy runs first: it
-copies a block zeroed a moment before (``src`` is in the same output's
-``new_block_ids_to_zero``), and the request then attends over zeros for the hit's tokens.
+``v1/worker/gpu_model_runner.py:1205-1211``). When ``src`` was cached in the same step by
+another request, whose forward is what writes it, the copy runs first: it copies tokens
+that no request has computed yet (a block allocated this step was even zeroed a moment
+before), and the request then attends over them for the hit's tokens.
 
 Run it in a release's import venv, with the trace's engine (which builds the real
 scheduler with the offloading connector on CPU) replaying a trace file's requests:
@@ -17,8 +17,9 @@ scheduler with the offloading connector on CPU) replaying a trace file's request
     PYTHONPATH=~/.cache/kvbound/vllm-0.33.0 ~/.cache/kvbound/deps-*/bin/python \\
         scripts/repro_cow_same_step.py docs/trace-findings/0-33-0-mamba-eagle-untagged-data-wrong-kv-4req.json
 
-Prints one JSON line per copy whose source is fresh in the same step, and exits 1 if there
-is one (0 if none).
+Prints one JSON line per copy that carries tokens no owner of its source had computed before
+the step (every owner's ``num_computed_tokens`` before the step falls short of the reader's
+hit), and exits 1 if there is one (0 if none).
 """
 
 import json
@@ -39,31 +40,49 @@ def main(path):
     schedule = sched.schedule
     bad = []
 
-    def tables():
-        mgrs = sched.kv_cache_manager.coordinator.single_type_managers
-        return {rid: [[b.block_id for b in m.req_to_blocks.get(rid, ())] for m in mgrs] for rid in sched.requests}
+    mgrs = sched.kv_cache_manager.coordinator.single_type_managers
+
+    def where(block_id):
+        """(request, group, block index) of every block table holding ``block_id``."""
+        out = []
+        for rid in sched.requests:
+            for g, m in enumerate(mgrs):
+                for i, b in enumerate(m.req_to_blocks.get(rid, ())):
+                    if b.block_id == block_id and not b.is_null:
+                        out.append((rid, g, i))
+        return out
 
     def observed_schedule(*a, **kw):
         out = schedule(*a, **kw)
         zero = set(getattr(out, "new_block_ids_to_zero", None) or ())
-        copies = getattr(out, "kv_cache_block_copies", None) or ()
-        if copies and zero:
-            tabs = None
-            for cp in copies:
-                if cp.src_block_id in zero:
-                    tabs = tabs or tables()
-                    owners = sorted(rid for rid, t in tabs.items() if any(cp.src_block_id in g for g in t))
-                    readers = sorted(rid for rid, t in tabs.items() if any(cp.dst_block_id in g for g in t))
-                    bad.append({"step": eng.step_no, "src_block_id": cp.src_block_id, "dst_block_id": cp.dst_block_id,
-                                "src_zeroed_this_step": True, "src_in_tables_of": owners,
-                                "dst_in_tables_of": readers,
-                                "scheduled_tokens": {r: out.num_scheduled_tokens.get(r, 0) for r in owners + readers}})
-                    print(json.dumps(bad[-1]))
+        for cp in getattr(out, "kv_cache_block_copies", None) or ():
+            readers = where(cp.dst_block_id)
+            if not readers:
+                continue
+            rid, g, i = readers[0]
+            B = mgrs[g].block_size
+            req = sched.requests[rid]
+            # schedule() has advanced num_computed_tokens by the step's tokens: before the step,
+            # the reader had computed its hit; the copy must bring [i*B, hit) of its block
+            hit = req.num_computed_tokens - out.num_scheduled_tokens.get(rid, 0)
+            need = min(hit, (i + 1) * B)
+            owners = [(o, og, oi) for o, og, oi in where(cp.src_block_id) if o != rid]
+            done = [sched.requests[o].num_computed_tokens - out.num_scheduled_tokens.get(o, 0)
+                    for o, og, oi in owners]
+            if owners and max(done) < need:  # no owner had computed what the copy carries
+                bad.append({"step": eng.step_no, "src_block_id": cp.src_block_id,
+                            "dst_block_id": cp.dst_block_id, "reader": rid, "group": g,
+                            "copied_tokens": [i * B, need],
+                            "src_owners": {o: {"computed_before_step": d,
+                                               "scheduled_this_step": out.num_scheduled_tokens.get(o, 0)}
+                                           for (o, _, _), d in zip(owners, done)},
+                            "src_zeroed_this_step": cp.src_block_id in zero})
+                print(json.dumps(bad[-1]))
         return out
 
     sched.schedule = observed_schedule
     eng.run(seg["requests"], 200000)
-    print(f"vllm {eng.rel.version}: {len(bad)} copy(ies) from a block zeroed in the same step")
+    print(f"vllm {eng.rel.version}: {len(bad)} copy(ies) of tokens no owner of the source had computed")
     return 1 if bad else 0
 
 

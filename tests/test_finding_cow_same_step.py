@@ -1,7 +1,8 @@
-"""The 0.30-0.33 same-step copy-on-write finding, read off vLLM's own SchedulerOutput
+"""The 0.27-0.33 same-step copy-on-write finding, read off vLLM's own SchedulerOutput
 (docs/findings.md): scripts/repro_cow_same_step.py replays the saved requests and reports a
-KVCacheBlockCopy whose source is a block zeroed in the same step (allocated and cached by a
-request whose forward has not yet written it). 0.29.0 makes no such copy on the same requests."""
+KVCacheBlockCopy that carries tokens no owner of its source had computed before the step
+(the source is cached, and written, by a request scheduled in the same step). 0.29.0 makes
+no such copy on the same requests."""
 
 from __future__ import annotations
 
@@ -25,4 +26,5 @@ def test_a_partial_hit_copies_a_block_computed_in_the_same_step(version, defect)
     assert p.returncode == (1 if defect else 0), p.stderr[-3000:]
     assert f"vllm {version}: {1 if defect else 0} copy(ies)" in p.stdout
     if defect:
-        assert '"src_in_tables_of": ["375"], "dst_in_tables_of": ["378"]' in p.stdout
+        assert ('"reader": "378", "group": 0, "copied_tokens": [128, 144], "src_owners": {"375":'
+                ' {"computed_before_step": 128, "scheduled_this_step": 64}}') in p.stdout
