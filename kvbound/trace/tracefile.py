@@ -17,6 +17,8 @@ def save(finding: Finding, directory: Path, shrunk_from: int | None = None, reru
     what = finding.kind
     if finding.kind == "vllm-exception":  # name the assert's function: two asserts, two files
         what += "-" + str((finding.detail.get("assert_site") or {}).get("function") or "")
+    elif finding.shape():  # two shapes of one kind (Finding.key), two files
+        what += "-" + finding.shape()
     slug = re.sub(r"[^a-z0-9]+", "-", f"{finding.release}-{finding.layout}-{what}".lower()).strip("-")
     n = len(finding.segment["requests"])
     path = directory / f"{slug}-{n}req.json"
