@@ -63,26 +63,19 @@ def read_json(path) -> object:
         raise ReportInputError(f"{p}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
 
 
+def parsed(parse, d, where: str, what: str):
+    """``parse(d)`` (a case or witness reader); a malformed input names its field, one line."""
+    try:
+        return parse(d)
+    except CaseError as e:
+        raise ReportInputError(f"{where}: {e}") from None
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ReportInputError(f"{where}: not {what}: {e}") from None
+
+
 def case_of(d, where: str):
-    """A witness / disagreement case dict as a Case; a malformed one names its field."""
-    try:
-        return case_from_dict(d)
-    except CaseError as e:
-        raise ReportInputError(f"{where}: {e}") from None
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise ReportInputError(f"{where}: not a case: {e}") from None
-
-
-def witness_of(d, where: str):
-    """A prove witness that is not a load case (``"witness": "allocate_slots"`` or ``"lookup"``)."""
-    from kvbound.proofs.witnesses import witness_from_dict
-
-    try:
-        return witness_from_dict(d)
-    except CaseError as e:
-        raise ReportInputError(f"{where}: {e}") from None
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise ReportInputError(f"{where}: not a {d.get('witness')} witness: {e}") from None
+    """A witness / disagreement case dict as a Case."""
+    return parsed(case_from_dict, d, where, "a case")
 
 
 # --------------------------------------------------------------------------- markup
@@ -238,6 +231,8 @@ def _mutation(rec: ProveRecord) -> tuple[str, bool | None, list]:
 
 
 def prove_section(data) -> Section:
+    from kvbound.proofs.witnesses import witness_from_dict
+
     rec = ProveRecord.from_json(data)
     where = "prove JSON"
     sec = Section("obligations", "")
@@ -245,8 +240,9 @@ def prove_section(data) -> Section:
     for i, o in enumerate(rec.obligations):
         wlink = Markup()
         if o.witness is not None:
-            w = case_of(o.witness, f"{where}.obligations[{i}].witness") if o.witness.get("witness") is None \
-                else witness_of(o.witness, f"{where}.obligations[{i}].witness")
+            kind = o.witness.get("witness")  # none: a load case; else allocate_slots, lookup, store
+            w = parsed(witness_from_dict, o.witness, f"{where}.obligations[{i}].witness",
+                       f"a {kind} witness" if kind else "a case")
             witnesses.append((o, w))
             wlink = html('<a href="#w-{}">drawn below</a>', o.id)
         problems = [x for x in (o.replay_failure, o.vacuity if o.verdict == Verdict.PROVED and not o.met else None) if x]
