@@ -134,6 +134,46 @@ class LifecycleChecks:
                 self.eng.violate("load_into_foreign_block", request.request_id,
                                  "load destination block %d is not one of the request's blocks" % bid)
 
+    # -- a block copy carries computed KV -----------------------------------------------
+    def check_block_copies(self, so):
+        """The model runner zeroes the step's new blocks, applies ``kv_cache_block_copies``, then
+        runs the forward (0.33.0 v1/worker/gpu_model_runner.py:1205-1211; 0.29.0 :1229-1238): a
+        copy can carry only tokens computed before this step. The reader (the request whose
+        table holds the destination) needs ``[i * block_size, its hit)`` of block ``i``; some
+        other holder of the source must have computed that far before the step, else the
+        copy carries KV nobody has written yet (``data:copy_of_uncomputed_tokens``). Checked
+        on vLLM's own output, with or without shadow KV."""
+        copies = getattr(so, "kv_cache_block_copies", None) or ()
+        if not copies:
+            return
+        self.eng.stats["block_copies"] = self.eng.stats.get("block_copies", 0) + len(copies)
+        sched = self.eng.sched
+        mgrs = sched.kv_cache_manager.coordinator.single_type_managers
+        scheduled = so.num_scheduled_tokens
+
+        def before(rid):  # schedule() has already advanced num_computed_tokens by the step
+            return sched.requests[rid].num_computed_tokens - scheduled.get(rid, 0)
+
+        holders = {}
+        for rid in sched.requests:
+            for g, m in enumerate(mgrs):
+                for i, b in enumerate(m.req_to_blocks.get(rid, ())):
+                    if not b.is_null:
+                        holders.setdefault(b.block_id, []).append((rid, g, i))
+        for cp in copies:
+            for rid, g, i in holders.get(cp.dst_block_id, ())[:1]:
+                start = i * mgrs[g].block_size
+                need = min(before(rid), start + mgrs[g].block_size)
+                others = [o for o, _, _ in holders.get(cp.src_block_id, ()) if o != rid]
+                if others and need > start and max(before(o) for o in others) < need:
+                    self.eng.violate(
+                        "data:copy_of_uncomputed_tokens", rid,
+                        "block copy %d -> %d (request %s, group %d, tokens [%d, %d)) runs before this"
+                        " step's forward, but no holder of block %d had computed that far (%s)"
+                        % (cp.src_block_id, cp.dst_block_id, rid, g, start, need, cp.src_block_id,
+                           ", ".join("request %s: %d computed, %d scheduled" % (o, before(o), scheduled.get(o, 0))
+                                     for o in sorted(set(others)))))
+
     # -- after drain ----------------------------------------------------------------------
     def check_drained(self):
         eng = self.eng

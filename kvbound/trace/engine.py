@@ -388,6 +388,7 @@ class Engine:
         w = self.wconn
         meta = so.kv_connector_metadata
         w.handle_preemptions(meta)
+        self.checks.check_block_copies(so)
         if self.shadow is not None:  # the model runner's _update_states: zeroing, block copies
             self.shadow.update_states(so)
         w.bind_connector_metadata(meta)
