@@ -300,9 +300,10 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     # never confirmed (docs/findings.md); the tier then lacks it and prepare_load asserts
     ("0-29-0-swa-mtp-lifecycle-load-key-not-confirmed-3req.json", None),
     ("0-30-0-swa-mtp-vllm-exception-prepare-load-4req.json", "prepare_load"),
-    # 0.27-0.33: a partial prefix hit copies (CoW) a block another request caches in the same step
+    # 0.26-0.33: a partial prefix hit copies (CoW) a block another request caches in the same step
     ("0-33-0-mamba-eagle-untagged-data-wrong-kv-4req.json", None),
     ("0-28-0-mamba-eagle-scripted-data-wrong-kv-5req.json", None),
+    ("0-26-0-mamba-eagle-scripted-data-copy-of-uncomputed-tokens-2req.json", None),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""
