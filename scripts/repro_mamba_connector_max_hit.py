@@ -29,22 +29,19 @@ Exit 1 when B starts past its Mamba state (the defect), 0 otherwise.
 import argparse
 import dataclasses
 import json
-import os
 import sys
-import tempfile
-import types
+
+from repro_support import MODULE, idle_connector_base, import_vllm_on_cpu, install_connector, model_dir, register_model
 
 B = 64  # tokens per block, both groups
 NUM_BLOCKS = 40
 A_PROMPT, SHARED, B_PROMPT = 412, 341, 366
-MODULE = "kvbound_repro_connector"
 
 
 def _connector_module():
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
-                                                                  KVConnectorMetadata, SupportsHMA)
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 
-    class NothingConnector(KVConnectorBase_V1, SupportsHMA):
+    class NothingConnector(idle_connector_base(SupportsHMA)):
         """Never has a token: every lookup answers 0, synchronously (SupportsHMA: a
         connector on a hybrid model must be one, 0.24.0 scheduler.py:2325-2333)."""
 
@@ -54,57 +51,7 @@ def _connector_module():
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
             return 0, False
 
-        def update_state_after_alloc(self, request, blocks, num_external_tokens):
-            pass
-
-        def build_connector_meta(self, scheduler_output):
-            return KVConnectorMetadata()
-
-        def start_load_kv(self, forward_context, **kwargs):
-            pass
-
-        def wait_for_layer_load(self, layer_name):
-            pass
-
-        def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-            pass
-
-        def wait_for_save(self):
-            pass
-
-    mod = types.ModuleType(MODULE)
-    mod.NothingConnector = NothingConnector
-    sys.modules[MODULE] = mod
-
-
-def _model_dir():
-    d = tempfile.mkdtemp(prefix="repro-model-")
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-                   "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
-                   "num_hidden_layers": 2, "vocab_size": 65536, "max_position_embeddings": 8192,
-                   "rms_norm_eps": 1e-5, "torch_dtype": "float32"}, f)
-    return d
-
-
-def _register_model():
-    import torch.nn as nn
-    from vllm import ModelRegistry
-
-    class NeverBuilt(nn.Module):  # only its interface is inspected
-        def __init__(self, *, vllm_config, prefix=""):
-            super().__init__()
-
-        def embed_input_ids(self, input_ids):
-            raise NotImplementedError
-
-        def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
-            raise NotImplementedError
-
-        def compute_logits(self, hidden_states):
-            raise NotImplementedError
-
-    ModelRegistry.register_model("LlamaForCausalLM", NeverBuilt)
+    install_connector(NothingConnector)
 
 
 def _build(cls, **kw):  # a release's dataclass from the fields it has
@@ -115,10 +62,7 @@ def _build(cls, **kw):  # a release's dataclass from the fields it has
 
 
 def run(with_connector=True):
-    try:  # 0.29+'s import chain reaches vit_attn_wrappers, which imports einops (never called)
-        import einops  # noqa: F401
-    except ImportError:
-        sys.modules["einops"] = types.ModuleType("einops")
+    import_vllm_on_cpu()
     import torch
     import vllm
     from vllm import SamplingParams
@@ -137,8 +81,8 @@ def run(with_connector=True):
         from vllm.utils import sha256
     kcu.init_none_hash(sha256)
     _connector_module()
-    _register_model()
-    d = _model_dir()
+    register_model()
+    d = model_dir(num_hidden_layers=2, vocab_size=65536, max_position_embeddings=8192)
     t = torch.float32
     fa = kci.FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=8, dtype=t)
     mamba = _build(kci.MambaSpec, block_size=B, shapes=((64,),), dtypes=(t,), mamba_cache_mode="align")

@@ -33,24 +33,19 @@ Exit 1 when the scheduler deadlocks (the defect), 0 when both requests finish.
 
 import argparse
 import json
-import os
 import sys
-import tempfile
-import types
+
+from repro_support import MODULE, idle_connector_base, import_vllm_on_cpu, install_connector, model_dir, register_model
 
 B = 16  # tokens per block
 NUM_BLOCKS = 12  # the pool, null block included: 11 usable
 A_PROMPT, A_HIT = 80, 64  # A: 5 blocks, 64 tokens from the connector
 B_PROMPT = 128  # B: 8 blocks (+1 for its first sampled token): cannot fit beside A's 5
 STEPS = 60
-MODULE = "kvbound_repro_connector"
 
 
 def _connector_module():
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
-                                                                  KVConnectorMetadata)
-
-    class ReproConnector(KVConnectorBase_V1):
+    class ReproConnector(idle_connector_base()):
         """A's first lookup: 64 tokens, async; B's first lookup: ask again; else nothing."""
 
         def __init__(self, *a, **k):
@@ -66,64 +61,11 @@ def _connector_module():
                 return None, False
             return 0, False
 
-        def update_state_after_alloc(self, request, blocks, num_external_tokens):
-            pass
-
-        def build_connector_meta(self, scheduler_output):
-            return KVConnectorMetadata()
-
-        def start_load_kv(self, forward_context, **kwargs):
-            pass
-
-        def wait_for_layer_load(self, layer_name):
-            pass
-
-        def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-            pass
-
-        def wait_for_save(self):
-            pass
-
-    mod = types.ModuleType(MODULE)
-    mod.ReproConnector = ReproConnector
-    sys.modules[MODULE] = mod
-
-
-def _model_dir():
-    d = tempfile.mkdtemp(prefix="repro-model-")
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-                   "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
-                   "num_hidden_layers": 1, "vocab_size": 1024, "max_position_embeddings": 4096,
-                   "rms_norm_eps": 1e-5, "torch_dtype": "float32"}, f)
-    return d
-
-
-def _register_model():
-    import torch.nn as nn
-    from vllm import ModelRegistry
-
-    class NeverBuilt(nn.Module):  # only its interface is inspected
-        def __init__(self, *, vllm_config, prefix=""):
-            super().__init__()
-
-        def embed_input_ids(self, input_ids):
-            raise NotImplementedError
-
-        def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
-            raise NotImplementedError
-
-        def compute_logits(self, hidden_states):
-            raise NotImplementedError
-
-    ModelRegistry.register_model("LlamaForCausalLM", NeverBuilt)
+    install_connector(ReproConnector)
 
 
 def run():
-    try:  # 0.29+'s import chain reaches vit_attn_wrappers, which imports einops (never called)
-        import einops  # noqa: F401
-    except ImportError:
-        sys.modules["einops"] = types.ModuleType("einops")
+    import_vllm_on_cpu()
     import torch
     import vllm
     from vllm import SamplingParams
@@ -142,8 +84,8 @@ def run():
         from vllm.utils import sha256
     kcu.init_none_hash(sha256)
     _connector_module()
-    _register_model()
-    d = _model_dir()
+    register_model()
+    d = model_dir(num_hidden_layers=1, vocab_size=1024, max_position_embeddings=4096)
     spec = kci.FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=8, dtype=torch.float32)
     kv_cache_config = kci.KVCacheConfig(
         num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
