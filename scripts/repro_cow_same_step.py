@@ -19,7 +19,8 @@ scheduler with the offloading connector on CPU) replaying a trace file's request
 
 Prints one JSON line per copy that carries tokens no owner of its source had computed before
 the step (every owner's ``num_computed_tokens`` before the step falls short of the reader's
-hit), and exits 1 if there is one (0 if none).
+hit; the trace's own contract, ``checks.uncomputed_copies``, applied to each SchedulerOutput),
+and exits 1 if there is one (0 if none).
 """
 
 import json
@@ -32,6 +33,7 @@ TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kvbound"
 def main(path):
     sys.path.insert(0, TRACE)
     import worker  # noqa: F401  (the trace worker's side packages)
+    from kvbound_trace_side.checks import uncomputed_copies
     from kvbound_trace_side.engine import Release
 
     seg = json.load(open(path))["segment"]
@@ -40,44 +42,11 @@ def main(path):
     schedule = sched.schedule
     bad = []
 
-    mgrs = sched.kv_cache_manager.coordinator.single_type_managers
-
-    def where(block_id):
-        """(request, group, block index) of every block table holding ``block_id``."""
-        out = []
-        for rid in sched.requests:
-            for g, m in enumerate(mgrs):
-                for i, b in enumerate(m.req_to_blocks.get(rid, ())):
-                    if b.block_id == block_id and not b.is_null:
-                        out.append((rid, g, i))
-        return out
-
     def observed_schedule(*a, **kw):
         out = schedule(*a, **kw)
-        zero = set(getattr(out, "new_block_ids_to_zero", None) or ())
-        for cp in getattr(out, "kv_cache_block_copies", None) or ():
-            readers = where(cp.dst_block_id)
-            if not readers:
-                continue
-            rid, g, i = readers[0]
-            B = mgrs[g].block_size
-            req = sched.requests[rid]
-            # schedule() has advanced num_computed_tokens by the step's tokens: before the step,
-            # the reader had computed its hit; the copy must bring [i*B, hit) of its block
-            hit = req.num_computed_tokens - out.num_scheduled_tokens.get(rid, 0)
-            need = min(hit, (i + 1) * B)
-            owners = [(o, og, oi) for o, og, oi in where(cp.src_block_id) if o != rid]
-            done = [sched.requests[o].num_computed_tokens - out.num_scheduled_tokens.get(o, 0)
-                    for o, og, oi in owners]
-            if owners and max(done) < need:  # no owner had computed what the copy carries
-                bad.append({"step": eng.step_no, "src_block_id": cp.src_block_id,
-                            "dst_block_id": cp.dst_block_id, "reader": rid, "group": g,
-                            "copied_tokens": [i * B, need],
-                            "src_owners": {o: {"computed_before_step": d,
-                                               "scheduled_this_step": out.num_scheduled_tokens.get(o, 0)}
-                                           for (o, _, _), d in zip(owners, done)},
-                            "src_zeroed_this_step": cp.src_block_id in zero})
-                print(json.dumps(bad[-1]))
+        for r in uncomputed_copies(sched, out):
+            bad.append(dict({"step": eng.step_no}, **r))
+            print(json.dumps(bad[-1]))
         return out
 
     sched.schedule = observed_schedule

@@ -136,43 +136,22 @@ class LifecycleChecks:
 
     # -- a block copy carries computed KV -----------------------------------------------
     def check_block_copies(self, so):
-        """The model runner zeroes the step's new blocks, applies ``kv_cache_block_copies``, then
-        runs the forward (0.33.0 v1/worker/gpu_model_runner.py:1205-1211; 0.29.0 :1229-1238): a
-        copy can carry only tokens computed before this step. The reader (the request whose
-        table holds the destination) needs ``[i * block_size, its hit)`` of block ``i``; some
-        other holder of the source must have computed that far before the step, else the
-        copy carries KV nobody has written yet (``data:copy_of_uncomputed_tokens``). Checked
-        on vLLM's own output, with or without shadow KV."""
+        """``data:copy_of_uncomputed_tokens`` for each of ``uncomputed_copies``, on vLLM's own
+        output, with or without shadow KV."""
         copies = getattr(so, "kv_cache_block_copies", None) or ()
         if not copies:
             return
         self.eng.stats["block_copies"] = self.eng.stats.get("block_copies", 0) + len(copies)
-        sched = self.eng.sched
-        mgrs = sched.kv_cache_manager.coordinator.single_type_managers
-        scheduled = so.num_scheduled_tokens
-
-        def before(rid):  # schedule() has already advanced num_computed_tokens by the step
-            return sched.requests[rid].num_computed_tokens - scheduled.get(rid, 0)
-
-        holders = {}
-        for rid in sched.requests:
-            for g, m in enumerate(mgrs):
-                for i, b in enumerate(m.req_to_blocks.get(rid, ())):
-                    if not b.is_null:
-                        holders.setdefault(b.block_id, []).append((rid, g, i))
-        for cp in copies:
-            for rid, g, i in holders.get(cp.dst_block_id, ())[:1]:
-                start = i * mgrs[g].block_size
-                need = min(before(rid), start + mgrs[g].block_size)
-                others = [o for o, _, _ in holders.get(cp.src_block_id, ()) if o != rid]
-                if others and need > start and max(before(o) for o in others) < need:
-                    self.eng.violate(
-                        "data:copy_of_uncomputed_tokens", rid,
-                        "block copy %d -> %d (request %s, group %d, tokens [%d, %d)) runs before this"
-                        " step's forward, but no holder of block %d had computed that far (%s)"
-                        % (cp.src_block_id, cp.dst_block_id, rid, g, start, need, cp.src_block_id,
-                           ", ".join("request %s: %d computed, %d scheduled" % (o, before(o), scheduled.get(o, 0))
-                                     for o in sorted(set(others)))))
+        for r in uncomputed_copies(self.eng.sched, so):
+            start, need = r["copied_tokens"]
+            self.eng.violate(
+                "data:copy_of_uncomputed_tokens", r["reader"],
+                "block copy %d -> %d (request %s, group %d, tokens [%d, %d)) runs before this"
+                " step's forward, but no holder of block %d had computed that far (%s)"
+                % (r["src_block_id"], r["dst_block_id"], r["reader"], r["group"], start, need, r["src_block_id"],
+                   ", ".join("request %s: %d computed, %d scheduled"
+                             % (o, v["computed_before_step"], v["scheduled_this_step"])
+                             for o, v in r["src_owners"].items())))
 
     # -- after drain ----------------------------------------------------------------------
     def check_drained(self):
@@ -190,3 +169,45 @@ class LifecycleChecks:
                 eng.violate("connector_state_left", None, "%s holds %d entries after drain" % (name, len(v)))
         if eng.transfers.pending:
             eng.violate("transfer_not_finished", None, "%d jobs pending" % len(eng.transfers.pending))
+
+
+def uncomputed_copies(sched, so):
+    """The ``kv_cache_block_copies`` of ``so`` that carry tokens nobody has computed yet.
+
+    The model runner zeroes the step's new blocks, applies the copies, then runs the forward
+    (0.33.0 v1/worker/gpu_model_runner.py:1205-1211; 0.29.0 :1229-1238): a copy can carry only
+    tokens computed before this step. The reader (the request whose table holds the
+    destination) needs ``[i * block_size, its hit)`` of its block ``i``; some other holder of
+    the source must have computed that far before the step. One record per copy that breaks
+    this: source and destination, reader, group, the tokens copied, each other holder of the
+    source with what it had computed and what it is scheduled this step, and whether the
+    source is zeroed in this very step. Also ``scripts/repro_cow_same_step.py``'s report."""
+    copies = getattr(so, "kv_cache_block_copies", None) or ()
+    if not copies:
+        return []
+    mgrs = sched.kv_cache_manager.coordinator.single_type_managers
+    scheduled = so.num_scheduled_tokens
+
+    def before(rid):  # schedule() has already advanced num_computed_tokens by the step
+        return sched.requests[rid].num_computed_tokens - scheduled.get(rid, 0)
+
+    holders = {}
+    for rid in sched.requests:
+        for g, m in enumerate(mgrs):
+            for i, b in enumerate(m.req_to_blocks.get(rid, ())):
+                if not b.is_null:
+                    holders.setdefault(b.block_id, []).append((rid, g, i))
+    zeroed = set(getattr(so, "new_block_ids_to_zero", None) or ())
+    out = []
+    for cp in copies:
+        for rid, g, i in holders.get(cp.dst_block_id, ())[:1]:
+            start = i * mgrs[g].block_size
+            need = min(before(rid), start + mgrs[g].block_size)
+            others = sorted({o for o, _, _ in holders.get(cp.src_block_id, ()) if o != rid})
+            if others and need > start and max(before(o) for o in others) < need:
+                out.append({"src_block_id": cp.src_block_id, "dst_block_id": cp.dst_block_id, "reader": rid,
+                            "group": g, "copied_tokens": [start, need],
+                            "src_owners": {o: {"computed_before_step": before(o),
+                                               "scheduled_this_step": scheduled.get(o, 0)} for o in others},
+                            "src_zeroed_this_step": cp.src_block_id in zeroed})
+    return out

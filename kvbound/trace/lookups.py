@@ -82,9 +82,7 @@ class LookupCapture:
         hit = res[0]
         try:
             case, real_extra = self.describe(request, num_computed_tokens, asked, transfer_jobs,
-                                             being_loaded, a, k)
-            if prior_boundary is not None:
-                case["lookup"]["prior_partial_tail_boundary"] = int(prior_boundary)
+                                             being_loaded, prior_boundary, a, k)
         except Exception as e:  # noqa: BLE001 - a harness fault, never a vLLM finding
             self.eng.violations.append({"check": "harness-capture", "step": self.eng.step_no,
                                         "request": rid, "error": "lookup: %s: %s" % (type(e).__name__, e)})
@@ -106,7 +104,7 @@ class LookupCapture:
         self.progress(request, hit, case)
         return res
 
-    def describe(self, request, N, asked, transfer_jobs, being_loaded, a, k):
+    def describe(self, request, N, asked, transfer_jobs, being_loaded, prior_boundary, a, k):
         cs = self.cs
         cfg = cs.config
         rel = self.eng.rel
@@ -167,6 +165,8 @@ class LookupCapture:
             "being_loaded": sorted(name_of.get(x, "unknown") for x in being_loaded
                                    if x in name_of),
         }}
+        if prior_boundary is not None:  # what an early return leaves recorded (spec/lookup.py)
+            case["lookup"]["prior_partial_tail_boundary"] = int(prior_boundary)
         return case, {"queries": queries}
 
     def probe(self, policy, key):
