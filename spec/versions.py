@@ -159,10 +159,3 @@ def unsupported_reason(case: Case, feats: ReleaseFeatures) -> str | None:
                 return f"{r}: supports_partial_tail is False: {why}"
     return None
 
-
-def plan_for_version(case, version: str, asserts: bool = True):
-    """The spec's plan of ``case`` as vLLM ``version`` computes it."""
-    from .plan import plan_load
-
-    feats = release_features(version)
-    return plan_load(case, feats.variant, asserts, feats)
