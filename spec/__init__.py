@@ -22,7 +22,6 @@ from .versions import (
     RELEASES,
     REPRESENTATIVE,
     UnsupportedVersion,
-    parse_version,
     release_features,
     unsupported_reason,
     variant_features,
