@@ -16,7 +16,8 @@ from typing import Iterator, Sequence
 
 from hypothesis import strategies as st
 
-from .vocab import NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind, cdiv, lcm_all
+from .case import Case
+from .vocab import NULL, Block, BlockState, Group, GroupConfig, GroupKind, cdiv, lcm_all
 
 FAMILIES = ("realistic", "recurrent_state", "adversarial")  # v1: the default mix
 # case format v2 (docs/case-format.md): partial tails, short prompts, EAGLE groups, retained

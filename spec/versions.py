@@ -12,7 +12,8 @@ from dataclasses import replace
 
 from kvbound.errors import UnsupportedVersion
 
-from .vocab import Case, ReleaseFeatures, Variant
+from .case import Case
+from .vocab import ReleaseFeatures, Variant
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 

@@ -358,34 +358,3 @@ def test_every_mutant_killer_hint_names_a_proved_obligation():
     proved = {o.id for o in OBLIGATIONS if o.expected == Verdict.PROVED and o.mutable}
     for m in MUTANTS:
         assert m.killer is None or m.killer in proved, (m.name, m.killer)
-
-
-def test_proofs_modules_import_each_other_without_a_cycle():
-    """Every ``from .x import`` of proofs/ (function-level ones too) forms an acyclic graph: a premise
-    module that needs a world, and a world that needs premises, would be one idea in two places."""
-    import ast
-    from pathlib import Path
-
-    import kvbound.proofs as proofs
-
-    root = Path(proofs.__file__).parent
-    graph = {}
-    for f in root.glob("*.py"):
-        deps = set()
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-                deps.add(node.module.split(".")[0])
-        graph[f.stem] = deps - {f.stem}
-    state = {}
-
-    def visit(m, path):
-        if state.get(m) == "done":
-            return
-        assert state.get(m) != "open", " -> ".join(path + [m])
-        state[m] = "open"
-        for d in sorted(graph.get(m, ())):
-            visit(d, path + [m])
-        state[m] = "done"
-
-    for m in sorted(graph):
-        visit(m, [])
