@@ -59,6 +59,7 @@ from .vocab import (
     Variant,
     cdiv,
     eagle_proof_margin,
+    get_num_skipped_tokens,
     lcm_all,
 )
 

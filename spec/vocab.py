@@ -7,6 +7,7 @@ the code. Everything here is plain data; the behaviour lives in ``plan.py``.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping
@@ -102,6 +103,27 @@ def U(block_id: int) -> Block:
 
 
 BlockTable = tuple  # tuple[Block, ...]: one group's ``blocks.blocks[group_idx]``
+
+
+def get_num_skipped_tokens(kind: GroupKind, num_computed_tokens, *, sliding_window=None, extra_retained_tokens=0,
+                           attention_chunk_size=None, maximum=max, floordiv=operator.floordiv):
+    """vLLM's ``get_num_skipped_tokens(num_computed_tokens)`` of the kind's single-type manager: the
+    tokens before the ones attention (or the state) still needs, whose blocks the allocator pads
+    with the null block. 0.33.0 ``v1/core/single_type_kv_cache_manager.py``: the base (full
+    attention) 0 (:722-733); SlidingWindowManager ``max(0, n - sliding_window + 1 -
+    extra_retained_tokens)`` (:1148-1183; 0.26.0 :1031-1057 has no extra_retained_tokens, which
+    0.28.0 adds, :1063-1098); ChunkedLocalAttentionManager ``(n // attention_chunk_size) *
+    attention_chunk_size`` (:1381-1425); MambaManager ``n - 1`` (:1971-1976).
+
+    The one definition: ``maximum(a, 0)`` and ``floordiv`` are Python's on ints (the default), the
+    proofs pass ``terms.MAX``/``terms.FLOORDIV`` to build Z3 terms, impl torch's to draw tensors."""
+    if kind is GroupKind.SLIDING_WINDOW:
+        return maximum(num_computed_tokens - sliding_window + 1 - extra_retained_tokens, 0)
+    if kind is GroupKind.CHUNKED_LOCAL:
+        return floordiv(num_computed_tokens, attention_chunk_size) * attention_chunk_size
+    if kind is GroupKind.MAMBA:
+        return num_computed_tokens - 1
+    return 0
 
 
 @dataclass(frozen=True)
