@@ -69,8 +69,12 @@ class Premise(Stated):
 
     def check(self, case: Case, gi: int) -> str | None:
         """None when the premise holds on group ``gi`` of ``case`` (its term, folded on the case),
-        else what is wrong: the first broken clause's note."""
-        g = case_terms(case, gi)
+        else what is wrong."""
+        return self.check_terms(case_terms(case, gi))
+
+    def check_terms(self, g: "GroupTerms") -> str | None:
+        """The same on a case's group terms (``case_terms``): None, or the first broken clause's note."""
+        g.notes.clear()
         if self.term(g) is True:
             return None
         return g.notes[0] if g.notes else f"{self.id}: {self.math} does not hold"
@@ -551,10 +555,11 @@ def evaluate(case: Case, ids=None) -> list[PremiseCheck]:
     chosen = PREMISES if ids is None else tuple(BY_ID[i] for i in ids)
     out = []
     for gi, g in enumerate(case.groups):
-        for p in chosen:
-            if p.applies(g.config.kind):
-                problem = p.check(case, gi)
-                out.append(PremiseCheck(p, gi, problem is None, problem or ""))
+        applicable = [p for p in chosen if p.applies(g.config.kind)]
+        terms_of_group = case_terms(case, gi) if applicable else None
+        for p in applicable:
+            problem = p.check_terms(terms_of_group)
+            out.append(PremiseCheck(p, gi, problem is None, problem or ""))
     return out
 
 
