@@ -72,7 +72,7 @@ class Premise(Stated):
         else what is wrong."""
         return self.check_terms(case_terms(case, gi))
 
-    def check_terms(self, g: "GroupTerms") -> str | None:
+    def check_terms(self, g: GroupTerms) -> str | None:
         """The same on a case's group terms (``case_terms``): None, or the first broken clause's note."""
         g.notes.clear()
         if self.term(g) is True:
