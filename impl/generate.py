@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbound.spec import Case
+from kvbound.spec import Case, GroupKind, get_num_skipped_tokens
 from kvbound.spec.strategies import ADVERSARIAL_MUTATIONS, FAMILIES, MAX_TABLE
 
 from kvbound.spec import KIND_CHUNKED, KIND_CODES, KIND_FULL, KIND_MAMBA, KIND_SLIDING, STATE_H, STATE_N, STATE_U
@@ -112,6 +112,17 @@ def _reduce_groups(t: torch.Tensor, valid: torch.Tensor, op, neutral: int) -> to
     return out
 
 
+def num_skipped_tokens(sliding, chunked, T, window):
+    """The tokens vLLM's manager skips at T (the spec's ``get_num_skipped_tokens``, evaluated on
+    tensors): ``window`` is a sliding group's ``sliding_window`` and a chunked group's
+    ``attention_chunk_size``; no other kind is skipped here (a Mamba table is drawn on its own).
+    These families retain no tokens (``extra_retained_tokens`` 0: only the ``retained_window``
+    family, which this generator does not draw, has any)."""
+    swa = get_num_skipped_tokens(GroupKind.SLIDING_WINDOW, T, sliding_window=window, maximum=torch.clamp_min)
+    local = get_num_skipped_tokens(GroupKind.CHUNKED_LOCAL, T, attention_chunk_size=window.clamp(min=1))
+    return torch.where(sliding, swa, torch.where(chunked, local, 0))
+
+
 def generate_batch(n: int, seed: int = 0, family: str | None = None, device=None, max_groups: int = 8,
                    first: int = 0) -> GeneratedBatch:
     """``n`` cases of ``family`` (``None``: the families in turn, as ``random_cases``) as one
@@ -176,9 +187,7 @@ def generate_batch(n: int, seed: int = 0, family: str | None = None, device=None
     # --- tables (allocator_table / recurrent_state_table) ---
     Nc, Tc = N.unsqueeze(1), T.unsqueeze(1)
     k, local, f = cdiv(Tc, b), torch.div(Nc, b, rounding_mode="floor"), cdiv(Nc, b)
-    skipped_tokens = torch.where(sliding, torch.clamp(Tc - window + 1, min=0),
-                                 torch.where(chunked, torch.div(Tc, window.clamp(min=1), rounding_mode="floor")
-                                             * window, 0))
+    skipped_tokens = num_skipped_tokens(sliding, chunked, Tc, window)
     s = torch.div(skipped_tokens, b, rounding_mode="floor")
     external = torch.minimum(Tc - skipped_tokens, Tc - Nc)
     before_fresh = torch.maximum(local, s)

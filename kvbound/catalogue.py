@@ -44,8 +44,8 @@ witness Z3 found, drawn as block tables and replayed through the executable spec
   `start` = load_start_gpu_block_idx, `pending = k − start`, `P(i)` the scan's test on block i
   (non-null, and unhashed unless a 0.33 sync load). An obligation bounded to one group says so;
   the hybrid obligations state several groups in one formula.
-* **Premises** are named objects (`kvbound.proofs.premises`), each with its Z3 term and an
-  executable predicate (`kvbound premises CASE...`), and the vLLM source lines it was read from;
+* **Premises** are named objects (`kvbound.proofs.premises`), each one term that is a Z3 formula
+  for the proofs and folds on a concrete call (`kvbound premises CASE...`), and the vLLM source lines it was read from;
   they are listed at the end of this page.
 * The `store.*` obligations are about `_build_store_jobs` (spec/store.py): what each release
   stores of a request, against what the forward computed; their witnesses are one request's
@@ -118,7 +118,7 @@ def premises_section() -> str:
     out = ["# Premises", "",
            "What the obligations assume about the inputs, each read from vLLM's source. Every premise of a load "
            "is checked on concrete calls by `kvbound premises CASE...` (cases captured from a running vLLM "
-           "included) with the predicate beside its Z3 term. The `alloc-*` premises are about allocate_slots "
+           "included): its one term, folded on the call's numbers. The `alloc-*` premises are about allocate_slots "
            "calls (the reservation obligations); their terms fold on a witness's numbers, and "
            "tests/test_reservation.py checks them on the calls it replays on real vLLM. The `store-*` premises are "
            "about one `_build_store_jobs` call (the store obligations)."]

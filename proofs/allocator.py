@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from kvbound.spec import GroupKind, cdiv
+from kvbound.spec import GroupKind, cdiv, get_num_skipped_tokens
 from kvbound.spec.versions import first_release, release_features
 
 from .terms import AND, CDIV, FLOORDIV, IF, MAX, MIN, NOT, OR
@@ -94,14 +94,9 @@ class CallOut:
 
 
 def _skipped_tokens(kind, x, tokens):
-    """``get_num_skipped_tokens`` (STM: base 722, SlidingWindow 1148, ChunkedLocal 1381, Mamba 1971)."""
-    if kind is GroupKind.SLIDING_WINDOW:
-        return MAX(tokens - x.w + 1 - x.extra, 0)
-    if kind is GroupKind.CHUNKED_LOCAL:
-        return FLOORDIV(tokens, x.chunk) * x.chunk
-    if kind is GroupKind.MAMBA:
-        return tokens - 1
-    return 0
+    """``get_num_skipped_tokens(tokens)`` of the manager (the spec's one definition, as terms)."""
+    return get_num_skipped_tokens(kind, tokens, sliding_window=x.w, extra_retained_tokens=x.extra,
+                                  attention_chunk_size=x.chunk, maximum=MAX, floordiv=FLOORDIV)
 
 
 def skipped_blocks(kind, x, tokens):

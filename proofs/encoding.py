@@ -127,15 +127,34 @@ def window_in_chunks(kind_is_sliding, span, extra, tpc, counts_retained: bool):
 
 
 class ConcreteTable:
-    """A case's table: states and ids known, so scans fold to a few comparisons."""
+    """A case's table: states and ids known, so scans and quantifiers fold to a few comparisons."""
 
     def __init__(self, blocks):
+        self.blocks = blocks
         self.length = len(blocks)
         self.states = [STATE_CODES[b.state] for b in blocks]
         self.ids = [b.block_id for b in blocks]
+        self.broken = None  # the first position the last quantifier that failed failed at
 
     def state(self, i):
         return self.states[i]
+
+    def token(self, i) -> str:
+        """Block i as a case file writes it (``N``, ``H7``, ``U8``)."""
+        return self.blocks[i].token
+
+    def forall(self, lo, hi, body):
+        """body(i) for every i in [lo, hi) inside the table (what a ``SymTable`` of this length,
+        quantifiers expanded, states; lo, hi are ints here). On a break, ``broken`` is its first i."""
+        rest = []
+        for i in range(max(lo, 0), min(hi, self.length)):
+            holds = body(i)
+            if holds is False:
+                self.broken = i
+                return False
+            if holds is not True:
+                rest.append(holds)
+        return AND(*rest)
 
     def new_int(self, name):
         return Sx(name)

@@ -62,7 +62,7 @@ class Slot:
         """What the premises read of this group (the request's partial tail a Z3 Bool)."""
         return GroupTerms(self.N, self.M, self.T, self.b, self.bpc, self.tpc, self.f, self.k, self.j, self.table,
                           self.sync_load, self.num_keys, self.window, self.span, self.extra, self.tail,
-                          self.boundary, self.tph, self.prompt)
+                          self.boundary, self.tph, self.prompt, tokens=self.prompt)
 
     def inputs(self) -> GroupInputs:
         return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load,

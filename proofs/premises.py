@@ -1,14 +1,16 @@
-"""The premises the obligations rest on: one named object each, with two faces.
+"""The premises the obligations rest on: one named object each, one term each.
 
 A premise is a fact about the inputs of ``update_state_after_alloc`` that vLLM's
 allocator, scheduler or lookup guarantees (read from the source lines it lists),
-not something the connector checks. Each ``Premise`` has
+not something the connector checks. Each ``Premise`` is written once, as ``term(g)``
+over one group's terms ``g`` (a ``GroupTerms``) with ``terms.py``'s helpers, which
+build Z3 terms or fold on ints:
 
-* ``term(g)``: its Z3 formula over one group's terms ``g``, a ``GroupTerms`` (each world
-  builds its groups' explicitly: ``world.World``, ``world.TailWorld``, a slot of
-  ``hybrid.HybridWorld``), which the obligations assume; and
-* ``check(case, gi)``: the same statement as an executable predicate over one
-  group of a concrete ``Case`` (``None`` when it holds, else what is wrong).
+* a world hands it Z3 terms (``world.World``, ``world.TailWorld``, a slot of
+  ``hybrid.HybridWorld``): the formula the obligations assume;
+* ``case_terms(case, gi)`` hands it one group of a concrete ``Case``: the same term
+  folds to True or False, and a clause that breaks notes what is wrong
+  (``Premise.check``).
 
 ``evaluate(case)`` runs every applicable premise on every group of a case; ``kvbound
 premises CASE...`` prints it, and a call captured from a running vLLM (``conform/
@@ -23,9 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from kvbound.spec import STATE_H, STATE_N, STATE_U, BlockState, Case, GroupKind, cdiv
+from kvbound.spec import STATE_H, STATE_N, STATE_U, Case, GroupKind, cdiv, get_num_skipped_tokens
 
 from .allocator import AllocCalls, skipped_blocks
+from .encoding import ConcreteTable
 from .terms import AND, CDIV, FLOORDIV, IF, IMPLIES, MAX, OR
 
 ALL_KINDS = frozenset(GroupKind)
@@ -60,16 +63,28 @@ class Stated:
 
 @dataclass(frozen=True)
 class Premise(Stated):
-    """A premise of a load: its Z3 face over one group's terms, and its executable face."""
+    """A premise of a load: one term over one group's terms."""
 
-    term: Callable  # (GroupTerms) -> Z3 formula
-    check: Callable  # (Case, group index) -> None when it holds, else what is wrong
+    term: Callable  # (GroupTerms) -> a Z3 formula (a world's terms), True or False (a case's)
+
+    def check(self, case: Case, gi: int) -> str | None:
+        """None when the premise holds on group ``gi`` of ``case`` (its term, folded on the case),
+        else what is wrong."""
+        return self.check_terms(case_terms(case, gi))
+
+    def check_terms(self, g: GroupTerms) -> str | None:
+        """The same on a case's group terms (``case_terms``): None, or the first broken clause's note."""
+        g.notes.clear()
+        if self.term(g) is True:
+            return None
+        return g.notes[0] if g.notes else f"{self.id}: {self.math} does not hold"
 
 
 @dataclass(frozen=True)
 class GroupTerms:
-    """What a load premise's Z3 face reads of one group: Z3 terms (or ints), named as vLLM
-    names them. A world passes its group's explicitly; a premise reads nothing else."""
+    """What a load premise reads of one group: Z3 terms (a world's) or ints (a case's,
+    ``case_terms``), named as vLLM names them. A world passes its group's explicitly; a
+    premise reads nothing else."""
 
     N: object  # num_locally_computed_tokens
     M: object  # num_external_tokens
@@ -80,7 +95,7 @@ class GroupTerms:
     f: object  # cdiv(N, b), the first fresh block
     k: object  # cdiv(T, b), the end of the load region
     j: object  # the first fresh block after the nulls (premise fresh-after-nulls)
-    table: object  # a SymTable
+    table: object  # a SymTable (a world's) or a ConcreteTable (a case's)
     sync_load: object
     num_keys: object  # offload keys at admission
     window: object = None  # sliding_window_size_in_chunks (None: full attention)
@@ -90,6 +105,29 @@ class GroupTerms:
     boundary: object = 0  # partial_tail_boundary (read with a tail)
     tph: object = None  # tokens_per_hash (read with a tail)
     prompt: object = None  # num_prompt_tokens (read with a tail)
+    tokens: object = None  # request.num_tokens, what the keys cover (read with a tail; a world's is its prompt)
+    tail_refusal: str | None = None  # why the config supports no partial tail (a world assumes it does:
+    # TailWorld.base, HybridWorld.partial_tail_config); read with a tail
+    notes: list | None = None  # a case's: what each broken clause says (None: a world's, nothing noted)
+
+
+def case_terms(case: Case, gi: int) -> GroupTerms:
+    """Group ``gi`` of ``case`` as the terms a premise reads: the case's numbers and table, and
+    for fresh-after-nulls the j the table shows (its first non-null block in [f, k), else where
+    the load or the table ends)."""
+    g = case.groups[gi]
+    cfg = g.config
+    b, bpc = cfg.tokens_per_block, case.blocks_per_chunk
+    N, M = case.num_locally_computed_tokens, case.num_external_tokens
+    f, k = cdiv(N, b), cdiv(N + M, b)
+    end = min(k, len(g.blocks))
+    j = next((i for i in range(f, end) if not g.blocks[i].is_null), max(f, end))
+    tail = case.partial_tail_boundary is not None
+    return GroupTerms(N, M, N + M, b, bpc, b * bpc, f, k, j, ConcreteTable(g.blocks), case.sync_load,
+                      case.num_offload_keys(gi), cfg.sliding_window_size_in_chunks(bpc),
+                      cfg.sliding_window or cfg.attention_chunk_size, cfg.extra_retained_tokens, tail,
+                      case.partial_tail_boundary or 0, case.tokens_per_hash, case.num_prompt_tokens,
+                      case.num_tokens, case.partial_tail_refusal() if tail else None, notes=[])
 
 
 class PremiseCheck(NamedTuple):
@@ -99,181 +137,103 @@ class PremiseCheck(NamedTuple):
     detail: str  # what was compared; why it fails
 
 
-# --- the concrete faces -----------------------------------------------------------
+# --- the terms ----------------------------------------------------------------------
+#
+# A clause that a case can break says what is wrong through ``_why`` (or ``_every``, for a
+# quantifier over the table); in a world both return the clause unchanged.
 
-def _numbers(case: Case, gi: int):
-    g = case.groups[gi]
-    b = g.config.tokens_per_block
-    N, T = case.num_locally_computed_tokens, case.num_cached_tokens
-    return g, b, N, T, cdiv(N, b), cdiv(T, b)
-
-
-def _first_fresh_shape(case: Case, gi: int):
-    """(j, problem): the first non-null block in [f, k), and the first block that
-    breaks "[f, j) null, [j, k) fresh" (None when the shape holds)."""
-    g, b, N, T, f, k = _numbers(case, gi)
-    blocks = g.blocks[:k]
-    fresh = (BlockState.UNHASHED, BlockState.HASHED) if case.sync_load else (BlockState.UNHASHED,)
-    j = next((i for i in range(f, len(blocks)) if not blocks[i].is_null), min(k, len(blocks)))
-    for i in range(j, len(blocks)):
-        if blocks[i].state not in fresh:
-            want = "non-null (a sync load's blocks are hashed at allocation)" if case.sync_load else "U (fresh, unhashed)"
-            return j, f"blocks[{i}] is {blocks[i].token}, expected {want}: [f={f}, j={j}) null then [j, k={k}) fresh"
-    return j, None
+def _why(g, holds, detail):
+    """``holds``; on a case's group where it is False, ``detail()`` is noted."""
+    if holds is False and g.notes is not None:
+        g.notes.append(detail())
+    return holds
 
 
-def _check_table_length(case, gi):
-    g, b, N, T, f, k = _numbers(case, gi)
-    if len(g.blocks) < k:
-        return f"len(blocks)={len(g.blocks)} < k=cdiv(T={T}, b={b})={k}"
-    return None
+def _every(g, lo, hi, body, detail):
+    """``body(i)`` for every i in [lo, hi) of the group's table; on a case's table, ``detail(i)``
+    of the first i that breaks it is noted."""
+    t = g.table
+    return _why(g, t.forall(lo, hi, body), lambda: detail(t.broken))
 
-
-def _check_aligned(case, gi):
-    g, b, N, *_ = _numbers(case, gi)
-    return None if N % b == 0 else f"N={N} is not a multiple of tokens_per_block={b} (N % b = {N % b})"
-
-
-def _check_fresh_after_nulls(case, gi):
-    return _first_fresh_shape(case, gi)[1]
-
-
-def _check_computed_hashed(case, gi):
-    g, b, N, T, f, k = _numbers(case, gi)
-    for i in range(min(f, len(g.blocks))):
-        if not g.blocks[i].is_hashed:
-            return f"blocks[{i}] is {g.blocks[i].token} below f={f}; a full-attention prefix hit is hashed blocks"
-    return None
-
-
-def _check_computed_cached(case, gi):
-    g, b, N, T, f, k = _numbers(case, gi)
-    for i in range(min(f, len(g.blocks))):
-        if g.blocks[i].state is BlockState.UNHASHED:
-            return f"blocks[{i}] is {g.blocks[i].token} below f={f}; a windowed group's computed blocks are prefix-cache hits (hashed) or skipped (null)"
-    return None
-
-
-def _skipped_blocks(case, gi) -> int:
-    """Blocks before the window vLLM's manager pads with nulls at T."""
-    g, b, N, T, f, k = _numbers(case, gi)
-    cfg = g.config
-    if cfg.kind is GroupKind.SLIDING_WINDOW:
-        extra = cfg.extra_retained_tokens
-        return max(0, T - cfg.sliding_window + 1 - extra) // b
-    if cfg.kind is GroupKind.CHUNKED_LOCAL:
-        return (T // cfg.attention_chunk_size) * cfg.attention_chunk_size // b
-    return 0
-
-
-def _check_skipped_null(case, gi):
-    g = case.groups[gi]
-    s = _skipped_blocks(case, gi)
-    for i in range(min(s, len(g.blocks))):
-        if not g.blocks[i].is_null:
-            return f"blocks[{i}] is {g.blocks[i].token}, but the first {s} blocks lie before the window at T and are null"
-    return None
-
-
-def _check_mamba_one_block(case, gi):
-    g, b, N, T, f, k = _numbers(case, gi)
-    for i in range(f, min(k - 1, len(g.blocks))):
-        if not g.blocks[i].is_null:
-            return f"blocks[{i}] is {g.blocks[i].token} in [f={f}, k-1={k - 1}); align mode keeps one state block, at k-1"
-    return None
-
-
-def _tail(case) -> bool:
-    return case.partial_tail_boundary is not None
-
-
-def _check_keys_cover(case, gi):
-    g, b, N, T, f, k = _numbers(case, gi)
-    tpc = g.config.tokens_per_chunk(case.blocks_per_chunk)
-    have, want = case.num_offload_keys(gi), cdiv(T, tpc) - _tail(case)
-    if have < want:
-        what = "the chunks below a partial tail's boundary chunk" if _tail(case) else "the lookup caps T at keys*tpc"
-        return f"{have} offload keys < {want} = cdiv(T={T}, tokens_per_chunk={tpc}){' - 1' * _tail(case)}: {what}"
-    return None
-
-
-def _check_hit_a_chunk(case, gi):
-    g = case.groups[gi]
-    tpc = g.config.tokens_per_chunk(case.blocks_per_chunk)
-    M = case.num_external_tokens
-    if _tail(case):  # a partial tail ends on a hash boundary past the complete hit
-        return None if M >= case.tokens_per_hash else f"M={M} < tokens_per_hash={case.tokens_per_hash}"
-    return None if M >= tpc else f"M={M} < tokens_per_chunk={tpc}: the complete-chunk lookup returns 0 below a chunk"
-
-
-def _check_partial_tail_lookup(case, gi):
-    if not _tail(case):
-        return None
-    B, N, T, tph = case.partial_tail_boundary, case.num_locally_computed_tokens, case.num_cached_tokens, \
-        case.tokens_per_hash
-    if B != T:
-        return f"partial_tail_boundary={B} != N + M = {T}: the lookup returns M = boundary - N"
-    if B <= N or B % tph or B > case.num_prompt_tokens - 1:
-        return f"partial_tail_boundary={B} is not a hash boundary in (N={N}, num_prompt_tokens - 1]"
-    if not case.supports_partial_tail:
-        return f"the config does not support partial tails: {case.partial_tail_refusal()}"
-    return None
-
-
-# --- the Z3 faces -----------------------------------------------------------------
 
 def _term_table_length(g):
-    return g.table.length >= g.k
+    return _why(g, g.table.length >= g.k, lambda: f"len(blocks)={g.table.length} < k=cdiv(T={g.T}, b={g.b})={g.k}")
 
 
 def _term_aligned(g):
-    return g.N % g.b == 0
+    return _why(g, g.N % g.b == 0,
+                lambda: f"N={g.N} is not a multiple of tokens_per_block={g.b} (N % b = {g.N % g.b})")
 
 
 def _term_fresh_after_nulls(g):
     """∃ j ∈ [f, k]: [f, j) null, [j, k) fresh; j is the group's own ``g.j``."""
     t = g.table
+
+    def broken(i):
+        want = "non-null (a sync load's blocks are hashed at allocation)" if g.sync_load else "U (fresh, unhashed)"
+        return f"blocks[{i}] is {t.token(i)}, expected {want}: [f={g.f}, j={g.j}) null then [j, k={g.k}) fresh"
+
     return AND(g.f <= g.j, g.j <= g.k,
                t.forall(g.f, g.j, lambda i: t.state(i) == STATE_N),
-               t.forall(g.j, g.k, lambda i: OR(t.state(i) == STATE_U, AND(g.sync_load, t.state(i) != STATE_N))))
+               _every(g, g.j, g.k, lambda i: OR(t.state(i) == STATE_U, AND(g.sync_load, t.state(i) != STATE_N)), broken))
 
 
 def _term_computed_hashed(g):
     t = g.table
-    return t.forall(0, g.f, lambda i: t.state(i) == STATE_H)
+    return _every(g, 0, g.f, lambda i: t.state(i) == STATE_H,
+                  lambda i: f"blocks[{i}] is {t.token(i)} below f={g.f}; a full-attention prefix hit is hashed blocks")
 
 
 def _term_computed_cached(g):
     t = g.table
-    return t.forall(0, g.f, lambda i: t.state(i) != STATE_U)
+    return _every(g, 0, g.f, lambda i: t.state(i) != STATE_U,
+                  lambda i: f"blocks[{i}] is {t.token(i)} below f={g.f}; a windowed group's computed blocks are "
+                            "prefix-cache hits (hashed) or skipped (null)")
+
+
+def _before_window(g, skipped):
+    """The skipped blocks (``skipped`` tokens before the window at T) are null."""
+    t, s = g.table, FLOORDIV(skipped, g.b)
+    return _every(g, 0, s, lambda i: t.state(i) == STATE_N,
+                  lambda i: f"blocks[{i}] is {t.token(i)}, but the first {s} blocks lie before the window at T and are null")
 
 
 def _term_sliding_skipped_null(g):
     """The skipped blocks are null (the window in chunks is the config's: the plan derives it)."""
-    t = g.table
-    skipped = MAX(g.T - g.span + 1 - g.extra, 0)
-    return AND(g.span >= 1, g.extra >= 0, t.forall(0, FLOORDIV(skipped, g.b), lambda i: t.state(i) == STATE_N))
+    skipped = get_num_skipped_tokens(GroupKind.SLIDING_WINDOW, g.T, sliding_window=g.span, extra_retained_tokens=g.extra,
+                                     maximum=MAX, floordiv=FLOORDIV)
+    return AND(g.span >= 1, g.extra >= 0, _before_window(g, skipped))
 
 
 def _term_chunked_skipped_null(g):
-    t = g.table
-    return AND(g.span >= 1, t.forall(0, FLOORDIV(FLOORDIV(g.T, g.span) * g.span, g.b), lambda i: t.state(i) == STATE_N))
+    return AND(g.span >= 1, _before_window(g, get_num_skipped_tokens(
+        GroupKind.CHUNKED_LOCAL, g.T, attention_chunk_size=g.span, maximum=MAX, floordiv=FLOORDIV)))
 
 
 def _term_mamba_one_block(g):
     t = g.table
-    return AND(g.window == 1, t.forall(g.f, g.k - 1, lambda i: t.state(i) == STATE_N))
+    return AND(g.window == 1, _every(g, g.f, g.k - 1, lambda i: t.state(i) == STATE_N, lambda i: (
+        f"blocks[{i}] is {t.token(i)} in [f={g.f}, k-1={g.k - 1}); align mode keeps one state block, at k-1")))
 
 
 def _term_keys_cover(g):
     tail = g.tail
     whole = g.num_keys * g.tpc >= g.T
-    return whole if tail is False else IF(tail, g.num_keys >= CDIV(g.T, g.tpc) - 1, whole)  # bpc = 1 with a tail
+
+    def short():
+        want = cdiv(g.T, g.tpc) - tail
+        what = "the chunks below a partial tail's boundary chunk" if tail else "the lookup caps T at keys*tpc"
+        return f"{g.num_keys} offload keys < {want} = cdiv(T={g.T}, tokens_per_chunk={g.tpc}){' - 1' * tail}: {what}"
+
+    # bpc = 1 with a tail
+    return _why(g, whole if tail is False else IF(tail, g.num_keys >= CDIV(g.T, g.tpc) - 1, whole), short)
 
 
 def _term_hit_a_chunk(g):
     tail = g.tail
-    return g.M >= g.tpc if tail is False else IF(tail, g.M >= g.tph, g.M >= g.tpc)
+    return _why(g, g.M >= g.tpc if tail is False else IF(tail, g.M >= g.tph, g.M >= g.tpc), lambda: (
+        f"M={g.M} < tokens_per_hash={g.tph}" if tail else
+        f"M={g.M} < tokens_per_chunk={g.tpc}: the complete-chunk lookup returns 0 below a chunk"))
 
 
 def _term_partial_tail_lookup(g):
@@ -282,8 +242,16 @@ def _term_partial_tail_lookup(g):
     tail = g.tail
     if tail is False:
         return True
-    return IMPLIES(tail, AND(g.boundary == g.N + g.M, g.boundary > g.N, g.boundary % g.tph == 0,
-                             g.boundary <= g.prompt - 1, g.num_keys == FLOORDIV(g.prompt, g.tpc)))
+    B = g.boundary
+
+    def off_grid():
+        return f"partial_tail_boundary={B} is not a hash boundary in (N={g.N}, num_prompt_tokens - 1]"
+
+    return IMPLIES(tail, AND(
+        _why(g, B == g.N + g.M, lambda: f"partial_tail_boundary={B} != N + M = {g.T}: the lookup returns M = boundary - N"),
+        _why(g, B > g.N, off_grid), _why(g, B % g.tph == 0, off_grid), _why(g, B <= g.prompt - 1, off_grid),
+        g.num_keys == FLOORDIV(g.tokens, g.tpc),
+        _why(g, g.tail_refusal is None, lambda: f"the config does not support partial tails: {g.tail_refusal}")))
 
 
 def source(release, path, line, what):
@@ -299,7 +267,7 @@ PREMISES: tuple = (
         "len(blocks) ≥ k", ALL_KINDS,
         (source(V33, STM, 327, "allocate_external_computed_blocks: cdiv(total, block_size) - len(req_blocks) new blocks"),
          source(V29, STM, 295, "allocate_external_computed_blocks")),
-        _term_table_length, _check_table_length),
+        _term_table_length),
     Premise(
         "n-aligned",
         "N is a multiple of the group's tokens_per_block: the scheduler hands the connector the local hit rounded "
@@ -308,7 +276,7 @@ PREMISES: tuple = (
         (source(V33, CORE_SCHED, 1134, "partial_tail = num_new_local_computed_tokens % self.block_size"),
          source(V33, "v1/core/kv_cache_utils.py", 816, "resolve_kv_cache_block_sizes: LCM of the groups' block sizes"),
          source(V29, CORE_SCHED, 852, "the same rounding")),
-        _term_aligned, _check_aligned),
+        _term_aligned),
     Premise(
         "fresh-after-nulls",
         "In [f, k) the table is null blocks (skipped by a window) then the fresh blocks allocated for the load: "
@@ -320,14 +288,14 @@ PREMISES: tuple = (
          source(V33, "v1/core/kv_cache_manager.py", 613, "allocate_slots: cache_blocks unless delay_cache_blocks "
               "(an async load); a sync load's blocks are hashed here"),
          source(V29, STM, 236, "add_local_computed_blocks"), source(V29, "v1/core/block_pool.py", 647, "get_new_blocks")),
-        _term_fresh_after_nulls, _check_fresh_after_nulls),
+        _term_fresh_after_nulls),
     Premise(
         "computed-hashed",
         "A full-attention group's blocks below f are the prefix-cache hit: every one hashed.",
         "∀ i < f: state(i) = H", frozenset({GroupKind.FULL_ATTENTION}),
         (source(V33, STM, 739, "FullAttentionManager.find_longest_cache_hit: cached blocks only"),
          source(V33, STM, 268, "add_local_computed_blocks")),
-        _term_computed_hashed, _check_computed_hashed),
+        _term_computed_hashed),
     Premise(
         "computed-cached",
         "A sliding-window or chunked-local group's blocks below f are prefix-cache hits (hashed) or skipped "
@@ -335,7 +303,7 @@ PREMISES: tuple = (
         "∀ i < f: state(i) ≠ U", frozenset({GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL}),
         (source(V33, STM, 268, "add_local_computed_blocks: nulls for skipped blocks, then the cache hits"),
          source(V29, STM, 236, "add_local_computed_blocks")),
-        _term_computed_cached, _check_computed_cached),
+        _term_computed_cached),
     Premise(
         "window-skipped-null",
         "A sliding-window group's blocks before its window at T are null: SlidingWindowManager skips "
@@ -345,14 +313,14 @@ PREMISES: tuple = (
         (source(V33, STM, 1148, "SlidingWindowManager.get_num_skipped_tokens"),
          source(V33, STM, 268, "add_local_computed_blocks: num_skipped_blocks nulls"),
          source(V29, STM, 1071, "SlidingWindowManager.get_num_skipped_tokens")),
-        _term_sliding_skipped_null, _check_skipped_null),
+        _term_sliding_skipped_null),
     Premise(
         "chunk-skipped-null",
         "A chunked-local group's blocks before T's attention chunk are null.",
         "∀ i < ⌊⌊T/c⌋·c/b⌋: null", frozenset({GroupKind.CHUNKED_LOCAL}),
         (source(V33, STM, 1381, "ChunkedLocalAttentionManager.get_num_skipped_tokens"),
          source(V29, STM, 1310, "ChunkedLocalAttentionManager.get_num_skipped_tokens")),
-        _term_chunked_skipped_null, _check_skipped_null),
+        _term_chunked_skipped_null),
     Premise(
         "mamba-one-state-block",
         "A Mamba group in align mode keeps one state block for the load: [f, k-1) null, block k-1 the fresh "
@@ -362,21 +330,21 @@ PREMISES: tuple = (
          source(V33, STM, 1797, "MambaManager.allocate_new_blocks (align): nulls up to the state block"),
          source(V29, STM, 1810, "MambaManager.get_num_skipped_tokens"),
          source(V29, STM, 1661, "MambaManager.allocate_new_blocks")),
-        _term_mamba_one_block, _check_mamba_one_block),
+        _term_mamba_one_block),
     Premise(
         "keys-cover-hit",
         "The lookup never returns a hit past the group's offload keys: T ≤ keys·tpc.",
         "num_offload_keys · tpc ≥ T", ALL_KINDS,
         (source(V33, SCHED, 915, "_lookup_complete_chunks: max_hit_size_tokens capped at len(offload_keys) * tpc"),
          source(V29, SCHED, 749, "the same cap")),
-        _term_keys_cover, _check_keys_cover),
+        _term_keys_cover),
     Premise(
         "hit-a-chunk",
         "A complete-chunk lookup returns M = 0 or at least one chunk of every group: M ≥ tpc.",
         "M ≥ tpc", ALL_KINDS,
         (source(V33, SCHED, 994, "_lookup_complete_chunks: new_num_hit_tokens < tokens_per_chunk returns 0"),
          source(V29, SCHED, 808, "the same")),
-        _term_hit_a_chunk, _check_hit_a_chunk),
+        _term_hit_a_chunk),
     Premise(
         "partial-tail-lookup",
         "A partial tail is what the lookup chose: a boundary on a hash boundary past N and before the prompt's "
@@ -387,7 +355,7 @@ PREMISES: tuple = (
         (source(V33, SCHED, 1068, "_lookup: max_boundary, the boundary loop, return boundary - local_tokens"),
          source(V33, SCHED, 276, "SchedulerOffloadConfig.from_spec: supports_partial_tail"),
          source(V29, SCHED, 876, "_lookup")),
-        _term_partial_tail_lookup, _check_partial_tail_lookup),
+        _term_partial_tail_lookup),
 )
 
 
@@ -587,10 +555,11 @@ def evaluate(case: Case, ids=None) -> list[PremiseCheck]:
     chosen = PREMISES if ids is None else tuple(BY_ID[i] for i in ids)
     out = []
     for gi, g in enumerate(case.groups):
-        for p in chosen:
-            if p.applies(g.config.kind):
-                problem = p.check(case, gi)
-                out.append(PremiseCheck(p, gi, problem is None, problem or ""))
+        applicable = [p for p in chosen if p.applies(g.config.kind)]
+        terms_of_group = case_terms(case, gi) if applicable else None
+        for p in applicable:
+            problem = p.check_terms(terms_of_group)
+            out.append(PremiseCheck(p, gi, problem is None, problem or ""))
     return out
 
 

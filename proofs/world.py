@@ -132,7 +132,8 @@ class TailWorld(World):
 
     def group_terms(self) -> GroupTerms:
         """What the premises read of this group: a partial tail, at ``boundary``."""
-        return replace(super().group_terms(), tail=True, boundary=self.boundary, tph=self.tph, prompt=self.prompt)
+        return replace(super().group_terms(), tail=True, boundary=self.boundary, tph=self.tph, prompt=self.prompt,
+                       tokens=self.prompt)
 
     def inputs(self) -> GroupInputs:
         return GroupInputs(self.N, self.M, self.b, self.bpc, self.window, self.num_keys, self.sync_load, self.table,
@@ -191,9 +192,10 @@ def table_from_model(table: SymTable, model, group_index: int) -> tuple:
 
 
 def z3_face_holds(p: Premise, case: Case, gi: int) -> bool:
-    """The Z3 face of ``p`` on one group of a concrete case: is the term satisfiable
-    with every input fixed to the case's values (only ``j`` left free)? Agrees with
-    ``p.check`` exactly when the two faces state the same thing."""
+    """``p``'s term as Z3 solves it on one group of a concrete case: is it satisfiable with
+    every input fixed to the case's values (only ``j`` left free)? Agrees with ``p.check``
+    (the same term folded on the case, j the one the table shows) exactly when that folding
+    is exact."""
     from .options import PREMISE, is_sat
 
     g = case.groups[gi]

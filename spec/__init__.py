@@ -7,6 +7,7 @@ Imports nothing from the other layers (proofs, impl and the tool import it); its
 are ``kvbound.errors``, the leaf every layer shares.
 """
 
+from .case import Case
 from .cases import (
     CaseError,
     case_from_dict,
@@ -33,7 +34,6 @@ from .vocab import (
     Assertion,
     Block,
     BlockState,
-    Case,
     Group,
     GroupConfig,
     GroupKind,
@@ -57,6 +57,7 @@ from .vocab import (
     Variant,
     cdiv,
     eagle_proof_margin,
+    get_num_skipped_tokens,
     lcm_all,
 )
 

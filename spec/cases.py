@@ -1,4 +1,4 @@
-"""Case files: the JSON form of a ``Case``, and the rules a case must obey.
+"""Case files: the JSON form of a ``Case`` (the rules every case obeys: ``case.py``).
 
 Every error names the case, the field and the rule, so a user fixes the file
 without reading a traceback. A case may still be adversarial (unaligned N, a
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from kvbound.errors import CaseError
 
-from .vocab import MAMBA_CACHE_MODES, NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind
+from .case import Case
+from .vocab import NULL, Block, BlockState, Group, GroupConfig, GroupKind
 
 CASE_FIELDS = (
     "name", "blocks_per_chunk", "tokens_per_hash", "num_prompt_tokens",
@@ -23,7 +24,6 @@ CASE_FIELDS = (
 CASE_FIELDS_V2 = ("num_tokens", "partial_tail_boundary", "cache_hit_alignment_tokens", "decode_context_parallel_size")
 GROUP_FIELDS = ("kind", "tokens_per_block", "sliding_window", "attention_chunk_size", "blocks")
 GROUP_FIELDS_V2 = ("extra_retained_tokens", "is_eagle_group", "mamba_cache_mode", "offloaded")
-_WINDOW_FIELD = {GroupKind.SLIDING_WINDOW: "sliding_window", GroupKind.CHUNKED_LOCAL: "attention_chunk_size"}
 # a v2 group field that only one kind may carry
 _KIND_ONLY = {"extra_retained_tokens": GroupKind.SLIDING_WINDOW, "mamba_cache_mode": GroupKind.MAMBA}
 _TOKEN = re.compile(r"^([HU])([1-9][0-9]*)$")
@@ -49,144 +49,6 @@ def parse_table(tokens, case: str = "?", field: str = "blocks") -> tuple:
     if isinstance(tokens, str):
         tokens = tokens.split()
     return tuple(parse_block(t, case, f"{field}[{i}]") for i, t in enumerate(tokens))
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _need_int(case: str, field: str, v: object, minimum: int) -> int:
-    if not _is_int(v):
-        raise CaseError(case, field, f"must be an integer, got {json.dumps(v)}")
-    if v < minimum:
-        what = "positive" if minimum == 1 else "non-negative"
-        raise CaseError(case, field, f"must be {what} (>= {minimum}), got {v}")
-    return v
-
-
-def validate_case(case: Case) -> None:
-    """The semantic rules; ``Case.__post_init__`` runs them, so they hold for every ``Case``."""
-    name = case.name
-    if not isinstance(name, str) or not name:
-        raise CaseError(str(name), "name", "must be a non-empty string")
-    _need_int(name, "blocks_per_chunk", case.blocks_per_chunk, 1)
-    _need_int(name, "tokens_per_hash", case.tokens_per_hash, 1)
-    _need_int(name, "num_prompt_tokens", case.num_prompt_tokens, 0)
-    _need_int(name, "num_locally_computed_tokens", case.num_locally_computed_tokens, 0)
-    _need_int(name, "num_external_tokens", case.num_external_tokens, 0)
-    if not isinstance(case.sync_load, bool):
-        raise CaseError(name, "sync_load", f"must be true or false, got {json.dumps(case.sync_load)}")
-    _need_int(name, "num_tokens", case.num_tokens, 0)
-    if case.num_tokens < case.num_prompt_tokens:
-        raise CaseError(
-            name, "num_tokens",
-            f"must be >= num_prompt_tokens {case.num_prompt_tokens} (prompt plus the output tokens"
-            f" generated so far), got {case.num_tokens}",
-        )
-    if case.cache_hit_alignment_tokens is not None:
-        _need_int(name, "cache_hit_alignment_tokens", case.cache_hit_alignment_tokens, 1)
-    _need_int(name, "decode_context_parallel_size", case.decode_context_parallel_size, 1)
-    if not case.groups:
-        raise CaseError(name, "groups", "must hold at least one KV-cache group")
-    seen: dict[int, str] = {}
-    for gi, group in enumerate(case.groups):
-        where = f"groups[{gi}]"
-        cfg = group.config
-        if not isinstance(cfg.kind, GroupKind):
-            raise CaseError(name, f"{where}.kind", f"must be a GroupKind, got {cfg.kind!r}")
-        b = _need_int(name, f"{where}.tokens_per_block", cfg.tokens_per_block, 1)
-        for kind, fld in _WINDOW_FIELD.items():
-            value = getattr(cfg, fld)
-            if cfg.kind is kind:
-                if value is None:
-                    raise CaseError(name, f"{where}.{fld}", f"is required for kind {kind.value!r}")
-                _need_int(name, f"{where}.{fld}", value, 1)
-            elif value is not None:
-                raise CaseError(
-                    name, f"{where}.{fld}",
-                    f"only a {kind.value!r} group has {fld}; this group is {cfg.kind.value!r}",
-                )
-        if not _is_int(cfg.extra_retained_tokens) or cfg.extra_retained_tokens < 0:
-            _need_int(name, f"{where}.extra_retained_tokens", cfg.extra_retained_tokens, 0)
-        if cfg.extra_retained_tokens and cfg.kind is not GroupKind.SLIDING_WINDOW:
-            raise CaseError(
-                name, f"{where}.extra_retained_tokens",
-                f"only a 'sliding_window' group has extra_retained_tokens; this group is {cfg.kind.value!r}",
-            )
-        for fld in ("is_eagle_group", "offloaded"):
-            if not isinstance(getattr(cfg, fld), bool):
-                raise CaseError(name, f"{where}.{fld}", f"must be true or false, got {json.dumps(getattr(cfg, fld))}")
-        if cfg.mamba_cache_mode is not None:
-            if cfg.kind is not GroupKind.MAMBA:
-                raise CaseError(
-                    name, f"{where}.mamba_cache_mode",
-                    f"only a 'mamba' group has mamba_cache_mode; this group is {cfg.kind.value!r}",
-                )
-            if cfg.mamba_cache_mode not in MAMBA_CACHE_MODES:
-                raise CaseError(
-                    name, f"{where}.mamba_cache_mode",
-                    f"must be one of {', '.join(MAMBA_CACHE_MODES)} (vLLM's MambaSpec.mamba_cache_mode),"
-                    f" got {json.dumps(cfg.mamba_cache_mode)}",
-                )
-        tpc = b * case.blocks_per_chunk
-        if tpc % case.tokens_per_hash:
-            raise CaseError(
-                name, f"{where}.tokens_per_block",
-                f"tokens_per_chunk = tokens_per_block {b} * blocks_per_chunk {case.blocks_per_chunk}"
-                f" = {tpc} must be a multiple of tokens_per_hash {case.tokens_per_hash}"
-                " (vLLM keys a chunk by its last block hash)",
-            )
-        for i, blk in enumerate(group.blocks):
-            if not isinstance(blk, Block):
-                raise CaseError(name, f"{where}.blocks[{i}]", f"must be a Block, got {blk!r}")
-            if blk.is_null:
-                if blk.block_id != 0:
-                    raise CaseError(name, f"{where}.blocks[{i}]", "the null block has block_id 0")
-                continue
-            if blk.block_id < 1:
-                raise CaseError(name, f"{where}.blocks[{i}]", "a non-null block needs block_id >= 1")
-            here = f"{where}.blocks[{i}]"
-            if blk.block_id in seen:
-                raise CaseError(
-                    name, here,
-                    f"block id {blk.block_id} is already used at {seen[blk.block_id]};"
-                    " a non-null GPU block belongs to one place in one request",
-                )
-            seen[blk.block_id] = here
-    if not case.offloaded_group_indices:
-        raise CaseError(name, "groups", "at least one group must be offloaded (vLLM: \"KV offloading found no eligible cache groups\")")
-    if case.partial_tail_boundary is not None:
-        _validate_partial_tail(case)
-
-
-def _validate_partial_tail(case: Case) -> None:
-    """What vLLM's lookup guarantees of a boundary it records (0.28-0.33 ``_lookup``):
-    a config where ``supports_partial_tail`` holds, a multiple of tokens_per_hash in
-    [tokens_per_hash, num_prompt_tokens - 1], and (0.33, EAGLE groups) a hash of the
-    request at boundary + proof margin."""
-    name, boundary, tph = case.name, case.partial_tail_boundary, case.tokens_per_hash
-    fld = "partial_tail_boundary"
-    _need_int(name, fld, boundary, 1)
-    why = case.partial_tail_refusal()
-    if why is not None:
-        raise CaseError(name, fld, f"vLLM records a partial tail only where supports_partial_tail holds; here {why}")
-    if boundary % tph:
-        raise CaseError(name, fld, f"{boundary} is not a multiple of tokens_per_hash {tph} (vLLM's lookup rounds the boundary down to it)")
-    if boundary > case.num_prompt_tokens - 1:
-        raise CaseError(
-            name, fld,
-            f"{boundary} > num_prompt_tokens - 1 = {case.num_prompt_tokens - 1} (vLLM's lookup never records a"
-            " boundary at or past the prompt's end)",
-        )
-    hashed = (case.num_tokens // tph) * tph
-    for gi in case.offloaded_group_indices:
-        margin = case.eagle_proof_margin(gi)
-        if boundary + margin > hashed:
-            raise CaseError(
-                name, fld,
-                f"{boundary} + EAGLE proof margin {margin} of group {gi} = {boundary + margin} > the {hashed} tokens"
-                f" the request has hashes for (num_tokens {case.num_tokens}); vLLM's lookup needs that hash",
-            )
 
 
 def case_from_dict(d: object, where: str = "?") -> Case:

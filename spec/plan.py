@@ -8,11 +8,11 @@ compare outcomes; ``asserts=False`` models ``python -O``.
 from __future__ import annotations
 
 from .asserts import ROW
+from .case import Case
 from .vocab import (
     AssertName,
     Assertion,
     BlockState,
-    Case,
     GroupPlan,
     LoadPlan,
     ReleaseFeatures,

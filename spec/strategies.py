@@ -16,7 +16,8 @@ from typing import Iterator, Sequence
 
 from hypothesis import strategies as st
 
-from .vocab import NULL, Block, BlockState, Case, Group, GroupConfig, GroupKind, cdiv, lcm_all
+from .case import Case
+from .vocab import NULL, Block, BlockState, Group, GroupConfig, GroupKind, cdiv, get_num_skipped_tokens, lcm_all
 
 FAMILIES = ("realistic", "recurrent_state", "adversarial")  # v1: the default mix
 # case format v2 (docs/case-format.md): partial tails, short prompts, EAGLE groups, retained
@@ -97,16 +98,6 @@ class _Ids:
         return Block(state, bid)
 
 
-def _num_skipped_tokens(cfg: GroupConfig, T: int) -> int:
-    """``get_num_skipped_tokens`` of the kind's manager (0.33 ``single_type_kv_cache_manager.py``:
-    sliding window :1148-1183 keeps ``extra_retained_tokens`` more; chunked local :1381)."""
-    if cfg.kind is GroupKind.SLIDING_WINDOW:
-        return max(0, T - cfg.sliding_window + 1 - cfg.extra_retained_tokens)
-    if cfg.kind is GroupKind.CHUNKED_LOCAL:
-        return (T // cfg.attention_chunk_size) * cfg.attention_chunk_size
-    return 0
-
-
 def allocator_table(rng, cfg: GroupConfig, N: int, T: int, ids, sync_load: bool = False) -> tuple:
     """``add_local_computed_blocks`` then ``allocate_external_computed_blocks``.
 
@@ -120,10 +111,13 @@ def allocator_table(rng, cfg: GroupConfig, N: int, T: int, ids, sync_load: bool 
         table = [NULL] * (k - 1) + [ids(fresh)]
         table += [ids(BlockState.UNHASHED) for _ in range(rng.randint(0, 2))]  # speculative scratch
         return tuple(table)
-    s = _num_skipped_tokens(cfg, T) // b
+    skipped = get_num_skipped_tokens(cfg.kind, T, sliding_window=cfg.sliding_window,
+                                     extra_retained_tokens=cfg.extra_retained_tokens,
+                                     attention_chunk_size=cfg.attention_chunk_size)
+    s = skipped // b
     table = [NULL] * min(s, local) + [ids(BlockState.HASHED) for _ in range(local - min(s, local))]
     table += [NULL] * max(0, s - local)
-    external = min(T - _num_skipped_tokens(cfg, T), T - N)
+    external = min(T - skipped, T - N)
     if external > 0:
         table += [ids(fresh) for _ in range(max(0, k - len(table)))]
     return tuple(table)

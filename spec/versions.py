@@ -28,7 +28,8 @@ from typing import Callable
 
 from kvbound.errors import UnsupportedVersion, UsageError
 
-from .vocab import Case, ReleaseFeatures, Variant
+from .case import Case
+from .vocab import ReleaseFeatures, Variant
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 _CONNECTOR_FIRST = "0.19.0"  # the first release with an offloading connector scheduler (before the table)

@@ -1,4 +1,4 @@
-"""The one vocabulary every layer speaks: group kinds, blocks, tables, cases, plans.
+"""The one vocabulary every layer speaks: group kinds, blocks, tables, plans (a case: ``case.py``).
 
 Names mirror vLLM's ``OffloadingConnectorScheduler`` so the model reads beside
 the code. Everything here is plain data; the behaviour lives in ``plan.py``.
@@ -7,7 +7,7 @@ the code. Everything here is plain data; the behaviour lives in ``plan.py``.
 from __future__ import annotations
 
 import math
-from contextvars import ContextVar
+import operator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping
@@ -105,6 +105,27 @@ def U(block_id: int) -> Block:
 BlockTable = tuple  # tuple[Block, ...]: one group's ``blocks.blocks[group_idx]``
 
 
+def get_num_skipped_tokens(kind: GroupKind, num_computed_tokens, *, sliding_window=None, extra_retained_tokens=0,
+                           attention_chunk_size=None, maximum=max, floordiv=operator.floordiv):
+    """vLLM's ``get_num_skipped_tokens(num_computed_tokens)`` of the kind's single-type manager: the
+    tokens before the ones attention (or the state) still needs, whose blocks the allocator pads
+    with the null block. 0.33.0 ``v1/core/single_type_kv_cache_manager.py``: the base (full
+    attention) 0 (:722-733); SlidingWindowManager ``max(0, n - sliding_window + 1 -
+    extra_retained_tokens)`` (:1148-1183; 0.26.0 :1031-1057 has no extra_retained_tokens, which
+    0.28.0 adds, :1063-1098); ChunkedLocalAttentionManager ``(n // attention_chunk_size) *
+    attention_chunk_size`` (:1381-1425); MambaManager ``n - 1`` (:1971-1976).
+
+    The one definition: ``maximum(a, 0)`` and ``floordiv`` are Python's on ints (the default), the
+    proofs pass ``terms.MAX``/``terms.FLOORDIV`` to build Z3 terms, impl torch's to draw tensors."""
+    if kind is GroupKind.SLIDING_WINDOW:
+        return maximum(num_computed_tokens - sliding_window + 1 - extra_retained_tokens, 0)
+    if kind is GroupKind.CHUNKED_LOCAL:
+        return floordiv(num_computed_tokens, attention_chunk_size) * attention_chunk_size
+    if kind is GroupKind.MAMBA:
+        return num_computed_tokens - 1
+    return 0
+
+
 @dataclass(frozen=True)
 class GroupConfig:
     """One KV-cache group (``kv_cache_groups[group_idx]``) as the connector sees it
@@ -152,133 +173,6 @@ class GroupConfig:
 class Group:
     config: GroupConfig
     blocks: BlockTable
-
-
-_TRUSTED = ContextVar("kvbound_case_trusted", default=False)  # set only inside ``Case.trusted``
-
-
-@dataclass(frozen=True)
-class Case:
-    """One call of ``update_state_after_alloc``: the request, its config and tables.
-
-    Construction validates (``cases.validate_case``): a ``Case`` that exists is a
-    well-formed input, though it may be adversarial (unaligned N, short tables).
-    """
-
-    name: str
-    blocks_per_chunk: int
-    tokens_per_hash: int
-    num_prompt_tokens: int
-    num_locally_computed_tokens: int
-    num_external_tokens: int
-    groups: tuple  # tuple[Group, ...]: every KV-cache group, in group_idx (``blocks.blocks``) order
-    sync_load: bool = False
-    # case format v2 (defaults: what a v1 case meant)
-    num_tokens: int | None = None  # ``request.num_tokens`` at the call; None means num_prompt_tokens
-    partial_tail_boundary: int | None = None  # ``RequestOffloadState.partial_tail_boundary``
-    cache_hit_alignment_tokens: int | None = None  # ``KVCacheConfig.cache_hit_alignment_tokens``
-    decode_context_parallel_size: int = 1  # ``parallel_config.decode_context_parallel_size``
-
-    def __post_init__(self) -> None:
-        from .cases import validate_case  # cases imports vocab; keep one rule set
-
-        object.__setattr__(self, "groups", tuple(self.groups))
-        if self.num_tokens is None:
-            object.__setattr__(self, "num_tokens", self.num_prompt_tokens)
-        groups = self.groups
-        # derived once (not fields: equality and hashing ignore them)
-        object.__setattr__(self, "_offloaded", tuple(
-            i for i, g in enumerate(groups) if getattr(getattr(g, "config", None), "offloaded", True) is not False
-        ))
-        if not _TRUSTED.get():
-            validate_case(self)
-        object.__setattr__(self, "uses_v2_features", bool(
-            self.partial_tail_boundary is not None
-            or len(self._offloaded) != len(groups)
-            or any(g.config.extra_retained_tokens for g in groups)
-        ))
-
-    @classmethod
-    def trusted(cls, **fields) -> "Case":
-        """``Case(**fields)`` without re-running ``validate_case``, for values already known
-        to satisfy it: rows a generator built by the rules (its tests put them through the
-        validating constructor) or cases validated before. The derived fields are set as
-        ever. Anything read from a file or a user goes through ``Case(...)``."""
-        token = _TRUSTED.set(True)
-        try:
-            return cls(**fields)
-        finally:
-            _TRUSTED.reset(token)
-
-    @property
-    def num_cached_tokens(self) -> int:
-        return self.num_locally_computed_tokens + self.num_external_tokens
-
-    @property
-    def offloaded_group_indices(self) -> tuple:
-        """The ``group_idx`` of every offloaded group, in order (vLLM's ``kv_group_configs``)."""
-        return self._offloaded
-
-    def num_offload_keys(self, group_index: int) -> int:
-        """Keys a group has at the call: one per ``hashes_per_chunk`` hashes of
-        ``request.block_hashes``, which cover all ``num_tokens`` (not only the prompt)."""
-        tpc = self.groups[group_index].config.tokens_per_chunk(self.blocks_per_chunk)
-        hashes_per_chunk = tpc // self.tokens_per_hash
-        return (self.num_tokens // self.tokens_per_hash) // hashes_per_chunk
-
-    def partial_tail_refusal(self, eagle_groups_allowed: bool = True) -> str | None:
-        """Why vLLM's ``SchedulerOffloadConfig.supports_partial_tail`` is False for this
-        config (None when it holds), derived as vLLM derives it over the offloaded
-        groups: 0.33 ``scheduler.py:276-293``; 0.28-0.32 add "no EAGLE group"
-        (0.29 ``scheduler.py:288``), i.e. ``eagle_groups_allowed=False``."""
-        cfgs = [self.groups[i].config for i in self.offloaded_group_indices]
-        if self.blocks_per_chunk != 1:
-            return f"blocks_per_chunk is {self.blocks_per_chunk}; partial tails need 1"
-        sizes = sorted({c.tokens_per_block for c in cfgs})
-        if len(sizes) != 1:
-            return f"offloaded groups have tokens_per_block {sizes}; partial tails need one block size"
-        if not any(c.requires_cow_source and c.tokens_per_block > self.tokens_per_hash for c in cfgs):
-            return ("no offloaded mamba group in cache mode \"align\" with tokens_per_block > "
-                    f"tokens_per_hash {self.tokens_per_hash}")
-        for i in self.offloaded_group_indices:
-            c = self.groups[i].config
-            if c.kind.is_windowed and not c.requires_cow_source:
-                what = c.kind.value if c.kind is not GroupKind.MAMBA else f"mamba ({c.mamba_cache_mode})"
-                return f"group {i} is {what}; partial tails allow no windowed group but an align-mode mamba"
-        if not eagle_groups_allowed:
-            eagle = [i for i in self.offloaded_group_indices if self.groups[i].config.is_eagle_group]
-            if eagle:
-                return f"group {eagle[0]} is an EAGLE group; partial tails before vLLM 0.33 allow none"
-        if self.decode_context_parallel_size != 1:
-            return f"decode_context_parallel_size is {self.decode_context_parallel_size}; partial tails need 1"
-        return None
-
-    @property
-    def supports_partial_tail(self) -> bool:
-        """vLLM 0.33's ``supports_partial_tail`` (the most permissive release)."""
-        return self.partial_tail_refusal() is None
-
-    @property
-    def partial_tail_block_size(self) -> int:
-        """``_partial_tail_block_size``: the first offloaded group's block size where
-        partial tails are supported, else 0 (0.33 ``scheduler.py:597-601``)."""
-        if not self.supports_partial_tail:
-            return 0
-        return self.groups[self.offloaded_group_indices[0]].config.tokens_per_block
-
-    def eagle_proof_margin(self, group_index: int) -> int:
-        """vLLM 0.33's ``_eagle_proof_margins.get(group_idx, 0)`` (``scheduler.py:604-621``):
-        an offloaded EAGLE group that is not a CoW source, on a config that supports
-        partial tails, keys its partial tail this many tokens past the boundary."""
-        cfg = self.groups[group_index].config
-        if not (cfg.offloaded and cfg.is_eagle_group and not cfg.requires_cow_source and self.supports_partial_tail):
-            return 0
-        block_size = self.partial_tail_block_size
-        alignment = self.cache_hit_alignment_tokens
-        partial_hash_hits = alignment is not None and alignment < block_size
-        return eagle_proof_margin(
-            block_size, self.tokens_per_hash, partial_hash_hits and cfg.kind.supports_fine_grained_hash_lookup
-        )
 
 
 class Variant(str, Enum):

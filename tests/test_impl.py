@@ -277,6 +277,24 @@ def test_tensor_generator_builds_valid_cases_that_agree():
     assert all(any(g.config.kind.value == "mamba" for g in c.groups) for c in rec)
 
 
+def test_the_generators_skipped_tokens_are_the_specs_on_every_small_input():
+    """The tensor generator's skipped tokens (what its allocator tables pad with nulls) are the spec's
+    get_num_skipped_tokens for a sliding-window and a chunked-local group at every T < 65 and window
+    < 17; it skips nothing of the other kinds (a Mamba table is drawn on its own)."""
+    from kvbound.impl.generate import num_skipped_tokens
+    from kvbound.spec import GroupKind, get_num_skipped_tokens
+
+    T, w = torch.meshgrid(torch.arange(65), torch.arange(1, 17), indexing="ij")
+    for kind in GroupKind:
+        sliding = torch.full(T.shape, kind is GroupKind.SLIDING_WINDOW)
+        chunked = torch.full(T.shape, kind is GroupKind.CHUNKED_LOCAL)
+        got = num_skipped_tokens(sliding, chunked, T, w).tolist()
+        want = [[get_num_skipped_tokens(kind, t, sliding_window=x, attention_chunk_size=x)
+                 if kind in (GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL) else 0
+                 for t, x in zip(row_t, row_w)] for row_t, row_w in zip(T.tolist(), w.tolist())]
+        assert got == want, kind
+
+
 def test_exhaustive_scope_enumerates_every_case_once():
     from kvbound.impl.exhaustive import Scope, ScopeError, scope_chunks
 

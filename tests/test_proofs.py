@@ -190,7 +190,7 @@ def test_prove_rejects_unknown_ids(capsys):
     assert "no-such-obligation" in capsys.readouterr().err
 
 
-# --- premises: two faces, one statement ---------------------------------------------
+# --- premises: one term, on a world's Z3 terms and on a case's numbers ---------------------------------------------
 
 from kvbound.proofs.premises import PREMISES, evaluate  # noqa: E402
 from kvbound.proofs.world import z3_face_holds  # noqa: E402
@@ -210,9 +210,10 @@ def test_premises_hold_on_allocator_shaped_cases_and_each_fails_somewhere():
     assert failed == {p.id for p in PREMISES}
 
 
-def test_each_premises_z3_term_and_predicate_agree_on_concrete_groups():
-    """Fix a World's inputs to a case group's values: the Z3 face is satisfiable exactly
-    when the executable face holds (both verdicts occur)."""
+def test_each_premises_term_folded_on_a_case_agrees_with_z3_solving_it():
+    """A premise is one term: folded on a case group's numbers (``check``, j the one the table
+    shows) it holds exactly when Z3, with a World's inputs fixed to those numbers and j free,
+    finds it satisfiable (both verdicts occur)."""
     seen = set()
     for family in ("adversarial", "realistic"):
         for case in random_cases(25, seed=5, family=family, max_groups=3):
@@ -360,32 +361,22 @@ def test_every_mutant_killer_hint_names_a_proved_obligation():
         assert m.killer is None or m.killer in proved, (m.name, m.killer)
 
 
-def test_proofs_modules_import_each_other_without_a_cycle():
-    """Every ``from .x import`` of proofs/ (function-level ones too) forms an acyclic graph: a premise
-    module that needs a world, and a world that needs premises, would be one idea in two places."""
-    import ast
-    from pathlib import Path
+def test_get_num_skipped_tokens_as_z3_terms_is_the_int_definition_on_small_inputs():
+    """The spec's one definition, handed terms.MAX / FLOORDIV and Z3 integers (as the premises and the
+    allocator model do), evaluates to what it gives on ints at every small input."""
+    from itertools import product
 
-    import kvbound.proofs as proofs
+    import z3
 
-    root = Path(proofs.__file__).parent
-    graph = {}
-    for f in root.glob("*.py"):
-        deps = set()
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-                deps.add(node.module.split(".")[0])
-        graph[f.stem] = deps - {f.stem}
-    state = {}
+    from kvbound.proofs.terms import FLOORDIV, MAX
+    from kvbound.spec import GroupKind, get_num_skipped_tokens
 
-    def visit(m, path):
-        if state.get(m) == "done":
-            return
-        assert state.get(m) != "open", " -> ".join(path + [m])
-        state[m] = "open"
-        for d in sorted(graph.get(m, ())):
-            visit(d, path + [m])
-        state[m] = "done"
-
-    for m in sorted(graph):
-        visit(m, [])
+    n, w, e, c = z3.Ints("n w e c")
+    for kind in GroupKind:
+        term = get_num_skipped_tokens(kind, n, sliding_window=w, extra_retained_tokens=e, attention_chunk_size=c,
+                                      maximum=MAX, floordiv=FLOORDIV)
+        for vn, vw, ve, vc in product(range(20), range(1, 6), range(3), range(1, 6)):
+            want = get_num_skipped_tokens(kind, vn, sliding_window=vw, extra_retained_tokens=ve, attention_chunk_size=vc)
+            got = term if isinstance(term, int) else z3.simplify(z3.substitute(
+                term, (n, z3.IntVal(vn)), (w, z3.IntVal(vw)), (e, z3.IntVal(ve)), (c, z3.IntVal(vc)))).as_long()
+            assert got == want, (kind, vn, vw, ve, vc)

@@ -14,6 +14,7 @@ from kvbound.spec import (
     GroupKind,
     Variant,
     cdiv,
+    get_num_skipped_tokens,
     load_cases,
     parse_table,
     plan_load,
@@ -307,3 +308,14 @@ def test_0_27_checks_keys_of_a_group_with_nothing_pending():
     a = plan_for_version(case, "0.27.0").assertion
     assert a.name is AssertName.KEYS_LENGTH and a.group_index == 1
     assert a.values["num_offload_keys"] == 0 and a.values["end_chunk_idx"] == 1
+
+
+def test_get_num_skipped_tokens_gives_vllm_s_own_examples():
+    """The examples of vLLM's docstrings (0.33 single_type_kv_cache_manager.py:1148, :1381), the retained
+    tokens pulling the window's trailing edge back, and a Mamba group keeping one token's state."""
+    SW, CL = GroupKind.SLIDING_WINDOW, GroupKind.CHUNKED_LOCAL
+    assert get_num_skipped_tokens(SW, 7, sliding_window=4) == 4
+    assert get_num_skipped_tokens(SW, 7, sliding_window=4, extra_retained_tokens=2) == 2
+    assert get_num_skipped_tokens(SW, 2, sliding_window=4) == 0  # the window still reaches token 0
+    assert [get_num_skipped_tokens(CL, n, attention_chunk_size=8) for n in (13, 8, 7)] == [8, 8, 0]
+    assert get_num_skipped_tokens(MAMBA, 13) == 12 and get_num_skipped_tokens(FA, 13) == 0

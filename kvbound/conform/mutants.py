@@ -41,6 +41,7 @@ class SpecMutant:
 
 _PLAN = "kvbound.spec.plan"
 _VOCAB = "kvbound.spec.vocab"
+_CASE = "kvbound.spec.case"
 _LOOP = "    for i in range(scan_from, num_gpu_blocks):"
 _ALIGN = "        if asserts and variant is not Variant.LEGACY and N % b != 0:"
 
@@ -92,7 +93,7 @@ SPEC_MUTANTS: tuple[SpecMutant, ...] = (
                "        start_chunk = end_chunk = start // bpc", "        start_chunk = end_chunk = start // bpc + 1"),
     SpecMutant("keys-slice-end", f"{_PLAN}:plan_load",
                "        num_chunks = cdiv(T, tpc)", "        num_chunks = T // tpc"),
-    SpecMutant("keys-prompt-only", f"{_VOCAB}:Case.num_offload_keys",
+    SpecMutant("keys-prompt-only", f"{_CASE}:Case.num_offload_keys",
                "return (self.num_tokens // self.tokens_per_hash) // hashes_per_chunk",
                "return (self.num_prompt_tokens // self.tokens_per_hash) // hashes_per_chunk"),
     SpecMutant("pending+1", f"{_PLAN}:plan_load", "        pending = k - start\n", "        pending = k - start + 1\n"),
