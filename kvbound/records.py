@@ -268,3 +268,23 @@ class ConformRecord:
             undriven_blocking=_optional(d, "undriven_blocking", where, int, 0),
             spec_mutant=_optional(d, "spec_mutant", where, _OPT_STR, None),
             spec_mutation=_optional(d, "spec_mutation", where, _OPT_DICT, None))
+
+
+# --------------------------------------------------------------------------- trace
+
+# Finding kinds renamed since the first trace files and campaign documents were written
+# (the findings table, kvbound/side/findings.py, names every kind "<class>:<what>"):
+# mapped where such a file is read, never written.
+V1_KINDS = {"vllm-exception": "crash:exception", "spec-disagreement": "plan:spec_disagreement"}
+
+
+def current_kind(kind: str) -> str:
+    return V1_KINDS.get(kind, kind)
+
+
+def current_key(key: str) -> str:
+    """A finding key of an older file in today's names: the kind, then its shape."""
+    for old, new in V1_KINDS.items():
+        if key == old or key.startswith((old + "@", old + "[")):
+            return new + key[len(old):]
+    return key

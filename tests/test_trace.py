@@ -64,19 +64,19 @@ JOB = {"layout": {"name": "full"}, "params": {}, "requests": []}
 def test_check_result_agrees_when_real_matches_the_spec():
     res = _res(GOOD, dst_block_ids=[3, 4], group_sizes=[2], block_indices=[2], keys=[[0, 2], [0, 3]])
     findings, tally = R.check_result("0.33.0", "full", JOB, res)
-    assert findings == [] and tally == {"cases": 1, "agree": 1, "undriven": 0}
+    assert findings == [] and tally == {"captured_calls": 1, "spec_agree": 1, "not_judged": 0}
 
 
 def test_check_result_reports_disagreement_premise_lifecycle_and_exception():
     res = _res(GOOD, dst_block_ids=[4, 5], group_sizes=[2], block_indices=[2], keys=[[0, 2], [0, 3]])
-    res["violations"] = [{"check": "load_into_null_block", "step": 2, "request": "1", "message": "m"}]
+    res["violations"] = [{"check": "lifecycle:load_into_null_block", "step": 2, "request": "1", "message": "m"}]
     res["ok"] = False
     res["error"] = "AssertionError: "
     bad = dict(GOOD, groups=[FA(["H1", "U2", "U3", "U4"])])
     res["cases"].append(_res(bad, dst_block_ids=[2, 3, 4], group_sizes=[3], block_indices=[1],
                              keys=[[0, 1], [0, 2], [0, 3]])["cases"][0])
     kinds = {f.kind for f in R.check_result("0.33.0", "full", JOB, res)[0]}
-    assert {"spec-disagreement", "lifecycle:load_into_null_block", "vllm-exception",
+    assert {"plan:spec_disagreement", "lifecycle:load_into_null_block", "crash:exception",
             "premise:computed-hashed"} <= kinds
 
 
@@ -92,7 +92,7 @@ def test_a_chunk_aligned_boundary_key_is_that_chunks_key():
     assert not C.same_keys(case, [[2, 2]], [[2, 2], [2, 3]])
     real = {"dst_block_ids": [30], "group_sizes": [1], "block_indices": [2], "keys": [[0, 2]]}
     res = _res(GOOD, **dict(real, keys=[[0, 1]]))  # GOOD's keys are chunks 2 and 3: a real disagreement
-    assert [f.kind for f in R.check_result("0.33.0", "full", JOB, res)[0]] == ["spec-disagreement"]
+    assert [f.kind for f in R.check_result("0.33.0", "full", JOB, res)[0]] == ["plan:spec_disagreement"]
 
 
 def test_a_setup_error_is_a_harness_fault_in_kvbound_and_a_crash_in_vllm():
@@ -112,7 +112,7 @@ def test_a_call_that_is_no_valid_case_is_a_finding_not_a_host_error():
     bad = json.loads(json.dumps(GOOD))
     bad["groups"][0]["blocks"] = ["H1", "H2", "U3", "U3"]  # block 3 in two places
     got, tally = R.check_result("0.33.0", "full", JOB, _res(bad))
-    assert [f.kind for f in got] == ["premise:valid-call"] and tally["cases"] == 1
+    assert [f.kind for f in got] == ["premise:valid-call"] and tally["captured_calls"] == 1
 
 
 def test_every_layout_declares_its_needs_and_each_need_is_a_release_table_column():
@@ -169,7 +169,7 @@ class _FakeWorker:
     def job(self, job):
         self.calls += 1
         ids = {r["id"] for r in job["requests"]}
-        viol = [{"check": "blocks_not_freed", "step": 1, "request": None, "message": "x"}] \
+        viol = [{"check": "lifecycle:blocks_not_freed", "step": 1, "request": None, "message": "x"}] \
             if self.culprits <= ids else []
         return {"ok": True, "stats": {}, "violations": viol, "cases": []}
 
@@ -214,8 +214,8 @@ def test_real_trace_is_clean_and_loads(version, workers):
     assert findings == [], [f.key() for f in findings]
     for s in summaries:
         assert s.stats["requests"] == 120
-        assert s.stats["loads"] > 0 and s.cases == s.stats["loads"]
-        assert s.agree == s.cases and s.undriven == 0  # every captured call equals the release's spec
+        assert s.stats["loads"] > 0 and s.captured_calls == s.stats["loads"]
+        assert s.spec_agree == s.captured_calls and s.not_judged == 0  # every captured call equals the release's spec
     assert sum(s.stats["partial_hits"] for s in summaries) > 0
 
 
@@ -232,7 +232,7 @@ def test_real_trace_eagle_drafter_layouts(workers):
     for s in summaries:
         assert s.stats["requests"] == 120 and s.stats["loads"] > 0
         assert 0 < s.stats["accepted"] < s.stats["drafts"]
-        assert s.agree == s.cases and s.undriven == 0
+        assert s.spec_agree == s.captured_calls and s.not_judged == 0
     assert by["mamba-eagle"].stats["partial_tails"] > 0
     # the drafter group (2) of a partial tail is loaded by its proof key, past the boundary
     job = R.make_job("mamba-eagle", (1, "sync"), 120, 0, "sync")
@@ -257,16 +257,16 @@ def test_real_trace_scripted_tier(workers):
     for s in summaries:
         assert s.stats["requests"] == 120 and s.stats["loads"] > 0
         assert min(s.stats["tier_pending"], s.stats["tier_retry"], s.stats["tier_evicted"]) > 0
-        assert s.agree == s.cases and s.undriven == 0
+        assert s.spec_agree == s.captured_calls and s.not_judged == 0
     plain, _ = R.run_trace(env, ["full"], 60, seed=1, segment=60, worker=w)
     assert plain[0].stats["tier_pending"] == plain[0].stats["tier_evicted"] == 0  # off unless scripted
 
 
 @pytest.mark.parametrize("mutant,kinds", [
-    ("dst_off_by_one", {"spec-disagreement", "lifecycle:load_into_foreign_block"}),
+    ("dst_off_by_one", {"plan:spec_disagreement", "lifecycle:load_into_foreign_block"}),
     ("lost_store", {"lifecycle:not_drained"}),
     # a tier that evicts a chunk right after answering HIT for it (through the spec factory)
-    ("evict_at_lookup", {"lifecycle:load_key_not_confirmed", "vllm-exception"}),
+    ("evict_at_lookup", {"lifecycle:load_key_not_confirmed", "crash:exception"}),
 ])
 def test_real_trace_reports_a_planted_defect(mutant, kinds, workers):
     env, w = workers("0.33.0")
@@ -343,7 +343,7 @@ def test_mtp_retained_window_on_real_tables(workers):
     found, tally = R.check_result("0.33.0", "swa-mtp", job, res)
     assert found == [], [f.key() for f in found]
     windows = [g for c in res["cases"] for g in c["case"]["groups"] if g.get("kind") == "sliding_window"]
-    assert tally["cases"] > 10 and windows and {g.get("extra_retained_tokens") for g in windows} == {2}
+    assert tally["captured_calls"] > 10 and windows and {g.get("extra_retained_tokens") for g in windows} == {2}
     env30, w30 = workers("0.30.0")
     found, _ = R.check_result("0.30.0", "swa-mtp", job, w30.job(job))
     assert "lifecycle:load_key_not_confirmed" in {f.kind for f in found}

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, KvboundError, PrepareError, UsageError
+from kvbound.records import current_key
 
 DEFAULT_BUDGET_S = 3600
 
@@ -172,6 +173,8 @@ def _read_baseline(path) -> dict:
         raise UsageError(f"--baseline {path}: not a readable campaign JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != "kvbound-campaign/1":
         raise UsageError(f"--baseline {path}: format: must be 'kvbound-campaign/1' (a kvbound campaign --json file)")
+    for f in doc.get("findings") or ():
+        f["key"] = current_key(f["key"])
     return doc
 
 
@@ -194,7 +197,7 @@ def _cell_text(cell) -> str:
 
 
 def render(doc) -> str:
-    from kvbound.trace.runner import FINDING_CLASSES
+    from kvbound.side.findings import CLASSES
 
     cols = doc["columns"]
     layouts = sorted({l for c in doc["matrix"].values() for l in c})
@@ -208,7 +211,7 @@ def render(doc) -> str:
     lines.append("")
     lines.append("== findings by class ==")
     lines.append("  ".join(["class".ljust(w0)] + [c.rjust(w) for c, w in zip(cols, ws)]))
-    for k in FINDING_CLASSES:
+    for k in CLASSES:
         lines.append("  ".join([k.ljust(w0)] + [str(doc["by_class"].get(c, {}).get(k, 0)).rjust(w)
                                                  for c, w in zip(cols, ws)]))
     skips = [(c, l, cell["why"]) for c in cols for l, cell in sorted(doc["matrix"].get(c, {}).items())

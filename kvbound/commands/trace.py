@@ -197,8 +197,8 @@ def run(args) -> int:
 
 
 def _summary_json(s) -> dict:
-    return {"layout": s.layout, **s.stats, "captured_calls": s.cases, "spec_agree": s.agree,
-            "not_judged": s.undriven, "findings": s.findings, "first_finding_requests": s.first_finding_requests}
+    return {"layout": s.layout, **s.stats, "captured_calls": s.captured_calls, "spec_agree": s.spec_agree,
+            "not_judged": s.not_judged, "findings": s.findings, "first_finding_requests": s.first_finding_requests}
 
 
 def _short(d: dict) -> dict:
@@ -210,7 +210,7 @@ COLUMNS = ("requests", "steps", "loads", "partial_hits", "partial_tails", "store
 
 def render_table(summaries) -> str:
     head = ["layout", *COLUMNS, "calls", "spec=", "findings", "s", "req/cpu-s"]
-    rows = [[s.layout, *(str(s.stats[c]) for c in COLUMNS), str(s.cases), str(s.agree), str(s.findings),
+    rows = [[s.layout, *(str(s.stats[c]) for c in COLUMNS), str(s.captured_calls), str(s.spec_agree), str(s.findings),
              f"{s.seconds:.1f}", f"{s.stats['requests'] / s.cpu_seconds:,.0f}" if s.cpu_seconds else "-"]
             for s in summaries]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]

@@ -123,8 +123,8 @@ def run_shard(shard_json: dict, progress=None, out_dir: str | None = None) -> di
                 if out_dir:
                     entry["file"] = str(TF.save(f, Path(out_dir), n0).name)
                 shown.append(entry)
-            cells.append({"layout": name, "outcome": "ran", "stats": dict(s.stats), "captured_calls": s.cases,
-                          "spec_agree": s.agree, "not_judged": s.undriven, "findings": shown})
+            cells.append({"layout": name, "outcome": "ran", "stats": dict(s.stats), "captured_calls": s.captured_calls,
+                          "spec_agree": s.spec_agree, "not_judged": s.not_judged, "findings": shown})
             timings[name] = {"seconds": round(time.monotonic() - c0, 2), "cpu_seconds": round(s.cpu_seconds, 2)}
     finally:
         w.stop()
@@ -217,7 +217,7 @@ def merge(columns: list, results: list) -> dict:
     each distinct finding once with the columns that have it (first, last, where it
     stops), and the count of findings by class per column. Deterministic: sorted keys,
     no wall-clock figure."""
-    from .runner import FINDING_CLASSES
+    from kvbound.side.findings import CLASSES
 
     matrix: dict = {}
     distinct: dict = {}
@@ -249,10 +249,10 @@ def merge(columns: list, results: list) -> dict:
         out_findings.append({"key": key, "kind": d.kind, "class": d.finding_class, "safety": d.safety,
                              "columns": have, "first": have[0], "last": have[-1], "stops_at": stops,
                              "cells": d.cells, "example": d.example})
-    by_class = {col: {c: 0 for c in FINDING_CLASSES} for col in columns}
+    by_class = {col: {c: 0 for c in CLASSES} for col in columns}
     for f in out_findings:
         for c in f["cells"]:
-            by_class.setdefault(c[0], {k: 0 for k in FINDING_CLASSES})[f["class"]] += 1
+            by_class.setdefault(c[0], {k: 0 for k in CLASSES})[f["class"]] += 1
     return {"format": "kvbound-campaign/1", "columns": list(columns), "matrix": matrix,
             "findings": out_findings, "by_class": by_class}
 

@@ -3,7 +3,7 @@ captured (``kvbound/trace/lookups.py``), (a) the spec of that release
 (``spec/lookup.py``) must give the real answer (``lookup:spec_disagreement``), and
 (b) the answer must keep the lookup contract (``spec/lookup_contract.py``;
 docs/lookup.md): ``lookup:false_hit``, ``lookup:lost_hit`` and
-``lookup:needless_deferral`` (the last two efficiency findings, runner.EFFICIENCY_KINDS).
+``lookup:needless_deferral`` (the last two efficiency findings: kvbound/side/findings.py).
 ``liveness:stuck_request`` comes from the worker (it counts steps)."""
 
 from __future__ import annotations

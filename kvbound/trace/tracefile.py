@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+from kvbound.records import current_kind
+
 from .runner import Finding
 
 FORMAT = "kvbound-trace/1"
@@ -15,10 +17,8 @@ FORMAT = "kvbound-trace/1"
 def save(finding: Finding, directory: Path, shrunk_from: int | None = None, reruns: int | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     what = finding.kind
-    if finding.kind == "vllm-exception":  # name the assert's function: two asserts, two files
-        what += "-" + str((finding.detail.get("assert_site") or {}).get("function") or "")
-    elif finding.shape():  # two shapes of one kind (Finding.key), two files
-        what += "-" + finding.shape()
+    if finding.file_part() is not None:  # two shapes of one kind (Finding.key), two files
+        what += "-" + finding.file_part()
     slug = re.sub(r"[^a-z0-9]+", "-", f"{finding.release}-{finding.layout}-{what}".lower()).strip("-")
     n = len(finding.segment["requests"])
     path = directory / f"{slug}-{n}req.json"
@@ -38,5 +38,8 @@ def load(path: str | Path) -> Finding:
     for k in ("kind", "release", "layout", "segment"):
         if k not in doc:
             raise ValueError(f"{p}: {k}: missing")
-    return Finding(doc["kind"], doc["release"], doc["layout"], doc.get("detail") or {}, doc["segment"],
-                   doc.get("case"))
+    try:
+        return Finding(current_kind(doc["kind"]), doc["release"], doc["layout"], doc.get("detail") or {}, doc["segment"],
+                       doc.get("case"))
+    except ValueError as e:
+        raise ValueError(f"{p}: kind: {e}") from None
