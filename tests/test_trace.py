@@ -14,14 +14,15 @@ from kvbound.spec import case_from_dict
 from kvbound.trace import runner as R
 from kvbound.trace import shrink as S
 from kvbound.trace import tracefile as TF
-from kvbound.trace.layouts import ENGINE, LAYOUTS, max_prompt_tokens
+from kvbound.options import ShrinkOptions
+from kvbound.trace.layouts import LAYOUTS, max_prompt_tokens
 from kvbound.trace.workload import prompt_len, truncate, workload
 
 
 # --- the workload -------------------------------------------------------------------
 
 def test_workload_is_seeded_and_walks_block_offsets():
-    lay, eng = LAYOUTS["full"], ENGINE["full"]
+    lay, eng = LAYOUTS["full"].job_layout(), LAYOUTS["full"].params()
     a, b = workload(300, 7, lay, eng), workload(300, 7, lay, eng)
     assert a == b
     assert workload(300, 8, lay, eng) != a
@@ -115,13 +116,10 @@ def test_a_call_that_is_no_valid_case_is_a_finding_not_a_host_error():
     assert [f.kind for f in got] == ["premise:valid-call"] and tally["captured_calls"] == 1
 
 
-def test_every_layout_declares_its_needs_and_each_need_is_a_release_table_column():
+def test_each_need_of_a_layout_is_a_release_table_column():
     from kvbound.spec.vocab import ReleaseFeatures
-    from kvbound.trace.layouts import NEED, NEEDS
 
-    assert set(NEEDS) == set(LAYOUTS)
-    assert {n for ns in NEEDS.values() for n in ns} <= set(NEED)
-    assert all(col in ReleaseFeatures.__dataclass_fields__ for col, _ in NEED.values())
+    assert all(need.column in ReleaseFeatures.__dataclass_fields__ for lay in LAYOUTS.values() for need in lay.needs)
 
 
 @pytest.mark.parametrize("layout,version,why", [
@@ -178,7 +176,7 @@ def test_shrink_finds_the_minimal_pair():
     reqs = [{"id": i, "arrive": i} for i in range(40)]
     f = R.Finding("lifecycle:blocks_not_freed", "0.33.0", "full", {}, dict(JOB, requests=reqs))
     w = _FakeWorker({7, 23})
-    got, runs = S.shrink(w, f)
+    got, runs = S.shrink(w, f, ShrinkOptions(budget=60))
     assert [r["id"] for r in got] == [7, 23]
     assert runs == w.calls <= 60
 
@@ -318,6 +316,20 @@ def test_saved_findings_replay(name, site, workers):
 def test_engine_overrides_are_checked(capsys):
     assert main(["trace", "--vllm", "0.33.0", "--engine", "bogus=1"]) == 2
     assert "num_gpu_blocks" in capsys.readouterr().err
+    assert main(["trace", "--vllm", "0.33.0", "--engine", "shadow=maybe"]) == 2
+    assert "shadow must be a true/false" in capsys.readouterr().err
+    assert main(["trace", "--vllm", "0.33.0", "--engine", "max_model_len=1"]) == 2  # a setting, not a flag
+
+
+def test_an_engine_override_reaches_every_layouts_job():
+    from kvbound.trace.layouts import parse_override
+
+    over = dict([parse_override("abort_p=0"), parse_override("shadow=false"), parse_override("pending_p=0.5")])
+    assert over == {"abort_p": 0.0, "shadow": False, "pending_p": 0.5}
+    for name in LAYOUTS:
+        job = R.make_job(name, 0, 50, 0, "sync", over)
+        assert all(r["abort_after"] is None for r in job["requests"])  # abort_p=0: no request aborts
+        assert {k: job["params"][k] for k in over} == over
 
 
 def test_vllm_src_runs_a_checkout(tmp_path, prepared):

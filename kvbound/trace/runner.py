@@ -24,7 +24,7 @@ from kvbound.options import WORKERS
 from kvbound.side import findings
 
 from .callcheck import check_call
-from .layouts import ENGINE, LAYOUTS, layout_support
+from .layouts import LAYOUTS, layout_support
 from .workload import workload
 
 SCRIPT = Path(__file__).with_name("worker.py")
@@ -115,8 +115,8 @@ class LayoutSummary:
 
 
 def make_job(layout_name: str, seed, n: int, first_id: int, sched: str, overrides=None) -> dict:
-    layout = dict(LAYOUTS[layout_name], name=layout_name)
-    params = dict(ENGINE[layout_name], **(overrides or {}))
+    layout = LAYOUTS[layout_name].job_layout()
+    params = dict(LAYOUTS[layout_name].params(), **(overrides or {}))
     params["seed"] = repr(seed)
     params["async"] = sched == "async"
     return {"layout": layout, "params": params,
