@@ -34,7 +34,7 @@ def check_call(release: str, call: dict):
     rec = judge(case, release, call)
     if rec["verdict"] == DISAGREE:
         found.append(("plan:spec_disagreement", {"diff": rec["diff"], "real": rec["real"], "spec": rec["spec"],
-                                            "step": call.get("step"), "lookup": call.get("lookup")}))
+                                                 "step": call.get("step"), "lookup": call.get("lookup")}))
     for v in evaluate_premises(case):
         if v.holds:
             continue

@@ -1,5 +1,6 @@
 """Delta debugging over a segment: the fewest requests (and the smallest GPU pool)
-that still give the same finding (same kind; for a vLLM exception, the same assert)."""
+that still give the same finding (the same key: its kind and, where the findings table
+names one, its shape; for a vLLM exception, the same assert)."""
 
 from __future__ import annotations
 
