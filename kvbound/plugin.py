@@ -131,7 +131,7 @@ def monitor_call(sched, request, record, exc) -> None:
 
 
 def _describe(kind: str, detail: dict) -> str:
-    if kind == "spec-disagreement":
+    if kind == "plan:spec_disagreement":
         real, spec = detail["real"], detail["spec"]
         return "; ".join("%s: vLLM %s, spec %s" % (f, _field(real, f), _field(spec, f)) for f in detail["diff"])
     if detail.get("group_index") is not None:

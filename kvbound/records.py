@@ -268,3 +268,134 @@ class ConformRecord:
             undriven_blocking=_optional(d, "undriven_blocking", where, int, 0),
             spec_mutant=_optional(d, "spec_mutant", where, _OPT_STR, None),
             spec_mutation=_optional(d, "spec_mutation", where, _OPT_DICT, None))
+
+
+# --------------------------------------------------------------------------- trace
+
+TRACE_FILE_FORMAT = "kvbound-trace/1"
+CAMPAIGN_FORMAT = "kvbound-campaign/1"
+
+# Finding kinds renamed since the first trace files and campaign documents were written
+# (the findings table, kvbound/side/findings.py, names every kind "<class>:<what>"):
+# mapped where such a file is read, never written.
+V1_KINDS = {"vllm-exception": "crash:exception", "spec-disagreement": "plan:spec_disagreement"}
+
+
+def current_kind(kind: str) -> str:
+    return V1_KINDS.get(kind, kind)
+
+
+def current_key(key: str) -> str:
+    """A finding key of an older file in today's names: the kind, then its shape."""
+    for old, new in V1_KINDS.items():
+        if key == old or key.startswith((old + "@", old + "[")):
+            return new + key[len(old):]
+    return key
+
+
+def _format(d, where: str, fmt: str) -> None:
+    if need(d, "format", where) != fmt:
+        raise ReportInputError(f"{where}.format: must be {fmt!r}")
+
+
+@dataclass
+class TraceFileRecord:
+    """A trace file (``kvbound trace`` and ``campaign --out``): one finding with the
+    requests that reproduce it (shrunk), the layout and engine they ran on, and the
+    captured call; ``kvbound trace --replay`` reads it back."""
+
+    kind: str
+    finding_class: str
+    safety: bool
+    release: str
+    layout: str
+    detail: dict
+    case: dict | None
+    segment: dict  # the job: layout, params, requests
+    shrunk_from: int | None = None
+    shrink_reruns: int | None = None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        return {"format": TRACE_FILE_FORMAT, "kind": self.kind, "class": d.pop("finding_class"), **d}
+
+    @classmethod
+    def from_json(cls, d, where: str = "trace file") -> TraceFileRecord:
+        _format(d, where, TRACE_FILE_FORMAT)
+        return cls(kind=current_kind(need(d, "kind", where, str)), finding_class=_optional(d, "class", where, str, ""),
+                   safety=_optional(d, "safety", where, bool, True), release=need(d, "release", where, str),
+                   layout=need(d, "layout", where, str), detail=_optional(d, "detail", where, _OPT_DICT, None) or {},
+                   case=_optional(d, "case", where, _OPT_DICT, None), segment=need(d, "segment", where, dict),
+                   shrunk_from=_optional(d, "shrunk_from", where, (int, type(None)), None),
+                   shrink_reruns=_optional(d, "shrink_reruns", where, (int, type(None)), None))
+
+
+@dataclass
+class TraceRecord:
+    """The file ``kvbound trace --json`` writes (the same command writes the same bytes)."""
+
+    vllm: str
+    seed: int
+    requests_per_layout: int
+    layouts: list  # per layout: its stats, captured_calls, spec_agree, not_judged, findings
+    skipped: list  # [{layout, why}]
+    findings: list  # [{kind, class, safety, layout, detail, file}]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class CampaignFinding:
+    """One distinct finding of a campaign, with the columns that have it."""
+
+    key: str
+    kind: str
+    finding_class: str
+    safety: bool
+    columns: list
+    first: str
+    last: str
+    stops_at: str | None  # the first later column whose run of its layouts was clean
+    cells: list  # [column, layout, count, requests after shrinking, file]
+    example: dict | None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["class"] = d.pop("finding_class")
+        return d
+
+    @classmethod
+    def from_json(cls, d, where: str) -> CampaignFinding:
+        return cls(key=current_key(need(d, "key", where, str)), kind=current_kind(need(d, "kind", where, str)),
+                   finding_class=need(d, "class", where, str), safety=need(d, "safety", where, bool),
+                   columns=_list(d, "columns", where), first=need(d, "first", where, str),
+                   last=need(d, "last", where, str), stops_at=need(d, "stops_at", where, _OPT_STR),
+                   cells=_list(d, "cells", where), example=need(d, "example", where, _OPT_DICT))
+
+
+@dataclass
+class CampaignRecord:
+    """The file ``kvbound campaign --json`` writes (deterministic: the same command, the same
+    bytes) and ``--baseline`` reads back, older kind names mapped onto today's."""
+
+    columns: list
+    matrix: dict  # column -> layout -> {outcome, why | stats and counters, findings: [key]}
+    findings: list[CampaignFinding]
+    by_class: dict  # column -> class -> distinct findings
+
+    def to_json(self) -> dict:
+        return {"format": CAMPAIGN_FORMAT, "columns": self.columns, "matrix": self.matrix,
+                "findings": [f.to_json() for f in self.findings], "by_class": self.by_class}
+
+    @classmethod
+    def from_json(cls, d, where: str = "campaign JSON") -> CampaignRecord:
+        _format(d, where, CAMPAIGN_FORMAT)
+        matrix = need(d, "matrix", where, dict)
+        for col in matrix.values():
+            for cell in col.values():
+                cell["findings"] = [current_key(k) for k in cell.get("findings", ())]
+        return cls(columns=_list(d, "columns", where), matrix=matrix,
+                   findings=[CampaignFinding.from_json(f, f"{where}.findings[{i}]")
+                             for i, f in enumerate(_list(d, "findings", where))],
+                   by_class=need(d, "by_class", where, dict))

@@ -4,6 +4,7 @@ themselves byte for byte, locally and on a local Ray instance of 2 CPUs."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -22,13 +23,30 @@ def test_release_ranges_expand_from_the_campaign_list():
         C.expand_releases(["0.40.0..0.41.0"])
 
 
-def test_the_budget_plans_requests_without_a_clock():
-    a = C.requests_for_budget(300, 15)
-    assert a == C.requests_for_budget(300, 15) and a % 100 == 0
-    assert C.requests_for_budget(600, 15) == 2 * a  # twice the time, twice the traffic
-    assert C.requests_for_budget(1, 1000) == C.MIN_REQUESTS_PER_LAYOUT
-    with pytest.raises(UsageError):
-        C.requests_for_budget(0, 3)
+def test_the_budget_plans_requests_without_a_clock(monkeypatch):
+    """The same command plans the same traffic wherever and whenever it runs: no clock is read."""
+    import time
+
+    from kvbound.commands.campaign import plan, register
+
+    def no_clock():
+        raise AssertionError("the plan read a clock")
+
+    monkeypatch.setattr(time, "monotonic", no_clock)
+    monkeypatch.setattr(time, "time", no_clock)
+    parser = __import__("argparse").ArgumentParser()
+    register(parser.add_subparsers())
+    args = lambda *a: parser.parse_args(["campaign", "--vllm", "0.29.0,0.33.0", "--layout", "full", *a])  # noqa: E731
+    _, shards = plan(args("--budget", "300", "--workers", "1"))
+    n = shards[0].options.run.requests
+    assert [s.options for s in plan(args("--budget", "300", "--workers", "1"))[1]] == [s.options for s in shards]
+    assert plan(args("--budget", "600", "--workers", "1"))[1][0].options.run.requests == 2 * n  # twice the time
+    assert plan(args("--budget", "300", "--workers", "2"))[1][0].options.run.requests == 2 * n  # twice the workers
+    # a budget too small for any traffic still gives every cell a floor of traffic
+    tiny = plan(args("--budget", "1", "--workers", "1"))[1][0].options.run.requests
+    assert tiny == plan(args("--budget", "2", "--workers", "1"))[1][0].options.run.requests > 0
+    with pytest.raises(UsageError, match="--budget"):
+        plan(args("--budget", "0"))
 
 
 def _finding(kind, cls, n=2, release="0.29.0"):
@@ -48,11 +66,11 @@ def test_merge_names_each_finding_once_with_first_last_and_where_it_stops():
         _shard("0.29.0", [ran("full"), {"layout": "swa", "outcome": "unsupported", "why": "w", "findings": []}]),
     ]
     doc = C.merge(["0.27.0", "0.28.0", "0.29.0"], results)
-    (f,) = doc["findings"]
-    assert (f["first"], f["last"], f["stops_at"]) == ("0.27.0", "0.28.0", "0.29.0")
-    assert [c[:2] for c in f["cells"]] == [["0.27.0", "full"], ["0.28.0", "full"], ["0.28.0", "swa"]]
-    assert doc["by_class"]["0.28.0"]["crash"] == 2 and doc["by_class"]["0.29.0"]["crash"] == 0
-    assert doc["matrix"]["0.29.0"]["swa"]["outcome"] == "unsupported"
+    (f,) = doc.findings
+    assert (f.first, f.last, f.stops_at) == ("0.27.0", "0.28.0", "0.29.0")
+    assert [c[:2] for c in f.cells] == [["0.27.0", "full"], ["0.28.0", "full"], ["0.28.0", "swa"]]
+    assert doc.by_class["0.28.0"]["crash"] == 2 and doc.by_class["0.29.0"]["crash"] == 0
+    assert doc.matrix["0.29.0"]["swa"]["outcome"] == "unsupported"
     # the order of the shards' results does not change the document
     assert C.merge(["0.27.0", "0.28.0", "0.29.0"], results[::-1]) == doc
 
@@ -109,21 +127,52 @@ def test_a_seeded_trace_writes_the_same_json_twice(tmp_path, prepared):
     assert json.loads(docs[0])["layouts"][0]["preemptions"] > 0  # the traffic does preempt
 
 
+def _doc(*found):
+    """A campaign document over 0.29.0 and 0.33.0 holding ``found``: (key, columns) pairs."""
+    return C.merge(["0.29.0", "0.33.0"], [_shard(col, [{"layout": "full", "outcome": "ran", "stats": {}, "findings": [
+        dict(_finding(key.split("@")[0].split("[")[0], "crash"), key=key) for key, cols in found if col in cols]}])
+        for col in ("0.29.0", "0.33.0")])
+
+
 def test_a_baseline_fails_only_on_new_findings():
-    from kvbound.commands.campaign import against_baseline
+    from kvbound.commands import campaign as CC
 
-    base = {"columns": ["0.29.0", "0.33.0"], "findings": [{"key": "a", "columns": ["0.33.0"]},
-                                                         {"key": "b", "columns": ["0.29.0"]}]}
-    now = {"columns": ["0.29.0", "0.33.0"], "findings": [{"key": "a", "columns": ["0.33.0"]},
-                                                        {"key": "c", "columns": ["0.29.0"]}]}
-    assert against_baseline(now, base) == ([("c", "0.29.0")], [("b", "0.29.0")])
-    assert against_baseline(base, base) == ([], [])
+    base = _doc(("crash:a", ["0.33.0"]), ("crash:b", ["0.29.0"]))
+    now = _doc(("crash:a", ["0.33.0"]), ("crash:c", ["0.29.0"]))
+    assert CC.against_baseline(now, base) == ([("crash:c", "0.29.0")], [("crash:b", "0.29.0")])
+    assert CC.against_baseline(base, base) == ([], [])
 
 
-def test_a_bad_baseline_is_one_line(tmp_path, capsys):
+def test_a_baseline_in_the_old_kind_names_holds_todays_findings(tmp_path):
+    """A baseline written before the findings table renamed vllm-exception and spec-disagreement."""
+    from kvbound.commands.campaign import _read_baseline, against_baseline
+
+    now = _doc(("crash:exception@prepare_load:assert block is not None", ["0.29.0"]),
+               ("plan:spec_disagreement", ["0.29.0", "0.33.0"]))
+    old = json.loads(json.dumps(now.to_json()).replace("crash:exception", "vllm-exception")
+                     .replace("plan:spec_disagreement", "spec-disagreement"))
+    assert "vllm-exception@prepare_load:assert block is not None" in {f["key"] for f in old["findings"]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    assert against_baseline(now, _read_baseline(path)) == ([], [])
+
+
+def test_the_committed_baseline_reads_in_todays_names():
+    from kvbound.commands.campaign import _read_baseline
+    from kvbound.side.findings import row
+
+    base = _read_baseline(Path(__file__).resolve().parents[1] / "docs" / "campaign-baseline.json")
+    assert base.findings and all(row(f.kind) for f in base.findings)
+    assert all(f.key.split("@")[0].split("[")[0] == f.kind for f in base.findings)
+
+
+@pytest.mark.parametrize("text,field", [("{}", "format"), ('{"format": "kvbound-trace/1"}', "format"),
+                                        ('{"format": "kvbound-campaign/1", "matrix": {}}', "columns"), ("[", "readable")])
+def test_a_bad_baseline_is_one_line(tmp_path, text, field):
     bad = tmp_path / "b.json"
-    bad.write_text("{}")
+    bad.write_text(text)
     from kvbound.commands.campaign import _read_baseline
 
-    with pytest.raises(UsageError, match="format"):
+    with pytest.raises(UsageError, match=field) as e:
         _read_baseline(bad)
+    assert "\n" not in str(e.value) and str(bad) in str(e.value)

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import EXAMPLES, kvbound
 
 
@@ -62,21 +63,38 @@ def test_python_m_kvbound_cli_reports_a_usage_error_as_one_line(tmp_path):
                                 "--cases N, or keep the witnesses")
 
 
-def test_every_deliberate_error_is_a_kvbound_error_with_an_exit_code():
+def _deliberate_errors():
+    import kvbound.conform.mutants
     import kvbound.conform.prepare
     import kvbound.conform.runner
     import kvbound.impl
+    import kvbound.impl.exhaustive
     import kvbound.report
     import kvbound.spec
+    import kvbound.trace.runner
     from kvbound import errors
 
-    import kvbound.conform.mutants
-    import kvbound.impl.exhaustive
-    import kvbound.trace.runner
+    return (kvbound.spec.CaseError, kvbound.spec.UnsupportedVersion, kvbound.impl.BatchError,
+            kvbound.report.ReportInputError, kvbound.conform.prepare.PrepareError,
+            kvbound.conform.runner.WorkerError, errors.UsageError, kvbound.impl.exhaustive.ScopeError,
+            kvbound.trace.runner.TraceError, kvbound.conform.mutants.MutantError, errors.SolverUnknown)
 
-    for cls in (kvbound.spec.CaseError, kvbound.spec.UnsupportedVersion, kvbound.impl.BatchError,
-                kvbound.report.ReportInputError, kvbound.conform.prepare.PrepareError,
-                kvbound.conform.runner.WorkerError, errors.UsageError, kvbound.impl.exhaustive.ScopeError,
-                kvbound.trace.runner.TraceError, kvbound.conform.mutants.MutantError, errors.SolverUnknown):
-        assert issubclass(cls, errors.KvboundError) and cls.__module__ == "kvbound.errors", cls
-        assert cls.exit_code == errors.EXIT_INPUT
+
+@pytest.mark.parametrize("cls", _deliberate_errors(), ids=lambda c: c.__name__)
+def test_every_deliberate_error_is_one_line_and_exit_2(cls, monkeypatch, capsys):
+    """Each error a command raises on purpose, from wherever a command imports it, reaches the
+    user as one line naming the command, with exit 2 and no traceback."""
+    from kvbound.cli import main
+    from kvbound.commands import explain
+
+    import inspect
+
+    n_args = len(inspect.signature(cls.__init__).parameters) - 1 if "__init__" in vars(cls) else 1
+    error = cls(*(["x"] * n_args))
+
+    def fails(args):
+        raise error
+
+    monkeypatch.setattr(explain, "run", fails)
+    assert main(["explain", str(EXAMPLES / "pr_case.json")]) == 2
+    assert capsys.readouterr().err == f"kvbound explain: error: {error}\n"

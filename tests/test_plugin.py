@@ -81,7 +81,7 @@ def test_monitor_logs_a_wrong_plan_as_one_line_and_a_right_one_not(monkeypatch, 
     (rec,) = caplog.records
     msg = rec.getMessage()
     assert rec.levelno == logging.WARNING and "\n" not in msg
-    assert "spec-disagreement" in msg and "dst_block_ids: vLLM %s" % bad["dst_block_ids"] in msg
+    assert "plan:spec_disagreement" in msg and "dst_block_ids: vLLM %s" % bad["dst_block_ids"] in msg
     assert "vllm 0.33.0 request r1" in msg
 
 
@@ -145,7 +145,7 @@ def test_real_vllm_loads_the_plugin_which_captures_and_monitors(version, prepare
     assert "kvbound monitor:" not in clean_log, clean_log[-2000:]
     lines = [x for x in defect_log.splitlines() if "kvbound monitor:" in x]
     assert len(lines) == defect["loads"], defect_log[-2000:]
-    assert all("spec-disagreement: dst_block_ids: vLLM" in x and "vllm %s request" % version in x
+    assert all("plan:spec_disagreement: dst_block_ids: vLLM" in x and "vllm %s request" % version in x
                for x in lines)
     assert "Traceback" not in log
 

@@ -11,6 +11,7 @@ import pytest
 
 from kvbound.trace import runner as R
 from kvbound.trace import shadow as SH
+from kvbound.trace.layouts import LAYOUTS
 
 
 
@@ -103,8 +104,8 @@ def test_finished_request_store_horizon_0_29(workers):
     req = {"id": 7, "arrive": 0, "prompt": [["uniq", 7, w.P]], "max_tokens": w.O, "abort_after": None}
     for version, expect in (("0.29.0", True), ("0.30.0", False)):
         env, wk = workers(version)
-        job = {"layout": dict(R.LAYOUTS["full-store-all"], name="full-store-all"),
-               "params": dict(R.ENGINE["full-store-all"], seed="0", **{"async": False}), "requests": [req]}
+        job = {"layout": LAYOUTS["full-store-all"].job_layout(),
+               "params": dict(LAYOUTS["full-store-all"].params(), seed="0", **{"async": False}), "requests": [req]}
         found, _ = R.check_result(version, "full-store-all", job, wk.job(job))
         stores = [f for f in found if f.kind in ("store:unwritten_source", "store:foreign_source")]
         assert bool(stores) == expect, [f.kind for f in found]
@@ -120,8 +121,8 @@ def test_aborted_mid_prefill_store_0_26(workers):
     env, w = workers("0.26.0")
     reqs = [{"id": 1, "arrive": 0, "prompt": [["uniq", 1, 100]], "max_tokens": 4, "abort_after": None},
             {"id": 2, "arrive": 0, "prompt": [["uniq", 2, 165]], "max_tokens": 4, "abort_after": 1}]
-    job = {"layout": dict(R.LAYOUTS["full"], name="full"),
-           "params": dict(R.ENGINE["full"], seed="0", **{"async": False}), "requests": reqs}
+    job = {"layout": LAYOUTS["full"].job_layout(),
+           "params": dict(LAYOUTS["full"].params(), seed="0", **{"async": False}), "requests": reqs}
     found, _ = R.check_result("0.26.0", "full", job, w.job(job))
     f = [f for f in found if f.kind == "store:unwritten_source"]
     assert f and f[0].detail["position"] == 156, [g.kind for g in found]
@@ -162,10 +163,9 @@ def test_chunk_size_reaches_every_release():
     tokens per chunk); ``blocks_per_chunk`` only where the groups' block sizes differ (a
     key only 0.26+ reads); nothing for one block per chunk (every release's default)."""
     from kvbound.trace.layouts import chunk_size_config
-    from kvbound.trace.layouts import LAYOUTS
 
-    assert chunk_size_config(LAYOUTS["bpc2"]) == {"block_size": 32}
-    assert chunk_size_config(LAYOUTS["full"]) == {}
+    assert chunk_size_config(LAYOUTS["bpc2"].job_layout()) == {"block_size": 32}
+    assert chunk_size_config(LAYOUTS["full"].job_layout()) == {}
     mixed = {"groups": [{"tokens_per_block": 16}, {"tokens_per_block": 32}], "blocks_per_chunk": 2}
     assert chunk_size_config(mixed) == {"blocks_per_chunk": 2}
 
@@ -176,8 +176,8 @@ _BPC2_ONE = [{"id": 199, "arrive": 0, "prompt": [["doc", 0, 0, 243], ["uniq", 19
 
 
 def _bpc2_job(requests, **params):
-    return {"layout": dict(R.LAYOUTS["bpc2"], name="bpc2"),
-            "params": dict(R.ENGINE["bpc2"], seed="0", **dict({"async": False}, **params)),
+    return {"layout": LAYOUTS["bpc2"].job_layout(),
+            "params": dict(LAYOUTS["bpc2"].params(), seed="0", **dict({"async": False}, **params)),
             "requests": requests}
 
 
@@ -231,8 +231,8 @@ def test_stalled_write_is_not_a_lost_chunk(workers):
     env, w = workers("0.30.0")
     req = [{"id": 199, "arrive": 0, "prompt": [["doc", 5, 0, 211], ["uniq", 189, 4], ["uniq", 199, 1]],
             "max_tokens": 16, "abort_after": None}]
-    job = {"layout": dict(R.LAYOUTS["full-stalled"], name="full-stalled"),
-           "params": dict(R.ENGINE["full-stalled"], seed="(0, 'full-stalled', 0)", **{"async": False}),
+    job = {"layout": LAYOUTS["full-stalled"].job_layout(),
+           "params": dict(LAYOUTS["full-stalled"].params(), seed="(0, 'full-stalled', 0)", **{"async": False}),
            "requests": req}
     res = w.job(job)
     assert res["stats"].get("tier_stalled", 0) > 0  # the script did stall a write of this request

@@ -14,14 +14,15 @@ from kvbound.spec import case_from_dict
 from kvbound.trace import runner as R
 from kvbound.trace import shrink as S
 from kvbound.trace import tracefile as TF
-from kvbound.trace.layouts import ENGINE, LAYOUTS, max_prompt_tokens
+from kvbound.options import ShrinkOptions
+from kvbound.trace.layouts import LAYOUTS, max_prompt_tokens
 from kvbound.trace.workload import prompt_len, truncate, workload
 
 
 # --- the workload -------------------------------------------------------------------
 
 def test_workload_is_seeded_and_walks_block_offsets():
-    lay, eng = LAYOUTS["full"], ENGINE["full"]
+    lay, eng = LAYOUTS["full"].job_layout(), LAYOUTS["full"].params()
     a, b = workload(300, 7, lay, eng), workload(300, 7, lay, eng)
     assert a == b
     assert workload(300, 8, lay, eng) != a
@@ -64,19 +65,19 @@ JOB = {"layout": {"name": "full"}, "params": {}, "requests": []}
 def test_check_result_agrees_when_real_matches_the_spec():
     res = _res(GOOD, dst_block_ids=[3, 4], group_sizes=[2], block_indices=[2], keys=[[0, 2], [0, 3]])
     findings, tally = R.check_result("0.33.0", "full", JOB, res)
-    assert findings == [] and tally == {"cases": 1, "agree": 1, "undriven": 0}
+    assert findings == [] and tally == {"captured_calls": 1, "spec_agree": 1, "not_judged": 0}
 
 
 def test_check_result_reports_disagreement_premise_lifecycle_and_exception():
     res = _res(GOOD, dst_block_ids=[4, 5], group_sizes=[2], block_indices=[2], keys=[[0, 2], [0, 3]])
-    res["violations"] = [{"check": "load_into_null_block", "step": 2, "request": "1", "message": "m"}]
+    res["violations"] = [{"check": "lifecycle:load_into_null_block", "step": 2, "request": "1", "message": "m"}]
     res["ok"] = False
     res["error"] = "AssertionError: "
     bad = dict(GOOD, groups=[FA(["H1", "U2", "U3", "U4"])])
     res["cases"].append(_res(bad, dst_block_ids=[2, 3, 4], group_sizes=[3], block_indices=[1],
                              keys=[[0, 1], [0, 2], [0, 3]])["cases"][0])
     kinds = {f.kind for f in R.check_result("0.33.0", "full", JOB, res)[0]}
-    assert {"spec-disagreement", "lifecycle:load_into_null_block", "vllm-exception",
+    assert {"plan:spec_disagreement", "lifecycle:load_into_null_block", "crash:exception",
             "premise:computed-hashed"} <= kinds
 
 
@@ -92,7 +93,7 @@ def test_a_chunk_aligned_boundary_key_is_that_chunks_key():
     assert not C.same_keys(case, [[2, 2]], [[2, 2], [2, 3]])
     real = {"dst_block_ids": [30], "group_sizes": [1], "block_indices": [2], "keys": [[0, 2]]}
     res = _res(GOOD, **dict(real, keys=[[0, 1]]))  # GOOD's keys are chunks 2 and 3: a real disagreement
-    assert [f.kind for f in R.check_result("0.33.0", "full", JOB, res)[0]] == ["spec-disagreement"]
+    assert [f.kind for f in R.check_result("0.33.0", "full", JOB, res)[0]] == ["plan:spec_disagreement"]
 
 
 def test_a_setup_error_is_a_harness_fault_in_kvbound_and_a_crash_in_vllm():
@@ -112,16 +113,13 @@ def test_a_call_that_is_no_valid_case_is_a_finding_not_a_host_error():
     bad = json.loads(json.dumps(GOOD))
     bad["groups"][0]["blocks"] = ["H1", "H2", "U3", "U3"]  # block 3 in two places
     got, tally = R.check_result("0.33.0", "full", JOB, _res(bad))
-    assert [f.kind for f in got] == ["premise:valid-call"] and tally["cases"] == 1
+    assert [f.kind for f in got] == ["premise:valid-call"] and tally["captured_calls"] == 1
 
 
-def test_every_layout_declares_its_needs_and_each_need_is_a_release_table_column():
+def test_each_need_of_a_layout_is_a_release_table_column():
     from kvbound.spec.vocab import ReleaseFeatures
-    from kvbound.trace.layouts import NEED, NEEDS
 
-    assert set(NEEDS) == set(LAYOUTS)
-    assert {n for ns in NEEDS.values() for n in ns} <= set(NEED)
-    assert all(col in ReleaseFeatures.__dataclass_fields__ for col, _ in NEED.values())
+    assert all(need.column in ReleaseFeatures.__dataclass_fields__ for lay in LAYOUTS.values() for need in lay.needs)
 
 
 @pytest.mark.parametrize("layout,version,why", [
@@ -169,7 +167,7 @@ class _FakeWorker:
     def job(self, job):
         self.calls += 1
         ids = {r["id"] for r in job["requests"]}
-        viol = [{"check": "blocks_not_freed", "step": 1, "request": None, "message": "x"}] \
+        viol = [{"check": "lifecycle:blocks_not_freed", "step": 1, "request": None, "message": "x"}] \
             if self.culprits <= ids else []
         return {"ok": True, "stats": {}, "violations": viol, "cases": []}
 
@@ -178,7 +176,7 @@ def test_shrink_finds_the_minimal_pair():
     reqs = [{"id": i, "arrive": i} for i in range(40)]
     f = R.Finding("lifecycle:blocks_not_freed", "0.33.0", "full", {}, dict(JOB, requests=reqs))
     w = _FakeWorker({7, 23})
-    got, runs = S.shrink(w, f)
+    got, runs = S.shrink(w, f, ShrinkOptions(budget=60))
     assert [r["id"] for r in got] == [7, 23]
     assert runs == w.calls <= 60
 
@@ -214,8 +212,8 @@ def test_real_trace_is_clean_and_loads(version, workers):
     assert findings == [], [f.key() for f in findings]
     for s in summaries:
         assert s.stats["requests"] == 120
-        assert s.stats["loads"] > 0 and s.cases == s.stats["loads"]
-        assert s.agree == s.cases and s.undriven == 0  # every captured call equals the release's spec
+        assert s.stats["loads"] > 0 and s.captured_calls == s.stats["loads"]
+        assert s.spec_agree == s.captured_calls and s.not_judged == 0  # every captured call equals the release's spec
     assert sum(s.stats["partial_hits"] for s in summaries) > 0
 
 
@@ -232,7 +230,7 @@ def test_real_trace_eagle_drafter_layouts(workers):
     for s in summaries:
         assert s.stats["requests"] == 120 and s.stats["loads"] > 0
         assert 0 < s.stats["accepted"] < s.stats["drafts"]
-        assert s.agree == s.cases and s.undriven == 0
+        assert s.spec_agree == s.captured_calls and s.not_judged == 0
     assert by["mamba-eagle"].stats["partial_tails"] > 0
     # the drafter group (2) of a partial tail is loaded by its proof key, past the boundary
     job = R.make_job("mamba-eagle", (1, "sync"), 120, 0, "sync")
@@ -257,16 +255,16 @@ def test_real_trace_scripted_tier(workers):
     for s in summaries:
         assert s.stats["requests"] == 120 and s.stats["loads"] > 0
         assert min(s.stats["tier_pending"], s.stats["tier_retry"], s.stats["tier_evicted"]) > 0
-        assert s.agree == s.cases and s.undriven == 0
+        assert s.spec_agree == s.captured_calls and s.not_judged == 0
     plain, _ = R.run_trace(env, ["full"], 60, seed=1, segment=60, worker=w)
     assert plain[0].stats["tier_pending"] == plain[0].stats["tier_evicted"] == 0  # off unless scripted
 
 
 @pytest.mark.parametrize("mutant,kinds", [
-    ("dst_off_by_one", {"spec-disagreement", "lifecycle:load_into_foreign_block"}),
+    ("dst_off_by_one", {"plan:spec_disagreement", "lifecycle:load_into_foreign_block"}),
     ("lost_store", {"lifecycle:not_drained"}),
     # a tier that evicts a chunk right after answering HIT for it (through the spec factory)
-    ("evict_at_lookup", {"lifecycle:load_key_not_confirmed", "vllm-exception"}),
+    ("evict_at_lookup", {"lifecycle:load_key_not_confirmed", "crash:exception"}),
 ])
 def test_real_trace_reports_a_planted_defect(mutant, kinds, workers):
     env, w = workers("0.33.0")
@@ -318,6 +316,20 @@ def test_saved_findings_replay(name, site, workers):
 def test_engine_overrides_are_checked(capsys):
     assert main(["trace", "--vllm", "0.33.0", "--engine", "bogus=1"]) == 2
     assert "num_gpu_blocks" in capsys.readouterr().err
+    assert main(["trace", "--vllm", "0.33.0", "--engine", "shadow=maybe"]) == 2
+    assert "shadow must be a true/false" in capsys.readouterr().err
+    assert main(["trace", "--vllm", "0.33.0", "--engine", "max_model_len=1"]) == 2  # a setting, not a flag
+
+
+def test_an_engine_override_reaches_every_layouts_job():
+    from kvbound.trace.layouts import parse_override
+
+    over = dict([parse_override("abort_p=0"), parse_override("shadow=false"), parse_override("pending_p=0.5")])
+    assert over == {"abort_p": 0.0, "shadow": False, "pending_p": 0.5}
+    for name in LAYOUTS:
+        job = R.make_job(name, 0, 50, 0, "sync", over)
+        assert all(r["abort_after"] is None for r in job["requests"])  # abort_p=0: no request aborts
+        assert {k: job["params"][k] for k in over} == over
 
 
 def test_vllm_src_runs_a_checkout(tmp_path, prepared):
@@ -343,7 +355,7 @@ def test_mtp_retained_window_on_real_tables(workers):
     found, tally = R.check_result("0.33.0", "swa-mtp", job, res)
     assert found == [], [f.key() for f in found]
     windows = [g for c in res["cases"] for g in c["case"]["groups"] if g.get("kind") == "sliding_window"]
-    assert tally["cases"] > 10 and windows and {g.get("extra_retained_tokens") for g in windows} == {2}
+    assert tally["captured_calls"] > 10 and windows and {g.get("extra_retained_tokens") for g in windows} == {2}
     env30, w30 = workers("0.30.0")
     found, _ = R.check_result("0.30.0", "swa-mtp", job, w30.job(job))
     assert "lifecycle:load_key_not_confirmed" in {f.kind for f in found}

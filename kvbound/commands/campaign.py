@@ -6,11 +6,12 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, KvboundError, PrepareError, UsageError
-
-DEFAULT_BUDGET_S = 3600
+from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, KvboundError, PrepareError, ReportInputError, UsageError
+from kvbound.options import CAMPAIGN_PLAN, CAMPAIGN_SHRINK, RunOptions, ShrinkOptions, TraceOptions
+from kvbound.records import CampaignRecord
 
 
 def register(sub):
@@ -33,7 +34,7 @@ def register(sub):
     p.add_argument("--layout", action="append", choices=sorted(LAYOUTS), default=[],
                    help="repeatable; default: every layout")
     p.add_argument("--budget", type=float, default=None, metavar="S",
-                   help=f"seconds the campaign is planned to take (default {DEFAULT_BUDGET_S}); turned into"
+                   help=f"seconds the campaign is planned to take (default {CAMPAIGN_PLAN.budget_s:.0f}); turned into"
                         " requests per layout by a fixed planning rate, so the run stays reproducible")
     p.add_argument("--requests", type=int, default=None, metavar="N", help="requests per layout (overrides --budget)")
     p.add_argument("--seed", type=int, default=0, metavar="S")
@@ -41,7 +42,8 @@ def register(sub):
                    help="local worker processes (default: the CPU count)")
     p.add_argument("--ray", metavar="ADDRESS", help="run the shards on Ray: auto (a running cluster), an"
                    " address, or local (a fresh local instance of --workers CPUs)")
-    p.add_argument("--shrink-budget", type=int, default=60, metavar="R", help="reruns per distinct finding")
+    p.add_argument("--shrink-budget", type=int, default=CAMPAIGN_SHRINK.budget, metavar="R",
+                   help="reruns per distinct finding")
     p.add_argument("--out", default="campaign-findings", metavar="DIR", help="where trace files go")
     p.add_argument("--json", metavar="FILE", help="the campaign document (deterministic)")
     p.add_argument("--timings", metavar="FILE", help="wall-clock figures per shard and layout (not reproducible)")
@@ -61,8 +63,9 @@ def local_workers(args) -> int:
 def plan(args) -> tuple[list, list]:
     """(columns, shards) from the command line alone."""
     from kvbound.spec import variant_for_version
-    from kvbound.trace.campaign import Shard, expand_releases, requests_for_budget
+    from kvbound.trace.campaign import Shard, expand_releases
     from kvbound.trace.layouts import LAYOUTS
+    from kvbound.trace.session import checkout
 
     if not args.vllm and not args.vllm_src:
         raise UsageError("name releases with --vllm (e.g. --vllm 0.21.0..0.33.0) or a checkout with --vllm-src DIR")
@@ -73,9 +76,7 @@ def plan(args) -> tuple[list, list]:
     columns = list(releases)
     src_col = None
     if args.vllm_src:
-        src = Path(args.vllm_src)
-        if not (src / "vllm" / "__init__.py").exists():
-            raise UsageError(f"--vllm-src {src}: no vllm/__init__.py there (give the checkout's root)")
+        src = checkout(args.vllm_src)
         if not releases:
             raise UsageError("--vllm-src DIR needs --vllm X: the release whose spec the fork is judged by")
         src_col = f"src:{src.resolve().name}"
@@ -86,12 +87,13 @@ def plan(args) -> tuple[list, list]:
             raise UsageError("--requests must be >= 1")
         n = args.requests
     else:
-        n = requests_for_budget(args.budget if args.budget is not None else DEFAULT_BUDGET_S, len(columns) * len(layouts),
-                workers if not args.ray else (args.workers or 2))
-    common = dict(layouts=layouts, requests=n, seed=args.seed, shrink_budget=args.shrink_budget)
-    shards = [Shard(release=v, column=v, **common) for v in releases]
+        plan_options = CAMPAIGN_PLAN if args.budget is None else replace(CAMPAIGN_PLAN, budget_s=args.budget)
+        n = plan_options.requests_per_layout(len(columns) * len(layouts),
+                                             workers if not args.ray else (args.workers or 2))
+    options = TraceOptions(RunOptions(n, args.seed), ShrinkOptions(args.shrink_budget))
+    shards = [Shard(v, layouts, options, column=v) for v in releases]
     if src_col:
-        shards.append(Shard(release=releases[-1], column=src_col, src=str(Path(args.vllm_src).resolve()), **common))
+        shards.append(Shard(releases[-1], layouts, options, src=str(src.resolve()), column=src_col))
     return columns, shards
 
 
@@ -126,7 +128,7 @@ def run(args) -> int:
             return EXIT_INPUT
     n_cells = sum(len(s.layouts) for s in shards)
     print(f"kvbound campaign: {len(columns)} column(s) x {len(shards[0].layouts)} layouts = {n_cells} cells,"
-          f" {shards[0].requests} requests each, seed {args.seed},"
+          f" {shards[0].options.run.requests} requests each, seed {args.seed},"
           f" {'Ray ' + args.ray if args.ray else f'{local_workers(args)} local worker(s)'}",
           file=sys.stderr, flush=True)
     t0 = time.monotonic()
@@ -141,14 +143,14 @@ def run(args) -> int:
     print(f"\n{n_cells} cells in {wall:.0f} s")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        Path(args.json).write_text(json.dumps(doc.to_json(), indent=1, sort_keys=True) + "\n")
     if args.timings:
         Path(args.timings).write_text(json.dumps({"seconds": round(wall, 1), "shards": [
             {"column": r["shard"]["column"], **r["timings"]} for r in results]}, indent=1) + "\n")
     if args.html:
         Path(args.html).write_text(html_page(doc))
-    if any(f["class"] == "harness" for f in doc["findings"]) or any(
-            cell["outcome"] == "worker_failed" for col in doc["matrix"].values() for cell in col.values()):
+    if any(f.finding_class == "harness" for f in doc.findings) or any(
+            cell["outcome"] == "worker_failed" for col in doc.matrix.values() for cell in col.values()):
         return EXIT_INPUT
     if args.baseline:
         new, gone = against_baseline(doc, _read_baseline(args.baseline))
@@ -158,28 +160,27 @@ def run(args) -> int:
             print(f"NEW: {key} on {col} (not in the baseline {args.baseline})")
         print(f"baseline: {len(new)} new finding(s), {len(gone)} gone")
         return EXIT_FAIL if new else EXIT_OK
-    return EXIT_FAIL if doc["findings"] else EXIT_OK
+    return EXIT_FAIL if doc.findings else EXIT_OK
 
 
-def _pairs(doc) -> set:
-    return {(f["key"], c) for f in doc["findings"] for c in f["columns"]}
+def _pairs(doc: CampaignRecord) -> set:
+    return {(f.key, c) for f in doc.findings for c in f.columns}
 
 
-def _read_baseline(path) -> dict:
+def _read_baseline(path) -> CampaignRecord:
     try:
-        doc = json.loads(Path(path).read_text())
+        return CampaignRecord.from_json(json.loads(Path(path).read_text()), f"--baseline {path}")
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"--baseline {path}: not a readable campaign JSON ({e})") from None
-    if not isinstance(doc, dict) or doc.get("format") != "kvbound-campaign/1":
-        raise UsageError(f"--baseline {path}: format: must be 'kvbound-campaign/1' (a kvbound campaign --json file)")
-    return doc
+    except ReportInputError as e:
+        raise UsageError(f"{e} (a kvbound campaign --json file)") from None
 
 
-def against_baseline(doc, baseline) -> tuple[list, list]:
+def against_baseline(doc: CampaignRecord, baseline: CampaignRecord) -> tuple[list, list]:
     """(new, gone): (finding key, column) pairs found now and not in the baseline, and those
     the baseline has on a column this run covered that are no longer found."""
     now, then = _pairs(doc), _pairs(baseline)
-    cols = set(doc["columns"])
+    cols = set(doc.columns)
     return sorted(now - then), sorted(p for p in then - now if p[1] in cols)
 
 
@@ -193,53 +194,53 @@ def _cell_text(cell) -> str:
     return str(len(cell["findings"])) if cell["findings"] else "ok"
 
 
-def render(doc) -> str:
-    from kvbound.trace.runner import FINDING_CLASSES
+def render(doc: CampaignRecord) -> str:
+    from kvbound.side.findings import CLASSES
 
-    cols = doc["columns"]
-    layouts = sorted({l for c in doc["matrix"].values() for l in c})
+    cols = doc.columns
+    layouts = sorted({l for c in doc.matrix.values() for l in c})
     lines = ["", "== matrix: layouts x releases (ok; n/a: the release lacks what the layout needs; FAIL: the worker died; else the number of distinct findings) =="]
     w0 = max([len("layout")] + [len(l) for l in layouts])
     ws = [max(len(c), 4) for c in cols]
     lines.append("  ".join(["layout".ljust(w0)] + [c.rjust(w) for c, w in zip(cols, ws)]))
     for l in layouts:
-        lines.append("  ".join([l.ljust(w0)] + [_cell_text(doc["matrix"].get(c, {}).get(l)).rjust(w)
+        lines.append("  ".join([l.ljust(w0)] + [_cell_text(doc.matrix.get(c, {}).get(l)).rjust(w)
                                                  for c, w in zip(cols, ws)]))
     lines.append("")
     lines.append("== findings by class ==")
     lines.append("  ".join(["class".ljust(w0)] + [c.rjust(w) for c, w in zip(cols, ws)]))
-    for k in FINDING_CLASSES:
-        lines.append("  ".join([k.ljust(w0)] + [str(doc["by_class"].get(c, {}).get(k, 0)).rjust(w)
+    for k in CLASSES:
+        lines.append("  ".join([k.ljust(w0)] + [str(doc.by_class.get(c, {}).get(k, 0)).rjust(w)
                                                  for c, w in zip(cols, ws)]))
-    skips = [(c, l, cell["why"]) for c in cols for l, cell in sorted(doc["matrix"].get(c, {}).items())
+    skips = [(c, l, cell["why"]) for c in cols for l, cell in sorted(doc.matrix.get(c, {}).items())
              if cell["outcome"] != "ran"]
     if skips:
         lines += ["", "== not run =="] + [f"  {c} {l}: {why}" for c, l, why in skips]
-    if doc["findings"]:
-        lines += ["", f"== {len(doc['findings'])} distinct finding(s) =="]
-        for f in doc["findings"]:
-            where = ", ".join(sorted({c[1] for c in f["cells"]}))
-            stop = f"; absent from {f['stops_at']}" if f["stops_at"] else ""
-            lines.append(f"  [{f['class']}{'' if f['safety'] else ', efficiency'}] {f['key']}: {f['first']}"
-                         f" .. {f['last']} ({len(f['columns'])} release(s)){stop}; layouts {where}")
+    if doc.findings:
+        lines += ["", f"== {len(doc.findings)} distinct finding(s) =="]
+        for f in doc.findings:
+            where = ", ".join(sorted({c[1] for c in f.cells}))
+            stop = f"; absent from {f.stops_at}" if f.stops_at else ""
+            lines.append(f"  [{f.finding_class}{'' if f.safety else ', efficiency'}] {f.key}: {f.first}"
+                         f" .. {f.last} ({len(f.columns)} release(s)){stop}; layouts {where}")
     return "\n".join(lines)
 
 
-def html_page(doc) -> str:
+def html_page(doc: CampaignRecord) -> str:
     from markupsafe import Markup
 
     from kvbound.report import Section, _json_pre, _table, drawn_case, html, join, mono, render_page
     from kvbound.spec import case_from_dict, plan_for_version
 
-    cols = doc["columns"]
-    layouts = sorted({l for c in doc["matrix"].values() for l in c})
-    matrix = _table(["layout", *cols], [[mono(l), *(_cell_text(doc["matrix"].get(c, {}).get(l)) for c in cols)]
+    cols = doc.columns
+    layouts = sorted({l for c in doc.matrix.values() for l in c})
+    matrix = _table(["layout", *cols], [[mono(l), *(_cell_text(doc.matrix.get(c, {}).get(l)) for c in cols)]
                                         for l in layouts])
-    classes = _table(["class", *cols], [[k, *(str(doc["by_class"].get(c, {}).get(k, 0)) for c in cols)]
-                                        for k in sorted({k for v in doc["by_class"].values() for k in v})])
+    classes = _table(["class", *cols], [[k, *(str(doc.by_class.get(c, {}).get(k, 0)) for c in cols)]
+                                        for k in sorted({k for v in doc.by_class.values() for k in v})])
     items = []
-    for f in doc["findings"]:
-        ex = f["example"] or {}
+    for f in doc.findings:
+        ex = f.example or {}
         drawing = Markup("")
         if ex.get("case"):
             try:
@@ -248,12 +249,12 @@ def html_page(doc) -> str:
                 drawing = drawn_case(case, {p.variant: p})
             except KvboundError:  # a case this kvbound cannot plan is shown as JSON only
                 drawing = Markup("")
-        items.append(html("<h3>{}</h3><p>{} · {} .. {}{} · layouts {}</p>{}{}", f["key"], f["class"], f["first"],
-                          f["last"], f"; absent from {f['stops_at']}" if f["stops_at"] else "",
-                          ", ".join(sorted({c[1] for c in f["cells"]})), drawing,
+        items.append(html("<h3>{}</h3><p>{} · {} .. {}{} · layouts {}</p>{}{}", f.key, f.finding_class, f.first,
+                          f.last, f"; absent from {f.stops_at}" if f.stops_at else "",
+                          ", ".join(sorted({c[1] for c in f.cells})), drawing,
                           _json_pre({k: v for k, v in ex.items() if k not in ("segment",)})))
     sections = [Section("matrix", "Releases x layouts", matrix, summary=f"{len(cols)} columns"),
                 Section("classes", "Findings by class", classes),
                 Section("findings", "Distinct findings", join(items) if items else Markup("<p>none</p>"),
-                        summary=f"{len(doc['findings'])} distinct", failed=bool(doc["findings"]))]
+                        summary=f"{len(doc.findings)} distinct", failed=bool(doc.findings))]
     return render_page(sections, title="kvbound campaign")

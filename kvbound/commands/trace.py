@@ -7,18 +7,18 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from kvbound.conform.prepare import ReleaseEnv, deps_venv, prepare_release
-from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, PrepareError, UsageError
+from kvbound.conform.prepare import ReleaseEnv
+from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, PrepareError, TraceError, UsageError
+from kvbound.options import TRACE_PLAN, TRACE_SHRINK, RunOptions, ShrinkOptions, TraceOptions
+from kvbound.records import TraceRecord
 from kvbound.spec import case_from_dict, plan_for_version, variant_for_version
 
 
-DEFAULT_BUDGET_S = 300.0
-
-
 def register(sub):
-    from kvbound.trace.layouts import LAYOUTS
+    from kvbound.trace.layouts import LAYOUTS, engine_help
 
     p = sub.add_parser(
         "trace",
@@ -36,23 +36,20 @@ def register(sub):
                    " the release whose spec it is checked against")
     p.add_argument("--layout", action="append", choices=sorted(LAYOUTS), default=[],
                    help="repeatable; default: every layout the release supports")
-    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="S",
-                   help=f"seconds the run is planned to take (default {DEFAULT_BUDGET_S:.0f}): turned into requests"
-                        " per layout by a fixed planning rate (kvbound.trace.campaign), so the run stays"
-                        " reproducible")
+    p.add_argument("--budget", type=float, default=TRACE_PLAN.budget_s, metavar="S",
+                   help=f"seconds the run is planned to take (default {TRACE_PLAN.budget_s:.0f}): turned into"
+                        " requests per layout by a fixed planning rate (kvbound.options.PlanOptions), so the run"
+                        " stays reproducible")
     p.add_argument("--requests", type=int, default=None, metavar="N", help="requests per layout (overrides --budget)")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--segment", type=int, default=400, metavar="K",
                    help="requests per engine (a fresh scheduler and CPU tier each)")
     p.add_argument("--scheduler", choices=("sync", "async", "both"), default="both",
                    help="Scheduler, AsyncScheduler, or alternate segments (default)")
-    p.add_argument("--engine", action="append", default=[], metavar="K=V",
-                   help="override an engine setting of every layout (num_gpu_blocks, cpu_chunks, max_num_seqs,"
-                        " max_num_batched_tokens, max_delay, abort_p; pending_p, retry_p, evict_p script"
-                        " the offload tier: see docs/trace.md), e.g. --engine abort_p=0")
+    p.add_argument("--engine", action="append", default=[], metavar="K=V", help=engine_help())
     p.add_argument("--stop-on-first", action="store_true", help="stop a layout at its first finding")
     p.add_argument("--no-shrink", action="store_true", help="save findings unshrunk")
-    p.add_argument("--shrink-budget", type=int, default=150, metavar="R", help="reruns per shrink")
+    p.add_argument("--shrink-budget", type=int, default=TRACE_SHRINK.budget, metavar="R", help="reruns per shrink")
     p.add_argument("--out", default="trace-findings", metavar="DIR", help="where trace files go")
     p.add_argument("--json", metavar="FILE", help="summary and findings as JSON (for CI; the same command"
                    " writes the same bytes)")
@@ -66,44 +63,18 @@ def register(sub):
 
 
 def _env(args) -> ReleaseEnv:
+    from kvbound.trace.session import checkout, release_env
+
     if args.vllm_src:
         if not args.vllm:
             raise UsageError("--vllm-src DIR needs --vllm X: the release whose spec the fork is checked against")
-        src = Path(args.vllm_src)
-        if not (src / "vllm" / "__init__.py").exists():
-            raise UsageError(f"--vllm-src {src}: no vllm/__init__.py there (give the checkout's root)")
+        src = checkout(args.vllm_src)
         variant_for_version(args.vllm)
-        return ReleaseEnv(args.vllm, str(deps_venv(_say) / "bin" / "python"), str(src))
+        return release_env(args.vllm, str(src), _say)
     if not args.vllm:
         raise UsageError("name a release with --vllm X (e.g. --vllm 0.33.0) or a checkout with --vllm-src DIR")
     variant_for_version(args.vllm)  # UnsupportedVersion -> one line, exit 2
-    return prepare_release(args.vllm, _say)
-
-
-def _flag(v: str) -> bool:
-    if v.lower() not in ("true", "false", "1", "0"):
-        raise ValueError(v)
-    return v.lower() in ("true", "1")
-
-
-_flag.__name__ = "true/false"
-ENGINE_KEYS = {"num_gpu_blocks": int, "cpu_chunks": int, "max_num_seqs": int, "max_num_batched_tokens": int,
-               "max_delay": int, "abort_p": float, "pending_p": float, "retry_p": float, "evict_p": float,
-               # shadow KV (docs/trace.md): on by default; the store path's traffic
-               "shadow": _flag, "offload_prompt_only": _flag, "aligned_decode_p": float}
-
-
-def _overrides(items) -> dict:
-    out = {}
-    for it in items:
-        k, sep, v = it.partition("=")
-        if not sep or k not in ENGINE_KEYS:
-            raise UsageError(f"--engine {it!r}: expected K=V with K one of {', '.join(ENGINE_KEYS)}")
-        try:
-            out[k] = ENGINE_KEYS[k](v)
-        except ValueError:
-            raise UsageError(f"--engine {it!r}: {k} must be a {ENGINE_KEYS[k].__name__}") from None
-    return out
+    return release_env(args.vllm, None, _say)
 
 
 def _say(msg: str) -> None:
@@ -129,17 +100,19 @@ def _bar(quiet):
 
 
 def run(args) -> int:
-    from kvbound.trace import runner as R
-    from kvbound.trace.campaign import requests_for_budget
-    from kvbound.trace.layouts import LAYOUTS
+    from kvbound.trace.layouts import LAYOUTS, parse_override
+    from kvbound.trace.session import RAN, run_release
 
     if args.replay:
         return replay(args)
     if (args.requests is not None and args.requests < 1) or args.segment < 1:
         raise UsageError("--requests and --segment must be >= 1")
     layouts = list(dict.fromkeys(args.layout)) or list(LAYOUTS)
-    n = args.requests if args.requests is not None else requests_for_budget(args.budget, len(layouts))
-    overrides = _overrides(args.engine)
+    n = args.requests if args.requests is not None else \
+        replace(TRACE_PLAN, budget_s=args.budget).requests_per_layout(len(layouts))
+    overrides = tuple(parse_override(it) for it in args.engine)
+    options = TraceOptions(RunOptions(n, args.seed, args.segment, args.scheduler, args.stop_on_first, overrides),
+                           ShrinkOptions(0 if args.no_shrink else args.shrink_budget))
     try:
         env = _env(args)
     except PrepareError as e:
@@ -147,58 +120,47 @@ def run(args) -> int:
         return EXIT_INPUT
     print(f"kvbound trace: vllm {env.version}, layouts {' '.join(layouts)}, {n} requests each,"
           f" seed {args.seed}, scheduler {args.scheduler}", file=sys.stderr)
-    t0 = time.monotonic()
-    summaries, findings, skipped = [], [], []
-    try:
-        w = R.start_worker(env)
-    except R.TraceError as e:
-        print(f"kvbound trace: {e}", file=sys.stderr)
+    res = run_release(env, layouts, options, _bar(args.quiet), Path(args.out))
+    if res.start_error:
+        print(f"kvbound trace: {res.start_error}", file=sys.stderr)
         return EXIT_INPUT
-    try:
-        for name in layouts:
-            try:
-                got_s, got_f = R.run_trace(env, [name], n, args.seed, args.segment, args.scheduler,
-                                           _bar(args.quiet), args.stop_on_first, overrides, worker=w)
-            except R.TraceError as e:  # this layout only (unsupported, or its worker died): one line
-                why = str(e).splitlines()[0]
-                skipped.append({"layout": name, "why": why})
-                print(f"  {name}: skipped: {why}", file=sys.stderr, flush=True)
-                if not w.alive:
-                    w = R.start_worker(env)
-                continue
-            summaries += got_s
-            findings += got_f
-    finally:
-        w.stop()
-    wall = time.monotonic() - t0
+    summaries = [c.summary for c in res.cells if c.outcome == RAN]
+    skipped = [{"layout": c.layout, "why": c.why} for c in res.cells if c.outcome != RAN]
+    for sk in skipped:  # the layout only (unsupported, or its worker died): one line
+        print(f"  {sk['layout']}: skipped: {sk['why']}", file=sys.stderr, flush=True)
+    wall = res.seconds - res.shrink_seconds
     print(render_table(summaries))
     for sk in skipped:
         print(f"skipped {sk['layout']}: {sk['why']}")
-    saved = report_findings(env, findings, args)
+    kept = res.findings()
+    n_found = sum(k.count for k in kept)
+    if kept:
+        print(f"\n== {n_found} finding(s), {len(kept)} distinct ==")
+    for k in kept:
+        print(describe(k.finding, str(k.path), k.shrunk_from))
     total_req = sum(s.stats["requests"] for s in summaries)
     print(f"\n{total_req} requests in {wall:.1f} s ({total_req / max(wall, 1e-9):,.0f} requests/s on one"
-          f" worker process), {len(findings)} finding(s)")
+          f" worker process), {n_found} finding(s)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({
-            "vllm": env.version, "seed": args.seed, "requests_per_layout": n,
-            "layouts": [_summary_json(s) for s in summaries], "skipped": skipped,
-            "findings": [{"kind": f.kind, "class": f.finding_class, "safety": f.safety, "layout": f.layout,
-                          "detail": _short(f.detail), "file": p} for f, p in saved]}, indent=1) + "\n")
+        doc = TraceRecord(env.version, args.seed, n, [_summary_json(s) for s in summaries], skipped, [
+            {"kind": k.finding.kind, "class": k.finding.finding_class, "safety": k.finding.safety,
+             "layout": k.finding.layout, "detail": _short(k.finding.detail), "file": str(k.path)} for k in kept])
+        Path(args.json).write_text(json.dumps(doc.to_json(), indent=1) + "\n")
     if args.timings:
         Path(args.timings).write_text(json.dumps({"seconds": round(wall, 2), "layouts": [
             {"layout": s.layout, "seconds": round(s.seconds, 2), "cpu_seconds": round(s.cpu_seconds, 2),
              "requests_per_cpu_second": round(s.stats["requests"] / s.cpu_seconds, 1) if s.cpu_seconds else None,
              "first_finding_seconds": None if s.first_finding_seconds is None else round(s.first_finding_seconds, 2)}
             for s in summaries]}, indent=1) + "\n")
-    if any(f.finding_class == "harness" for f in findings):
+    if any(k.finding.finding_class == "harness" for k in kept):
         return EXIT_INPUT
-    return EXIT_FAIL if findings else EXIT_OK
+    return EXIT_FAIL if kept else EXIT_OK
 
 
 def _summary_json(s) -> dict:
-    return {"layout": s.layout, **s.stats, "captured_calls": s.cases, "spec_agree": s.agree,
-            "not_judged": s.undriven, "findings": s.findings, "first_finding_requests": s.first_finding_requests}
+    return {"layout": s.layout, **s.stats, "captured_calls": s.captured_calls, "spec_agree": s.spec_agree,
+            "not_judged": s.not_judged, "findings": s.findings, "first_finding_requests": s.first_finding_requests}
 
 
 def _short(d: dict) -> dict:
@@ -210,45 +172,12 @@ COLUMNS = ("requests", "steps", "loads", "partial_hits", "partial_tails", "store
 
 def render_table(summaries) -> str:
     head = ["layout", *COLUMNS, "calls", "spec=", "findings", "s", "req/cpu-s"]
-    rows = [[s.layout, *(str(s.stats[c]) for c in COLUMNS), str(s.cases), str(s.agree), str(s.findings),
+    rows = [[s.layout, *(str(s.stats[c]) for c in COLUMNS), str(s.captured_calls), str(s.spec_agree), str(s.findings),
              f"{s.seconds:.1f}", f"{s.stats['requests'] / s.cpu_seconds:,.0f}" if s.cpu_seconds else "-"]
             for s in summaries]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)])
-
-
-def report_findings(env, findings, args) -> list:
-    """Shrink (one per distinct kind and layout), save, draw; [(finding, path)]."""
-    from kvbound.trace import runner as R
-    from kvbound.trace import shrink as S
-    from kvbound.trace import tracefile as TF
-
-    firsts = {}
-    for f in findings:
-        firsts.setdefault((f.layout, f.key()), f)
-    if findings:
-        print(f"\n== {len(findings)} finding(s), {len(firsts)} distinct ==")
-    out = []
-    w = None
-    try:
-        for f in firsts.values():
-            n0 = len(f.segment["requests"])
-            reruns = None
-            if not args.no_shrink:
-                if w is None:
-                    w = R.start_worker(env)
-                reqs, reruns = S.shrink(w, f, args.shrink_budget)
-                again = [g for g in R.rerun(w, env.version, f, reqs) if g.key() == f.key()]
-                if again:
-                    f = again[0]
-            path = TF.save(f, Path(args.out), n0, reruns)
-            out.append((f, str(path)))
-            print(describe(f, str(path), n0))
-    finally:
-        if w is not None:
-            w.stop()
-    return out
 
 
 def describe(f, path: str, shrunk_from: int | None = None) -> str:
@@ -276,8 +205,8 @@ def describe(f, path: str, shrunk_from: int | None = None) -> str:
 
 
 def replay(args) -> int:
-    from kvbound.trace import runner as R
     from kvbound.trace import tracefile as TF
+    from kvbound.trace import session
 
     try:
         f = TF.load(args.replay)
@@ -289,30 +218,18 @@ def replay(args) -> int:
     except PrepareError as e:
         print(f"kvbound trace: vllm {args.vllm} could not be prepared:\n  {e}", file=sys.stderr)
         return EXIT_INPUT
+    options = ShrinkOptions(args.shrink_budget) if args.reshrink else None
     try:
-        w = R.start_worker(env)
-        got = R.rerun(w, env.version, f, f.segment["requests"])
-    except R.TraceError as e:
+        got, shrunk = session.replay(env, f, options, Path(args.out))
+    except TraceError as e:
         print(f"kvbound trace: {e}", file=sys.stderr)
         return EXIT_INPUT
-    w.stop()
+    if shrunk is not None:
+        print(f"reproduced on vllm {env.version}: {f.kind}; shrunk {shrunk.shrunk_from} -> "
+              f"{len(shrunk.finding.segment['requests'])} requests")
+        print(describe(shrunk.finding, str(shrunk.path), shrunk.shrunk_from))
+        return EXIT_FAIL
     same = [g for g in got if g.key() == f.key()]
-    if same and args.reshrink:
-        from kvbound.trace import shrink as S
-        from kvbound.trace import tracefile as TF
-
-        n0 = len(f.segment["requests"])
-        w = R.start_worker(env)
-        try:
-            reqs, runs = S.shrink(w, same[0], args.shrink_budget)
-            again = [g for g in R.rerun(w, env.version, same[0], reqs) if g.key() == f.key()]
-        finally:
-            w.stop()
-        if again:
-            path = TF.save(again[0], Path(args.out), n0, runs)
-            print(f"reproduced on vllm {env.version}: {f.kind}; shrunk {n0} -> {len(reqs)} requests")
-            print(describe(again[0], str(path), n0))
-            return EXIT_FAIL
     if same:
         print(f"reproduced on vllm {env.version}: {f.kind}")
         print(describe(same[0], args.replay))

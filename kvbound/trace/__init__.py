@@ -7,6 +7,9 @@ connector call, ``fakes.py`` what stands in for the model runner, the transfer e
 and an adversarial tier, ``checks.py`` the lifecycle promises checked inside the
 engine. The plumbing shared with conform's worker is ``kvbound/conform/sidecar.py``.
 
-Host side: ``layouts`` (the engines), ``workload`` (seeded traffic), ``runner`` (segments and
-findings; the checks at every captured call, spec and premises, are ``callcheck``'s), ``shrink`` and ``tracefile``.
+Host side: ``layouts`` (the engines, one ``Layout`` record each), ``workload`` (seeded traffic),
+``runner`` (segments and findings; the checks at every captured call, spec and premises, are
+``callcheck``'s), ``session`` (one release's trace session: what ``kvbound trace`` and each
+campaign shard run), ``shrink``, ``tracefile`` and ``campaign``. The finding kinds are the
+findings table's (``kvbound/side/findings.py``).
 """

@@ -22,7 +22,7 @@ WHOLE_CHUNK_PREMISES = ("keys-cover-hit", "hit-a-chunk")
 def check_call(release: str, call: dict):
     """(verdict, findings) of one call on ``release``: verdict is the spec judge's (None
     when the call is no valid case); findings are ``(kind, detail)`` pairs, kinds as
-    ``kvbound trace`` names them (``spec-disagreement``, ``premise:<id>``)."""
+    rows of the findings table (``plan:spec_disagreement``, ``premise:<id>``)."""
     found = []
     try:
         case = case_from_dict(call["case"], call["case"].get("name", "?"))
@@ -33,8 +33,8 @@ def check_call(release: str, call: dict):
         return None, [("premise:valid-call", {"detail": str(e), "step": call.get("step")})]
     rec = judge(case, release, call)
     if rec["verdict"] == DISAGREE:
-        found.append(("spec-disagreement", {"diff": rec["diff"], "real": rec["real"], "spec": rec["spec"],
-                                            "step": call.get("step"), "lookup": call.get("lookup")}))
+        found.append(("plan:spec_disagreement", {"diff": rec["diff"], "real": rec["real"], "spec": rec["spec"],
+                                                 "step": call.get("step"), "lookup": call.get("lookup")}))
     for v in evaluate_premises(case):
         if v.holds:
             continue

@@ -1,14 +1,14 @@
 """A campaign: ``kvbound trace`` over releases × layouts, as one reproducible document.
 
 The unit of work is a *shard*: one release (or a checkout, ``--vllm-src``), some of its
-layouts, a request count and a seed. A shard imports vLLM once (one worker process),
-runs its layouts segment by segment (``runner.run_trace``), shrinks each distinct
-finding it saw and returns plain JSON. Shards run in a local process pool, or on a Ray
+layouts and the trace options (``kvbound.options.TraceOptions``). A shard is one trace
+session (``session.run_release``: one worker process, its layouts, each distinct finding
+shrunk and kept) and returns plain JSON. Shards run in a local process pool, or on a Ray
 cluster (``ray_shards``); both run the same ``run_shard`` on the same shard JSON, so the
 merged document (``merge``) is the same, byte for byte, wherever it ran.
 
 Reproducible: the shard plan is computed from the command line alone. ``--budget`` is
-turned into requests per layout by a fixed planning rate (``PLANNING_REQUESTS_PER_S``),
+turned into requests per layout by a fixed planning rate (``kvbound.options.PlanOptions``),
 not by a clock, so two runs of one command trace the same requests; the worker runs
 with a fixed ``PYTHONHASHSEED`` (``kvbound.options.WORKERS.hash_seed``). Wall-clock
 figures never enter the document; they go to ``timings`` beside it.
@@ -18,118 +18,45 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvbound.errors import LayoutUnsupported, TraceError, UsageError
-
-# Requests per second of wall time one worker is planned at (every check on, shrinking
-# included). Measured here at 400-1,800 requests per CPU-second stepping (docs/benchmarks.md);
-# the planning rate leaves room for importing vLLM, shrinking and a loaded machine.
-PLANNING_REQUESTS_PER_S = 60
-MIN_REQUESTS_PER_LAYOUT = 200  # below this a layout's traffic barely evicts: not worth a cell
+from kvbound.errors import UsageError
+from kvbound.options import RunOptions, ShrinkOptions, TraceOptions
+from kvbound.records import CampaignFinding, CampaignRecord
 
 
 @dataclass(frozen=True)
 class Shard:
     release: str  # the release whose spec and features apply (with src: the fork's base)
     layouts: tuple
-    requests: int  # per layout
-    seed: int = 0
-    segment: int = 400
-    scheduler: str = "both"
-    overrides: tuple = ()  # ((key, value), ...) engine overrides
-    shrink_budget: int = 60
+    options: TraceOptions
     src: str | None = None  # a checkout's root (--vllm-src), else the prepared release
     column: str = ""  # the matrix column: the release, or "src:<dir name>"
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        d["layouts"], d["overrides"] = list(self.layouts), [list(kv) for kv in self.overrides]
-        return d
+        return {"release": self.release, "layouts": list(self.layouts), "options": asdict(self.options),
+                "src": self.src, "column": self.column}
 
     @classmethod
     def from_json(cls, d: dict) -> "Shard":
-        return cls(**dict(d, layouts=tuple(d["layouts"]), overrides=tuple(tuple(kv) for kv in d["overrides"])))
-
-
-def requests_for_budget(budget_s: float, n_cells: int, workers: int = 1) -> int:
-    """Requests per layout so that ``n_cells`` release × layout cells fit ``budget_s``."""
-    if budget_s <= 0:
-        raise UsageError(f"--budget {budget_s}: must be a positive number of seconds")
-    per_cell = budget_s * PLANNING_REQUESTS_PER_S * max(1, workers) / max(1, n_cells)
-    return max(MIN_REQUESTS_PER_LAYOUT, int(per_cell) // 100 * 100)
-
-
-def env_of(shard: Shard, progress=None):
-    from kvbound.conform.prepare import ReleaseEnv, deps_venv, prepare_release
-
-    if shard.src:
-        return ReleaseEnv(shard.release, str(deps_venv(progress) / "bin" / "python"), shard.src)
-    return prepare_release(shard.release, progress)
+        run = dict(d["options"]["run"])
+        run["overrides"] = tuple(tuple(kv) for kv in run["overrides"])
+        options = TraceOptions(RunOptions(**run), ShrinkOptions(**d["options"]["shrink"]))
+        return cls(d["release"], tuple(d["layouts"]), options, d["src"], d["column"])
 
 
 def run_shard(shard_json: dict, progress=None, out_dir: str | None = None) -> dict:
-    """One shard, start to end: the JSON ``merge`` takes. Never raises for a layout the
-    release refuses or a harness fault: those are outcomes of the cell."""
-    from . import runner as R
-    from . import shrink as S
-    from . import tracefile as TF
+    """One shard, start to end (``session.run_release``): the JSON ``merge`` takes."""
+    from .session import release_env, run_release
 
     shard = Shard.from_json(shard_json)
-    t0 = time.monotonic()
-    cells, timings = [], {}
-    env = env_of(shard)
-    try:
-        w = R.start_worker(env)
-    except TraceError as e:
-        line = str(e).splitlines()[0]
-        return {"shard": shard.to_json(), "cells": [
-            {"layout": name, "outcome": "not_run", "why": line, "findings": []} for name in shard.layouts],
-            "timings": {"seconds": round(time.monotonic() - t0, 2)}}
-    try:
-        for name in shard.layouts:
-            c0 = time.monotonic()
-            try:
-                summaries, findings = R.run_trace(env, [name], shard.requests, shard.seed, shard.segment,
-                                                  shard.scheduler, progress, False, dict(shard.overrides),
-                                                  worker=w)
-            except LayoutUnsupported as e:  # the release lacks what the layout needs: one line
-                cells.append({"layout": name, "outcome": "unsupported", "why": str(e).splitlines()[0],
-                              "findings": []})
-                continue
-            except TraceError as e:  # the worker died or hung on this layout
-                if not w.alive:
-                    w = R.start_worker(env)
-                cells.append({"layout": name, "outcome": "worker_failed", "why": str(e).splitlines()[0],
-                              "findings": []})
-                continue
-            s = summaries[0]
-            distinct = {}
-            for f in findings:
-                distinct.setdefault(f.key(), f)
-            shown = []
-            for key in sorted(distinct):
-                f = distinct[key]
-                n0 = len(f.segment["requests"])
-                if shard.shrink_budget:
-                    reqs, _ = S.shrink(w, f, shard.shrink_budget)
-                    again = [g for g in R.rerun(w, env.version, f, reqs) if g.key() == key]
-                    if again:
-                        f = again[0]
-                entry = dict(f.to_json(), key=key, shrunk_from=n0,
-                             count=sum(1 for g in findings if g.key() == key))
-                if out_dir:
-                    entry["file"] = str(TF.save(f, Path(out_dir), n0).name)
-                shown.append(entry)
-            cells.append({"layout": name, "outcome": "ran", "stats": dict(s.stats), "captured_calls": s.cases,
-                          "spec_agree": s.agree, "not_judged": s.undriven, "findings": shown})
-            timings[name] = {"seconds": round(time.monotonic() - c0, 2), "cpu_seconds": round(s.cpu_seconds, 2)}
-    finally:
-        w.stop()
-    timings["seconds"] = round(time.monotonic() - t0, 2)
-    return {"shard": shard.to_json(), "cells": cells, "timings": timings}
+    res = run_release(release_env(shard.release, shard.src), shard.layouts, shard.options, progress,
+                      Path(out_dir) if out_dir else None)
+    timings = {c.layout: {"seconds": round(c.seconds, 2), "cpu_seconds": round(c.summary.cpu_seconds, 2)}
+               for c in res.cells if c.summary is not None}
+    timings["seconds"] = round(res.seconds, 2)
+    return {"shard": shard.to_json(), "cells": [c.to_json() for c in res.cells], "timings": timings}
 
 
 # ------------------------------------------------------------------------------ executors
@@ -202,25 +129,15 @@ def ray_shards(shards: list, address: str, progress=None, out_dir: str | None = 
 # ------------------------------------------------------------------------------ the document
 
 
-@dataclass
-class DistinctFinding:
-    key: str
-    kind: str
-    finding_class: str
-    safety: bool
-    cells: list = field(default_factory=list)  # [column, layout, count, requests after shrinking, file]
-    example: dict | None = None
-
-
-def merge(columns: list, results: list) -> dict:
+def merge(columns: list, results: list) -> CampaignRecord:
     """The campaign document: the matrix (column × layout: outcome, counters, findings),
     each distinct finding once with the columns that have it (first, last, where it
     stops), and the count of findings by class per column. Deterministic: sorted keys,
     no wall-clock figure."""
-    from .runner import FINDING_CLASSES
+    from kvbound.side.findings import CLASSES
 
     matrix: dict = {}
-    distinct: dict = {}
+    distinct: dict = {}  # key -> (the first example, its cells)
     order = {c: i for i, c in enumerate(columns)}
     results = sorted(results, key=lambda r: order.get(r["shard"]["column"], len(order)))
     for res in results:
@@ -230,31 +147,26 @@ def merge(columns: list, results: list) -> dict:
             row["findings"] = sorted(f["key"] for f in cell["findings"])
             matrix.setdefault(col, {})[cell["layout"]] = row
             for f in cell["findings"]:
-                d = distinct.get(f["key"])
-                if d is None:
-                    d = distinct[f["key"]] = DistinctFinding(f["key"], f["kind"], f["class"], f["safety"])
-                    d.example = f
-                d.cells.append([col, cell["layout"], f["count"], len(f["segment"]["requests"]), f.get("file")])
-    out_findings = []
+                distinct.setdefault(f["key"], (f, []))[1].append(
+                    [col, cell["layout"], f["count"], len(f["segment"]["requests"]), f.get("file")])
+    found = []
     for key in sorted(distinct):
-        d = distinct[key]
-        d.cells.sort(key=lambda c: (order.get(c[0], len(order)), c[1]))
-        have = sorted({c[0] for c in d.cells}, key=lambda c: order.get(c, len(order)))
+        example, cells = distinct[key]
+        cells.sort(key=lambda c: (order.get(c[0], len(order)), c[1]))
+        have = sorted({c[0] for c in cells}, key=lambda c: order.get(c, len(order)))
         last = order.get(have[-1], -1)
-        layouts = {c[1] for c in d.cells}
+        layouts = {c[1] for c in cells}
         # where it stops: the first later column whose run of the same layouts was clean
         stops = next((c for c in columns[last + 1:]
                       if any((matrix.get(c, {}).get(l) or {}).get("outcome") == "ran" for l in layouts)
                       and c not in have), None)
-        out_findings.append({"key": key, "kind": d.kind, "class": d.finding_class, "safety": d.safety,
-                             "columns": have, "first": have[0], "last": have[-1], "stops_at": stops,
-                             "cells": d.cells, "example": d.example})
-    by_class = {col: {c: 0 for c in FINDING_CLASSES} for col in columns}
-    for f in out_findings:
-        for c in f["cells"]:
-            by_class.setdefault(c[0], {k: 0 for k in FINDING_CLASSES})[f["class"]] += 1
-    return {"format": "kvbound-campaign/1", "columns": list(columns), "matrix": matrix,
-            "findings": out_findings, "by_class": by_class}
+        found.append(CampaignFinding(key, example["kind"], example["class"], example["safety"], have, have[0],
+                                     have[-1], stops, cells, example))
+    by_class = {col: {c: 0 for c in CLASSES} for col in columns}
+    for f in found:
+        for c in f.cells:
+            by_class.setdefault(c[0], {k: 0 for k in CLASSES})[f.finding_class] += 1
+    return CampaignRecord(list(columns), matrix, found, by_class)
 
 
 def expand_releases(specs: list) -> list:

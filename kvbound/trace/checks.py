@@ -56,7 +56,7 @@ class LifecycleChecks:
             rid = _rid(a, k)
             unconfirmed = [x for x in keys if x not in checks.confirmed.get(rid, ())]
             if unconfirmed:
-                eng.violate("load_key_not_confirmed", rid, "%d of %d keys passed to prepare_load were"
+                eng.violate("lifecycle:load_key_not_confirmed", rid, "%d of %d keys passed to prepare_load were"
                             " not answered HIT by this request's lookup, or were evicted since"
                             % (len(unconfirmed), len(keys)))
             return orig_prepare_load(keys, *a, **k)
@@ -105,7 +105,7 @@ class LifecycleChecks:
             out = orig_alloc(request, *a, **k)
             taken = free - kvm.block_pool.get_num_free_blocks()
             if out is not None and counted and taken > counted[-1]:
-                eng.violate("allocation_exceeds_reservation", request.request_id,
+                eng.violate("lifecycle:allocation_exceeds_reservation", request.request_id,
                             "allocate_slots took %d blocks from the pool, get_num_blocks_to_allocate"
                             " reserved %d (num_external_computed_tokens=%s, num_new_tokens=%s)"
                             % (taken, counted[-1], k.get("num_external_computed_tokens"),
@@ -129,9 +129,9 @@ class LifecycleChecks:
         owned = self.owned_block_ids(request.request_id)
         for bid in ids:
             if bid == 0:
-                self.eng.violate("load_into_null_block", request.request_id, "load destination block 0 (null)")
+                self.eng.violate("lifecycle:load_into_null_block", request.request_id, "load destination block 0 (null)")
             elif bid not in owned:
-                self.eng.violate("load_into_foreign_block", request.request_id,
+                self.eng.violate("lifecycle:load_into_foreign_block", request.request_id,
                                  "load destination block %d is not one of the request's blocks" % bid)
 
     # -- a block copy carries computed KV -----------------------------------------------
@@ -160,15 +160,15 @@ class LifecycleChecks:
         free = bp.get_num_free_blocks()
         total = eng.kv_cache_config.num_blocks - 1  # the null block is never free
         if free != total:
-            eng.violate("blocks_not_freed", None, "%d of %d blocks free after drain" % (free, total))
+            eng.violate("lifecycle:blocks_not_freed", None, "%d of %d blocks free after drain" % (free, total))
         cs = eng.csched
         for name in ("_req_status", "_requests", "_reqs_being_loaded", "_reqs_being_stored",
                      "_current_batch_load_jobs", "_jobs", "_load_jobs", "_store_jobs"):
             v = getattr(cs, name, None)
             if v:
-                eng.violate("connector_state_left", None, "%s holds %d entries after drain" % (name, len(v)))
+                eng.violate("lifecycle:connector_state_left", None, "%s holds %d entries after drain" % (name, len(v)))
         if eng.transfers.pending:
-            eng.violate("transfer_not_finished", None, "%d jobs pending" % len(eng.transfers.pending))
+            eng.violate("lifecycle:transfer_not_finished", None, "%d jobs pending" % len(eng.transfers.pending))
 
 
 def uncomputed_copies(sched, so):

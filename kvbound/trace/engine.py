@@ -312,7 +312,7 @@ class Engine:
                         "trace-s%d-%s" % (eng.step_no, request.request_id),
                         kv_cache_config=eng.kv_cache_config)
                 except Exception as e:  # noqa: BLE001
-                    eng.violations.append({"check": "harness-capture", "step": eng.step_no,
+                    eng.violations.append({"check": "harness:capture", "step": eng.step_no,
                                            "request": request.request_id,
                                            "error": "%s: %s" % (type(e).__name__, e)})
             jobs_before = set(getattr(cs, "_current_batch_load_jobs", {}) or {})
@@ -437,7 +437,7 @@ class Engine:
                     sched.finish_requests(rid, self.rel.RequestStatus.FINISHED_ABORTED)
                     self.stats["aborts"] += 1
             if s >= max_steps:
-                self.violate("not_drained", None, "still running after %d steps" % max_steps)
+                self.violate("lifecycle:not_drained", None, "still running after %d steps" % max_steps)
                 break
             self.step_no += 1
             if self.engine_busy():
@@ -452,7 +452,7 @@ class Engine:
                         and s > last_arrival and not aborts):
                     stalled += 1
                     if stalled >= STALL_STEPS:
-                        self.violate("not_drained", None, "stalled: no token scheduled for %d steps, no"
+                        self.violate("lifecycle:not_drained", None, "stalled: no token scheduled for %d steps, no"
                                      " transfer in flight and no request left to arrive (%d requests"
                                      " left)" % (STALL_STEPS, len(sched.requests)))
                         break

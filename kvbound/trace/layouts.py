@@ -1,115 +1,232 @@
-"""The KV-cache layouts ``kvbound trace`` runs, as real models configure them.
+"""The KV-cache layouts ``kvbound trace`` runs, as real models configure them: one
+``Layout`` record each.
 
-A layout is plain JSON handed to the worker: its groups (kind, tokens_per_block,
-window), ``blocks_per_chunk`` and, for hybrids, ``prefix_match_unit`` (vLLM's
-tokens_per_hash when it is below the block size). ``ENGINE`` sizes the engine:
-GPU blocks (small, so traffic evicts and preempts), the CPU tier's capacity in
-chunks (vLLM's own LRU tier), batch limits and the fake transfer engine's delays.
+A layout is its groups (kind, tokens_per_block, window), ``blocks_per_chunk`` and, for
+hybrids, ``prefix_match_unit`` (vLLM's tokens_per_hash when it is below the block size)
+or a speculative config; its engine settings (``ENGINE_PARAMS``: GPU blocks, small so
+traffic evicts and preempts, the CPU tier's capacity in chunks, batch limits, the fake
+transfer engine's delays, the scripted tier); and what it needs of a release (``Need``,
+a column of the release table). The worker gets ``job_layout()`` and ``params()`` as
+plain JSON. The ``--engine`` keys and their help derive from ``ENGINE_PARAMS``.
+
+The side worker still imports ``chunk_size_config`` from this file: its top level is the
+standard library only.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 FA, SWA, CL, MAMBA = "full_attention", "sliding_window", "chunked_local", "mamba"
+
+
+def _flag(v: str) -> bool:
+    if v.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(v)
+    return v.lower() in ("true", "1")
+
+
+_flag.__name__ = "true/false"
+# the --engine help groups
+_ENGINE, _TIER, _SHADOW = "engine", "script the offload tier", "shadow KV and the store path's traffic"
+
+
+@dataclass(frozen=True)
+class EngineParam:
+    name: str
+    parse: object  # str -> value (int, float, _flag)
+    base: object = None  # every layout's value; None: absent unless a layout sets it
+    flag: str | None = None  # the --engine group it is overridable in; None: not overridable
+
+
+ENGINE_PARAMS = (
+    EngineParam("num_gpu_blocks", int, 72, _ENGINE),  # the null block included
+    EngineParam("cpu_chunks", int, 256, _ENGINE),  # vLLM's own LRU tier's capacity
+    EngineParam("max_num_seqs", int, 8, _ENGINE),
+    EngineParam("max_num_batched_tokens", int, 256, _ENGINE),
+    EngineParam("max_delay", int, 2, _ENGINE),  # steps the fake transfer engine holds a job
+    EngineParam("fail_p", float, 0.0),
+    EngineParam("max_model_len", int, 8192),
+    EngineParam("abort_p", float, 0.04, _ENGINE),
+    EngineParam("pending_p", float, None, _TIER),
+    EngineParam("retry_p", float, None, _TIER),
+    EngineParam("evict_p", float, None, _TIER),
+    EngineParam("stall_p", float),  # the scripted tier's writes that never complete
+    EngineParam("shadow", _flag, None, _SHADOW),  # on unless set false
+    EngineParam("offload_prompt_only", _flag, None, _SHADOW),
+    EngineParam("aligned_decode_p", float, None, _SHADOW),
+    EngineParam("sync_load_budget_bytes", int),  # 0.33 sync loads
+)
+BASE = {p.name: p.base for p in ENGINE_PARAMS if p.base is not None}
+OVERRIDES = {p.name: p for p in ENGINE_PARAMS if p.flag}
+
+
+def engine_help() -> str:
+    groups: dict = {}
+    for p in OVERRIDES.values():
+        groups.setdefault(p.flag, []).append(p.name)
+    parts = [", ".join(groups.pop(_ENGINE))] + [f"{', '.join(names)}: {what}" for what, names in groups.items()]
+    return ("override an engine setting of every layout (" + "; ".join(parts) + "; see docs/trace.md),"
+            " e.g. --engine abort_p=0")
+
+
+def parse_override(item: str) -> tuple:
+    """One ``--engine K=V``: (key, value), or a UsageError naming the key and its type."""
+    from kvbound.errors import UsageError
+
+    k, sep, v = item.partition("=")
+    if not sep or k not in OVERRIDES:
+        raise UsageError(f"--engine {item!r}: expected K=V with K one of {', '.join(OVERRIDES)}")
+    try:
+        return k, OVERRIDES[k].parse(v)
+    except ValueError:
+        raise UsageError(f"--engine {item!r}: {k} must be a {OVERRIDES[k].parse.__name__}") from None
+
+
+@dataclass(frozen=True)
+class Need:
+    """A column of the one release table (spec.versions.RELEASES) a layout needs, and why
+    a release without it cannot run the layout (the vLLM lines)."""
+
+    column: str
+    why: str
+
+
+MAMBA_EXTERNAL_KV = Need("mamba_external_kv", "the scheduler refuses connector tokens for Mamba groups"
+                         " (0.22.1 v1/core/sched/scheduler.py:286 `assert num_external_computed_tokens == 0`,"
+                         " \"External KV connector is not verified yet\"; gone in 0.23)")
+SCHEDULE_END_HOOK = Need("schedule_end_hook", "the scripted tier evicts at OffloadingManager.on_schedule_end,"
+                         " which arrived in 0.23 (0.23.0 v1/kv_offload/base.py:260)")
+OFFLOAD_PROMPT_ONLY = Need("offload_prompt_only", "offloading decoded tokens needs the extra config"
+                           " offload_prompt_only, which arrived in 0.23 (0.23.0 v1/kv_offload/base.py:397;"
+                           " earlier releases offload prompts only)")
+PREFIX_MATCH_UNIT = Need("prefix_match_unit", "hashing every 16 tokens below the block size needs"
+                         " CacheConfig.prefix_match_unit (0.26.0 vllm/config/cache.py:56; earlier"
+                         " CacheConfigs refuse the keyword)")
+CHUNKED_LOCAL_OFFLOAD = Need("chunked_local_offload", "the connector offloads only full-attention,"
+                             " sliding-window and Mamba groups (0.27.0 offloading/scheduler.py:118"
+                             " `assert isinstance(kv_cache_spec, FullAttentionSpec)`; chunked local"
+                             " attention arrived in 0.28.0 offloading/scheduler.py:116)")
+SINGLE_ATTENTION_HYBRID = Need("single_attention_hybrid", "an EAGLE group with the target's attention"
+                               " spec leaves one attention group, which HybridKVCacheCoordinator refuses"
+                               " (0.28.0 v1/core/kv_cache_coordinator.py:682 \"requires at least two"
+                               " attention groups\"; gone in 0.29)")
+EXTRA_RETAINED_TOKENS = Need("extra_retained_tokens", "a window that retains tokens for an MTP drafter needs"
+                             " SlidingWindowSpec.extra_retained_tokens, which arrived in 0.28 (0.28.0"
+                             " v1/kv_cache_interface.py; earlier specs refuse the keyword)")
+SYNC_LOADS = Need("sync_loads", "sync loads (kv_connector_extra_config sync_load_budget_bytes) arrived in"
+                  " 0.33 (0.33.0 offloading/scheduler.py:168,323)")
+_MAMBA = (MAMBA_EXTERNAL_KV,)
+_MAMBA16 = _MAMBA + (PREFIX_MATCH_UNIT,)
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    doc: str
+    groups: tuple  # ({kind, tokens_per_block, ...}, ...)
+    engine: dict = field(default_factory=dict)  # its settings beyond BASE
+    needs: tuple = ()  # (Need, ...); none: the offloading connector only
+    blocks_per_chunk: int = 1
+    prefix_match_unit: int | None = None
+    speculative: dict | None = None
+
+    def __post_init__(self):
+        unknown = set(self.engine) - {p.name for p in ENGINE_PARAMS}
+        if unknown:
+            raise ValueError(f"layout {self.name}: engine settings {sorted(unknown)} are not ENGINE_PARAMS")
+
+    def job_layout(self) -> dict:
+        """What the worker builds the engine's KV cache from."""
+        d = {"groups": [dict(g) for g in self.groups], "blocks_per_chunk": self.blocks_per_chunk}
+        if self.prefix_match_unit is not None:
+            d["prefix_match_unit"] = self.prefix_match_unit
+        if self.speculative is not None:
+            d["speculative"] = dict(self.speculative)
+        return dict(d, name=self.name)
+
+    def params(self) -> dict:
+        """The engine's settings: BASE, then the layout's own."""
+        return dict(BASE, **self.engine)
 
 
 def _g(kind, b, **kw):
     return dict(kind=kind, tokens_per_block=b, **kw)
 
 
-LAYOUTS = {
-    # One full-attention group (a dense Llama).
-    "full": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
-    # Full attention + sliding window (Gemma/Mistral style), window 128 tokens.
-    "swa": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=128)], "blocks_per_chunk": 1},
-    # Full attention + chunked local attention (Llama 4 style), chunk 128 tokens.
-    "chunked": {"groups": [_g(FA, 16), _g(CL, 16, attention_chunk_size=128)], "blocks_per_chunk": 1},
-    # Hybrid Mamba align: attention and Mamba share a 64-token page, hashed every
-    # 16 tokens (tokens_per_hash < block size: partial tails on 0.33).
-    "mamba": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1, "prefix_match_unit": 16},
-    # The same hybrid hashed per block (tokens_per_hash = block size): what releases
-    # before 0.28 can offload (their store path needs whole-block hashes).
-    "mamba-block": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1},
-    # Hybrid Mamba with a realistic page: 528 tokens per block (a Mamba2 state page
-    # matched by the attention block size), hashed every 16 tokens.
-    "mamba528": {"groups": [_g(FA, 528), _g(MAMBA, 528)], "blocks_per_chunk": 1, "prefix_match_unit": 16},
-    # 0.33 sync loads (a per-step byte budget: hits that fit load within the step,
-    # into blocks hashed at allocation): sliding-window and Mamba hybrids.
-    "swa-sync": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=128)], "blocks_per_chunk": 1},
-    "mamba-sync": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1, "prefix_match_unit": 16},
-    "mamba-block-sync": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1},
-    # 0.33+: an EAGLE drafter's attention layers in their own group (vLLM's planner
-    # sets KVCacheGroupSpec.is_eagle_group; the connector then drops the group's
-    # volatile trailing chunk and, with partial tails, keys it at a proof margin).
-    # Sync scheduling: the fake drafter proposes num_speculative_tokens per step.
-    "eagle": {"groups": [_g(FA, 16), _g(FA, 16, eagle=True)], "blocks_per_chunk": 1,
-              "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
-    # A hybrid Mamba model with an MTP-style attention drafter (Qwen3-Next shape):
-    # tokens_per_hash 16 < block 64, so partial tails carry EAGLE proof margins.
-    "mamba-eagle": {"groups": [_g(FA, 64), _g(MAMBA, 64), _g(FA, 64, eagle=True)], "blocks_per_chunk": 1,
-                    "prefix_match_unit": 16, "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
-    # Speculative decoding on but no group tagged as the drafter's (a KV-sharing drafter,
-    # or a runner that does not tag draft layers): the connector then treats every group
-    # as non-draft (0.33 offloading/scheduler.py:218-232, the fix of #52735) while the
-    # core coordinator drops the last block of every group (kv_cache_coordinator.py:133-134).
-    "mamba-eagle-untagged": {"groups": [_g(FA, 64), _g(MAMBA, 64)], "blocks_per_chunk": 1,
-                             "prefix_match_unit": 16,
-                             "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
-    # The scripted tier (ENGINE pending_p/retry_p/evict_p): vLLM's CPU tier loaded through
-    # the spec factory's out-of-tree path, answering HIT_PENDING/RETRY and evicting
-    # chunks a lookup just confirmed (fakes.install_scripted_tier).
-    "full-scripted": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
-    "mamba-eagle-scripted": {"groups": [_g(FA, 64), _g(MAMBA, 64), _g(FA, 64, eagle=True)],
-                             "blocks_per_chunk": 1, "prefix_match_unit": 16,
-                             "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
-    # The scripted tier beside a sliding window of 4 chunks (the lookup's sliding-window
-    # scan meets HIT_PENDING/RETRY answers right of gaps the evictions leave).
-    "swa-scripted": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 1},
-    # The scripted tier whose writes sometimes never complete (stall_p): a key stays
-    # HIT_PENDING for as long as the engine runs.
-    "full-stalled": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
-    # offload_prompt_only=False (kv_connector_extra_config, read by OffloadingSpec,
-    # v1/kv_offload/base.py): decoded tokens are offloaded too, up to the finished
-    # request's token horizon (0.26-0.29: num_tokens; 0.30+: clamped to num_tokens - 1).
-    "full-store-all": {"groups": [_g(FA, 16)], "blocks_per_chunk": 1},
-    "swa-store-all": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=128)], "blocks_per_chunk": 1},
-    # A sliding-window hybrid with a multi-module MTP drafter (3 modules, 3 speculative
-    # tokens): the planner makes the window retain num_speculative_tokens - 1 = 2 tokens more
-    # (engine._tag_retained_tokens), so the window's skipped blocks, the load's window bound
-    # and the premise window-skipped-null meet extra_retained_tokens on real tables.
-    "swa-mtp": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 1,
-                "speculative": {"method": "mtp", "num_speculative_tokens": 3}},
-    # Two GPU blocks per offloaded chunk.
-    "bpc2": {"groups": [_g(FA, 16), _g(SWA, 16, sliding_window=64)], "blocks_per_chunk": 2},
-}
+_EAGLE2 = {"method": "eagle", "num_speculative_tokens": 2}
+_SCRIPTED = dict(pending_p=0.05, retry_p=0.02, evict_p=0.1)
+_MAMBA_ENGINE = dict(num_gpu_blocks=40, max_num_batched_tokens=512)
+_STORE_ALL = dict(offload_prompt_only=False, aligned_decode_p=0.3)
 
-# How big each engine is, per layout: GPU blocks (incl. the null block), CPU chunks,
-# batch limits, the longest prompt and the fake transfer engine.
-_BASE = dict(num_gpu_blocks=72, cpu_chunks=256, max_num_seqs=8, max_num_batched_tokens=256,
-             max_delay=2, fail_p=0.0, max_model_len=8192, abort_p=0.04)
-ENGINE = {
-    "full": dict(_BASE),
-    "swa": dict(_BASE),
-    "chunked": dict(_BASE),
-    "mamba": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
-    "mamba-block": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
-    "mamba528": dict(_BASE, num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
-    "bpc2": dict(_BASE),
-    "swa-mtp": dict(_BASE),
-    "full-store-all": dict(_BASE, offload_prompt_only=False, aligned_decode_p=0.3),
-    "swa-store-all": dict(_BASE, offload_prompt_only=False, aligned_decode_p=0.3),
-    "eagle": dict(_BASE),
-    "full-scripted": dict(_BASE, pending_p=0.05, retry_p=0.02, evict_p=0.1),
-    "mamba-eagle-scripted": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512,
-                                 pending_p=0.05, retry_p=0.02, evict_p=0.1),
-    "swa-scripted": dict(_BASE, pending_p=0.1, retry_p=0.02, evict_p=0.15),
-    "full-stalled": dict(_BASE, stall_p=0.05),
-    "mamba-eagle-untagged": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512),
-    "mamba-eagle": dict(_BASE, num_gpu_blocks=52, max_num_batched_tokens=512),
-    "swa-sync": dict(_BASE, sync_load_budget_bytes=1 << 16),
-    "mamba-block-sync": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512,
-                             sync_load_budget_bytes=1 << 18),
-    "mamba-sync": dict(_BASE, num_gpu_blocks=40, max_num_batched_tokens=512, sync_load_budget_bytes=1 << 18),
-}
+_ROWS = (
+    Layout("full", "One full-attention group (a dense Llama).", (_g(FA, 16),)),
+    Layout("swa", "Full attention + sliding window (Gemma/Mistral style), window 128 tokens.",
+           (_g(FA, 16), _g(SWA, 16, sliding_window=128))),
+    Layout("chunked", "Full attention + chunked local attention (Llama 4 style), chunk 128 tokens.",
+           (_g(FA, 16), _g(CL, 16, attention_chunk_size=128)), needs=(CHUNKED_LOCAL_OFFLOAD,)),
+    Layout("mamba", "Hybrid Mamba align: attention and Mamba share a 64-token page, hashed every 16 tokens"
+           " (tokens_per_hash < block size: partial tails on 0.33).",
+           (_g(FA, 64), _g(MAMBA, 64)), _MAMBA_ENGINE, _MAMBA16, prefix_match_unit=16),
+    Layout("mamba-block", "The same hybrid hashed per block (tokens_per_hash = block size): what releases"
+           " before 0.28 can offload (their store path needs whole-block hashes).",
+           (_g(FA, 64), _g(MAMBA, 64)), _MAMBA_ENGINE, _MAMBA),
+    Layout("mamba528", "Hybrid Mamba with a realistic page: 528 tokens per block (a Mamba2 state page matched"
+           " by the attention block size), hashed every 16 tokens.",
+           (_g(FA, 528), _g(MAMBA, 528)), dict(num_gpu_blocks=24, max_num_batched_tokens=2048, max_model_len=16384),
+           _MAMBA16, prefix_match_unit=16),
+    Layout("swa-sync", "0.33 sync loads (a per-step byte budget: hits that fit load within the step, into"
+           " blocks hashed at allocation) beside a sliding window.",
+           (_g(FA, 16), _g(SWA, 16, sliding_window=128)), dict(sync_load_budget_bytes=1 << 16), (SYNC_LOADS,)),
+    Layout("mamba-sync", "0.33 sync loads on the Mamba hybrid hashed every 16 tokens.",
+           (_g(FA, 64), _g(MAMBA, 64)), dict(_MAMBA_ENGINE, sync_load_budget_bytes=1 << 18),
+           _MAMBA16 + (SYNC_LOADS,), prefix_match_unit=16),
+    Layout("mamba-block-sync", "0.33 sync loads on the Mamba hybrid hashed per block.",
+           (_g(FA, 64), _g(MAMBA, 64)), dict(_MAMBA_ENGINE, sync_load_budget_bytes=1 << 18), _MAMBA + (SYNC_LOADS,)),
+    Layout("eagle", "0.33+: an EAGLE drafter's attention layers in their own group (vLLM's planner sets"
+           " KVCacheGroupSpec.is_eagle_group; the connector then drops the group's volatile trailing chunk"
+           " and, with partial tails, keys it at a proof margin). Sync scheduling: the fake drafter proposes"
+           " num_speculative_tokens per step.",
+           (_g(FA, 16), _g(FA, 16, eagle=True)), needs=(SINGLE_ATTENTION_HYBRID,), speculative=_EAGLE2),
+    Layout("mamba-eagle", "A hybrid Mamba model with an MTP-style attention drafter (Qwen3-Next shape):"
+           " tokens_per_hash 16 < block 64, so partial tails carry EAGLE proof margins.",
+           (_g(FA, 64), _g(MAMBA, 64), _g(FA, 64, eagle=True)), dict(num_gpu_blocks=52, max_num_batched_tokens=512),
+           _MAMBA16, prefix_match_unit=16, speculative=_EAGLE2),
+    Layout("mamba-eagle-untagged", "Speculative decoding on but no group tagged as the drafter's (a KV-sharing"
+           " drafter, or a runner that does not tag draft layers): the connector then treats every group as"
+           " non-draft (0.33 offloading/scheduler.py:218-232, the fix of #52735) while the core coordinator"
+           " drops the last block of every group (kv_cache_coordinator.py:133-134).",
+           (_g(FA, 64), _g(MAMBA, 64)), _MAMBA_ENGINE, _MAMBA16, prefix_match_unit=16, speculative=_EAGLE2),
+    Layout("full-scripted", "The scripted tier: vLLM's CPU tier loaded through the spec factory's out-of-tree"
+           " path, answering HIT_PENDING/RETRY and evicting chunks a lookup just confirmed"
+           " (fakes.install_scripted_tier).", (_g(FA, 16),), _SCRIPTED, (SCHEDULE_END_HOOK,)),
+    Layout("mamba-eagle-scripted", "The scripted tier under a hybrid Mamba model with an EAGLE drafter.",
+           (_g(FA, 64), _g(MAMBA, 64), _g(FA, 64, eagle=True)),
+           dict(num_gpu_blocks=52, max_num_batched_tokens=512, **_SCRIPTED), _MAMBA16 + (SCHEDULE_END_HOOK,),
+           prefix_match_unit=16, speculative=_EAGLE2),
+    Layout("swa-scripted", "The scripted tier beside a sliding window of 4 chunks (the lookup's sliding-window"
+           " scan meets HIT_PENDING/RETRY answers right of gaps the evictions leave).",
+           (_g(FA, 16), _g(SWA, 16, sliding_window=64)), dict(pending_p=0.1, retry_p=0.02, evict_p=0.15),
+           (SCHEDULE_END_HOOK,)),
+    Layout("full-stalled", "The scripted tier whose writes sometimes never complete (stall_p): a key stays"
+           " HIT_PENDING for as long as the engine runs.", (_g(FA, 16),), dict(stall_p=0.05),
+           (SCHEDULE_END_HOOK,)),
+    Layout("full-store-all", "offload_prompt_only=False (kv_connector_extra_config, read by OffloadingSpec,"
+           " v1/kv_offload/base.py): decoded tokens are offloaded too, up to the finished request's token"
+           " horizon (0.26-0.29: num_tokens; 0.30+: clamped to num_tokens - 1).",
+           (_g(FA, 16),), _STORE_ALL, (OFFLOAD_PROMPT_ONLY,)),
+    Layout("swa-store-all", "The same store-all policy beside a sliding window.",
+           (_g(FA, 16), _g(SWA, 16, sliding_window=128)), _STORE_ALL, (OFFLOAD_PROMPT_ONLY,)),
+    Layout("swa-mtp", "A sliding-window hybrid with a multi-module MTP drafter (3 modules, 3 speculative"
+           " tokens): the planner makes the window retain num_speculative_tokens - 1 = 2 tokens more"
+           " (engine._tag_retained_tokens), so the window's skipped blocks, the load's window bound and the"
+           " premise window-skipped-null meet extra_retained_tokens on real tables.",
+           (_g(FA, 16), _g(SWA, 16, sliding_window=64)), needs=(EXTRA_RETAINED_TOKENS,),
+           speculative={"method": "mtp", "num_speculative_tokens": 3}),
+    Layout("bpc2", "Two GPU blocks per offloaded chunk.", (_g(FA, 16), _g(SWA, 16, sliding_window=64)),
+           blocks_per_chunk=2),
+)
+LAYOUTS = {lay.name: lay for lay in _ROWS}
 
 
 def block_sizes(layout: dict) -> list[int]:
@@ -123,59 +240,13 @@ def max_prompt_tokens(layout: dict, engine: dict) -> int:
     return max(b, (engine["num_gpu_blocks"] - 1) // n_groups * b // 2)
 
 
-# What each layout needs of a release's engine, by name; NEED says which column of the one
-# release table (spec.versions.RELEASES) holds it and why a release without it cannot run
-# the layout (the vLLM lines). A layout with no entry needs only the offloading connector.
-NEED = {
-    "mamba_external_kv": ("mamba_external_kv", "the scheduler refuses connector tokens for Mamba groups"
-                          " (0.22.1 v1/core/sched/scheduler.py:286 `assert num_external_computed_tokens == 0`,"
-                          " \"External KV connector is not verified yet\"; gone in 0.23)"),
-    "schedule_end_hook": ("schedule_end_hook", "the scripted tier evicts at OffloadingManager.on_schedule_end,"
-                          " which arrived in 0.23 (0.23.0 v1/kv_offload/base.py:260)"),
-    "offload_prompt_only": ("offload_prompt_only", "offloading decoded tokens needs the extra config"
-                            " offload_prompt_only, which arrived in 0.23 (0.23.0 v1/kv_offload/base.py:397;"
-                            " earlier releases offload prompts only)"),
-    "prefix_match_unit": ("prefix_match_unit", "hashing every 16 tokens below the block size needs"
-                          " CacheConfig.prefix_match_unit (0.26.0 vllm/config/cache.py:56; earlier"
-                          " CacheConfigs refuse the keyword)"),
-    "chunked_local_offload": ("chunked_local_offload", "the connector offloads only full-attention,"
-                              " sliding-window and Mamba groups (0.27.0 offloading/scheduler.py:118"
-                              " `assert isinstance(kv_cache_spec, FullAttentionSpec)`; chunked local"
-                              " attention arrived in 0.28.0 offloading/scheduler.py:116)"),
-    "single_attention_hybrid": ("single_attention_hybrid", "an EAGLE group with the target's attention"
-                                " spec leaves one attention group, which HybridKVCacheCoordinator refuses"
-                                " (0.28.0 v1/core/kv_cache_coordinator.py:682 \"requires at least two"
-                                " attention groups\"; gone in 0.29)"),
-    "extra_retained_tokens": ("extra_retained_tokens", "a window that retains tokens for an MTP drafter needs"
-                              " SlidingWindowSpec.extra_retained_tokens, which arrived in 0.28 (0.28.0"
-                              " v1/kv_cache_interface.py; earlier specs refuse the keyword)"),
-    "sync_loads": ("sync_loads", "sync loads (kv_connector_extra_config sync_load_budget_bytes) arrived in"
-                   " 0.33 (0.33.0 offloading/scheduler.py:168,323)"),
-}
-_MAMBA = ("mamba_external_kv",)
-_MAMBA16 = _MAMBA + ("prefix_match_unit",)
-NEEDS = {
-    "full": (), "swa": (), "bpc2": (), "swa-mtp": ("extra_retained_tokens",),
-    "chunked": ("chunked_local_offload",),
-    "mamba": _MAMBA16, "mamba-block": _MAMBA, "mamba528": _MAMBA16,
-    "swa-sync": ("sync_loads",), "mamba-sync": _MAMBA16 + ("sync_loads",),
-    "mamba-block-sync": _MAMBA + ("sync_loads",),
-    "eagle": ("single_attention_hybrid",),
-    "mamba-eagle": _MAMBA16, "mamba-eagle-untagged": _MAMBA16,
-    "full-scripted": ("schedule_end_hook",), "swa-scripted": ("schedule_end_hook",),
-    "full-stalled": ("schedule_end_hook",),
-    "full-store-all": ("offload_prompt_only",), "swa-store-all": ("offload_prompt_only",),
-    "mamba-eagle-scripted": _MAMBA16 + ("schedule_end_hook",),
-}
-
-
 def layout_support(layout_name: str, version: str) -> str | None:
     """None when vLLM ``version`` can run ``layout_name``; else one line saying why not,
     with the vLLM lines (read from the release table's row for ``version``)."""
     from kvbound.spec import release_features
 
     feats = release_features(version)
-    missing = [NEED[need][1] for need in NEEDS.get(layout_name, ()) if not getattr(feats, NEED[need][0])]
+    missing = [need.why for need in LAYOUTS[layout_name].needs if not getattr(feats, need.column)]
     if not missing:
         return None
     return f"vllm {version} cannot run layout {layout_name}: " + "; ".join(missing)

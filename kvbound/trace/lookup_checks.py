@@ -3,7 +3,7 @@ captured (``kvbound/trace/lookups.py``), (a) the spec of that release
 (``spec/lookup.py``) must give the real answer (``lookup:spec_disagreement``), and
 (b) the answer must keep the lookup contract (``spec/lookup_contract.py``;
 docs/lookup.md): ``lookup:false_hit``, ``lookup:lost_hit`` and
-``lookup:needless_deferral`` (the last two efficiency findings, runner.EFFICIENCY_KINDS).
+``lookup:needless_deferral`` (the last two efficiency findings: kvbound/side/findings.py).
 ``liveness:stuck_request`` comes from the worker (it counts steps)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ _PER_REQUEST = True
 def check_lookups(release: str, res: dict):
     """Yield (kind, detail, case dict) per breach; and the tallies."""
     feats = release_features(release)
-    tally = {"lookups": 0, "lookup_agree": 0, "lookup_undriven": 0}
+    tally = {"lookups": 0, "lookup_spec_agree": 0, "lookup_not_judged": 0}
     seen = set()
     out = []
     for c in res.get("lookups", ()):
@@ -31,7 +31,7 @@ def check_lookups(release: str, res: dict):
         spec = get_num_new_matched_tokens(case, feats)
         base = {"step": c.get("step"), "request": c.get("request"), "real": real}
         if spec.unsupported:
-            tally["lookup_undriven"] += 1
+            tally["lookup_not_judged"] += 1
         elif c.get("spec_hit_shift") is None and (
                 spec.hit != real["hit"] or spec.partial_tail_boundary != real["partial_tail_boundary"]):
             key = ("spec", c.get("request"))
@@ -42,7 +42,7 @@ def check_lookups(release: str, res: dict):
                                     f" (boundary {spec.partial_tail_boundary}), vLLM {real['hit']}"
                                     f" (boundary {real['partial_tail_boundary']})"), c["case"]))
         else:
-            tally["lookup_agree"] += 1
+            tally["lookup_spec_agree"] += 1
         for b in check_lookup(case, feats, real["hit"], real["partial_tail_boundary"]):
             key = (b.clause, c.get("request"))
             if _PER_REQUEST and key in seen:

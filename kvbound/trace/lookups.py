@@ -84,7 +84,7 @@ class LookupCapture:
             case, real_extra = self.describe(request, num_computed_tokens, asked, transfer_jobs,
                                              being_loaded, prior_boundary, a, k)
         except Exception as e:  # noqa: BLE001 - a harness fault, never a vLLM finding
-            self.eng.violations.append({"check": "harness-capture", "step": self.eng.step_no,
+            self.eng.violations.append({"check": "harness:capture", "step": self.eng.step_no,
                                         "request": rid, "error": "lookup: %s: %s" % (type(e).__name__, e)})
             case = None
         real_hit = hit

@@ -21,9 +21,10 @@ from kvbound.conform.prepare import ReleaseEnv
 from kvbound.conform.runner import Worker
 from kvbound.errors import LayoutUnsupported, TraceError, WorkerError
 from kvbound.options import WORKERS
+from kvbound.side import findings
 
 from .callcheck import check_call
-from .layouts import ENGINE, LAYOUTS, layout_support
+from .layouts import LAYOUTS, layout_support
 from .workload import workload
 
 SCRIPT = Path(__file__).with_name("worker.py")
@@ -55,72 +56,40 @@ class TraceWorker(Worker):
         return json.loads(line)
 
 
-# Every finding has a kind "<class>:<what>" (two v1 kinds keep their names), and its class
-# says what went wrong. A harness fault (an exception raised in kvbound's own fakes or
-# adapter) is its own class and never counted as a vLLM finding.
-FINDING_CLASSES = ("crash", "plan", "data", "store", "lookup", "liveness", "lifecycle", "premise", "harness")
-_V1_KINDS = {"vllm-exception": "crash", "spec-disagreement": "plan"}
-# What costs work but not correctness: the engine recomputes what it could have loaded.
-EFFICIENCY_KINDS = frozenset({"store:lost_chunk", "lookup:lost_hit", "lookup:needless_deferral"})
-
-
-def finding_class(kind: str) -> str:
-    if kind in _V1_KINDS:
-        return _V1_KINDS[kind]
-    cls = kind.split(":", 1)[0]
-    if cls not in FINDING_CLASSES:
-        raise ValueError(f"finding kind {kind!r}: its class {cls!r} is not one of {FINDING_CLASSES}")
-    return cls
-
-
-def violation_kind(check: str) -> str:
-    """A worker violation's finding kind: a check named "<class>:<what>" is that kind;
-    a bare name is a lifecycle check's."""
-    return check if ":" in check else "lifecycle:" + check
-
-
 @dataclass
 class Finding:
-    kind: str  # vllm-exception | spec-disagreement | premise:<id> | <class>:<check> (FINDING_CLASSES)
+    kind: str  # a row of the findings table (kvbound/side/findings.py)
     release: str
     layout: str
     detail: dict
     segment: dict  # the job: layout, params, requests (what replays it)
     case: dict | None = None  # the captured call, when the finding is about one
 
+    def __post_init__(self):
+        self.row = findings.row(self.kind)  # ValueError: a kind the table lacks
+
     def key(self) -> str:
         """What a shrink must keep and what a campaign counts as one finding: the same kind
-        and, where the detail says it, the same shape (a vLLM exception's site; the group
-        kind and answers a deferral hangs on; the group kind a wrong read is in and what
-        it found there), so two defects of one kind stay two findings."""
-        if self.kind in ("vllm-exception", "harness:exception", "harness:setup", "crash:engine_build"):
-            site = self.detail.get("assert_site") or {}
-            return f"{self.kind}@{site.get('function')}:{site.get('statement') or self.detail.get('error')}"
-        shape = self.shape()
-        return f"{self.kind}[{shape}]" if shape else self.kind
+        and, where the table's row names a shape, the same shape (a vLLM exception's site;
+        the group kind and answers a deferral hangs on; the group kind a wrong read is in
+        and what it found there), so two defects of one kind stay two findings."""
+        return self.row.key(self.kind, self.detail, self._groups())
 
-    def shape(self) -> str | None:
-        d = self.detail
-        if self.kind == "lookup:needless_deferral" and d.get("deferred_on"):
-            # "<group kind> <answer> <key>" each (lookup_checks.deferral_causes): the key dropped
-            return "deferred on " + ", ".join(sorted({" ".join(c.split()[:2]) for c in d["deferred_on"]}))
-        if self.kind == "data:wrong_kv" and isinstance(d.get("group"), int):
-            groups = (self.segment.get("layout") or {}).get("groups") or ()
-            kind = groups[d["group"]]["kind"] if d["group"] < len(groups) else "?"
-            via = d.get("provenance") or ""
-            found = ("the null block" if via == "the null block" else "unwritten") if d.get("found") is None \
-                else "another prefix"
-            return f"{kind}: {found}" + (", arrived by a load" if via.startswith("load job") else "")
-        return None
+    def file_part(self) -> str | None:
+        """The part of the shape a trace file's name carries (two shapes, two files)."""
+        return self.row.shape.file_part(self.detail, self._groups()) if self.row.shape else None
+
+    def _groups(self):
+        return (self.segment.get("layout") or {}).get("groups") or ()
 
     @property
     def finding_class(self) -> str:
-        return finding_class(self.kind)
+        return self.row.finding_class
 
     @property
     def safety(self) -> bool:
         """False for an efficiency finding (work lost, nothing wrong read or served)."""
-        return self.kind not in EFFICIENCY_KINDS
+        return self.row.safety
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "class": self.finding_class, "safety": self.safety, "release": self.release, "layout": self.layout,
@@ -131,9 +100,9 @@ class Finding:
 class LayoutSummary:
     layout: str
     stats: dict = field(default_factory=lambda: {k: 0 for k in STAT_KEYS})
-    cases: int = 0
-    agree: int = 0
-    undriven: int = 0
+    captured_calls: int = 0  # update_state_after_alloc calls that load, each a case
+    spec_agree: int = 0  # of those, the calls the release's spec gives exactly
+    not_judged: int = 0  # the calls the spec judge could not drive (neither agree nor disagree)
     findings: int = 0
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # the worker's CPU time stepping (one core), without vLLM's import
@@ -146,8 +115,8 @@ class LayoutSummary:
 
 
 def make_job(layout_name: str, seed, n: int, first_id: int, sched: str, overrides=None) -> dict:
-    layout = dict(LAYOUTS[layout_name], name=layout_name)
-    params = dict(ENGINE[layout_name], **(overrides or {}))
+    layout = LAYOUTS[layout_name].job_layout()
+    params = dict(LAYOUTS[layout_name].params(), **(overrides or {}))
     params["seed"] = repr(seed)
     params["async"] = sched == "async"
     return {"layout": layout, "params": params,
@@ -155,12 +124,19 @@ def make_job(layout_name: str, seed, n: int, first_id: int, sched: str, override
 
 
 def check_result(release: str, layout_name: str, job: dict, res: dict) -> tuple[list[Finding], dict]:
-    """Findings of one segment, and the per-case tallies (agree/undriven)."""
+    """Findings of one segment, and the per-call tallies (LayoutSummary's counters)."""
     out: list[Finding] = []
-    tally = {"cases": 0, "agree": 0, "undriven": 0}
+    tally = {"captured_calls": 0, "spec_agree": 0, "not_judged": 0}
 
     def add(kind, detail, case=None):
         out.append(Finding(kind, release, layout_name, detail, job, case))
+
+    def add_reported(kind, detail):  # a kind the worker reported: one the table lacks is a harness fault
+        try:
+            findings.row(kind)
+        except ValueError as e:
+            kind, detail = "harness:exception", dict(detail, error=str(e))
+        add(kind, detail)
 
     if res.get("setup_error"):
         # The engine could not be built for a layout the release table says it supports
@@ -173,25 +149,25 @@ def check_result(release: str, layout_name: str, job: dict, res: dict) -> tuple[
 
     if not res.get("ok", True):
         detail = {k: res.get(k) for k in ("error", "assert_site", "step", "traceback")}
-        add("harness:exception" if res.get("harness_fault") else "vllm-exception", detail)
+        add("harness:exception" if res.get("harness_fault") else "crash:exception", detail)
     from .storecheck import judge_store_calls
 
     for d in judge_store_calls(release, job, res)[0]:  # the store spec (spec/store.py)
-        add("store:spec_disagreement", d)
+        add(d["check"], d)
     for v in res.get("violations", ()):
-        add("harness:capture" if v["check"] == "harness-capture" else violation_kind(v["check"]), v)
+        add_reported(v["check"], v)
     from .lookup_checks import check_lookups  # the lookup contract at every captured lookup
 
     got, _ = check_lookups(release, res)
     for kind, detail, case in got:
         add(kind, dict(detail, lookup_case=case))  # a lookup case (spec/lookup.py), not a load case
     for c in res.get("cases", ()):
-        tally["cases"] += 1
+        tally["captured_calls"] += 1
         verdict, got = check_call(release, c)
         if verdict == AGREE:
-            tally["agree"] += 1
+            tally["spec_agree"] += 1
         elif verdict not in (None, DISAGREE):
-            tally["undriven"] += 1
+            tally["not_judged"] += 1
         for kind, detail in got:
             add(kind, detail, c["case"])
     return out, tally
@@ -235,9 +211,9 @@ def run_trace(env: ReleaseEnv, layouts, n_requests: int, seed: int = 0, segment:
                 got, tally = check_result(env.version, name, job, res)
                 s.add(res.get("stats", {}))
                 s.cpu_seconds += float(res.get("cpu_seconds", 0.0))
-                s.cases += tally["cases"]
-                s.agree += tally["agree"]
-                s.undriven += tally["undriven"]
+                s.captured_calls += tally["captured_calls"]
+                s.spec_agree += tally["spec_agree"]
+                s.not_judged += tally["not_judged"]
                 s.seconds = time.monotonic() - t0
                 if got and s.first_finding_requests is None:
                     s.first_finding_requests = done + _requests_until(res, job)

@@ -1,15 +1,20 @@
 """Delta debugging over a segment: the fewest requests (and the smallest GPU pool)
-that still give the same finding (same kind; for a vLLM exception, the same assert)."""
+that still give the same finding (the same key: its kind and, where the findings table
+names one, its shape; for a vLLM exception, the same assert)."""
 
 from __future__ import annotations
+
+from kvbound.options import ShrinkOptions
 
 from .runner import Finding, TraceWorker, rerun
 
 
-def shrink(w: TraceWorker, finding: Finding, budget: int = 200, progress=None) -> tuple[list, int]:
+def shrink(w: TraceWorker, finding: Finding, options: ShrinkOptions, progress=None) -> tuple[list, int]:
     """(minimal requests, reruns used). ddmin (Zeller) over requests; then a smaller GPU
     pool (fewer requests then suffice to evict) and ddmin again. The smaller pool, when
-    one is found, is written into ``finding.segment["params"]``."""
+    one is found, is written into ``finding.segment["params"]``. At most ``options.budget``
+    reruns."""
+    budget = options.budget
     release = finding.release
     want = finding.key()
     runs = [0]
@@ -28,7 +33,7 @@ def shrink(w: TraceWorker, finding: Finding, budget: int = 200, progress=None) -
         reqs = _from_zero(reqs)
     reqs = _ddmin(reqs, fails, runs, budget, progress)
     nb = seg["params"].get("num_gpu_blocks")
-    while nb and nb > 8 and runs[0] < budget and len(reqs) > 1:
+    while nb and nb > options.min_gpu_blocks and runs[0] < budget and len(reqs) > 1:
         smaller = dict(seg["params"], num_gpu_blocks=nb - max(2, nb // 8))
         if not fails(reqs, smaller):
             break

@@ -38,7 +38,7 @@ def judge_store_calls(release: str, job: dict, res: dict) -> tuple[list[dict], i
         h = store_horizon(release, status, P, T, C, S, prompt_only, mot)
         want = next_stored_chunk_idx(before, h, tpc, alloc, caps)
         if want is None:
-            continue  # the release asserts here: a vllm-exception, reported as such
+            continue  # the release asserts here: a crash:exception, reported as such
         if want != after:
             bad.append({"check": "store:spec_disagreement", "step": step, "request": rid,
                         "message": f"request {rid} ({status}, {P} prompt tokens, {T} tokens, {C} computed,"
