@@ -15,8 +15,8 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 from .batch import BatchError, PlanBatch, batch_from_cases, cases_from_batch, concat_batches, resolve_device
 from .differential import (CaseChunk, DiffStats, Disagreement, SpecSide, Timings, agrees_with_spec, diff_against_spec,
                            mismatched_rows, record, run_differential, spec_side)
-from .plan import (GROUP_FIELDS, BatchPlan, Cells, plan_batch, plan_fields, plan_variants,
-                   real_cells, to_load_plans)
+from .cells import Cells, real_cells
+from .plan import GROUP_FIELDS, BatchPlan, plan_batch, plan_fields, plan_variants, to_load_plans
 from .shrink import shrink_case
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -14,13 +14,14 @@ from dataclasses import replace
 
 import torch
 
-from kvbound.spec import AssertName, Variant
+from kvbound.spec import AssertName, ReleaseFeatures, Variant
 from kvbound.spec.asserts import ASSERT_CODE
 
 from . import plan as P
 from kvbound.spec import STATE_N
 
-from .batch import floordiv
+from .batch import PLANE_NONNULL, floordiv, pack_slots
+from .cells import cell_blocks
 
 
 def _start_in(lo_offset: int = 0, hi_offset: int = 0):
@@ -52,11 +53,11 @@ def _scan_words(extra=None, nonnull_only=False, sync=True):
     def make(orig):
         def scan_words(cells, variant, unhashed):
             if nonnull_only:
-                return cells.plane(P.PLANE_NONNULL)
+                return cells.plane(PLANE_NONNULL)
             words = orig(cells, variant if sync else (Variant.FIXED if variant is Variant.FIXED_SYNC else variant),
                          unhashed)
             if extra is not None:
-                words = words | P.pack_slots(extra(cells).to(torch.uint8))
+                words = words | pack_slots(extra(cells).to(torch.uint8))
             return words
         return scan_words
     return make
@@ -80,7 +81,7 @@ def _by_position(batch, cells) -> None:
     flat = cells.request * cells.G + rank
     R, G, L = batch.shape
     cells.table_flat = flat
-    cells.state, cells.words = P.cell_blocks(batch, flat)
+    cells.state, cells.words = cell_blocks(batch, flat)
     cells.table_length = batch.table_length.reshape(R * G).index_select(0, flat).to(cells.table_length.dtype)
 
 
@@ -124,7 +125,7 @@ def _release(**changes):
         def step(*args):
             args = list(args)
             for i, a in enumerate(args):
-                if isinstance(a, P.ReleaseFeatures):
+                if isinstance(a, ReleaseFeatures):
                     args[i] = replace(a, **changes)
             return orig(*args)
         return step

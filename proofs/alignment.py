@@ -36,7 +36,7 @@ import z3
 from kvbound.spec import KIND_CODES, KIND_MAMBA, KIND_OF_CODE, NULL, AssertName, Case, Group, GroupKind, H, U, Variant, cdiv
 from kvbound.spec.verdicts import Verdict
 
-from .problem import Bound, Obligation, Problem
+from .problem import MODELLED, Bound, Obligation, Problem
 from .replays import replay_assert
 from .terms import AND, IF
 from .world import config_for
@@ -185,14 +185,14 @@ OBLIGATIONS: list[Obligation] = [
         "kinds, block sizes and DCP size; so the N a load sees is a multiple of every tokens_per_block.",
         "unit = (n = 1 ? cache_bs·dcp₀ : lcm_j bs_j·dcp_j)  ⟹  ∀ g: tpb_g | unit ∧ tpb_g | (N_local − N_local mod unit)",
         "the scheduler rounds N to the LCM of every group's DCP-scaled block size (a lone group: its "
-        "spec.block_size is cache_config.block_size)", Verdict.PROVED, _alignment, mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
+        "spec.block_size is cache_config.block_size)", Verdict.PROVED, _alignment, mutable=False, bound=ALIGN_BOUND, releases=MODELLED),
     Obligation(
         "alignment.weaker-premise",
         "The weaker premise 'N is a multiple of the full-attention group's tokens_per_chunk' does not make "
         "every group aligned.",
         "∃ config: tpc_FA | N ∧ ∃ g: tpb_g ∤ N",
         "the scheduler rounds to the LCM, not to the full-attention chunk", Verdict.REFUTED, _alignment_weaker,
-        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
+        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND, releases=MODELLED),
     Obligation(
         "alignment.lone-group",
         "With one group the scheduler rounds to cache_config.block_size*dcp, the connector uses the spec's "
@@ -200,7 +200,7 @@ OBLIGATIONS: list[Obligation] = [
         "mamba_block_size = max_model_len; a sliding-window layer may pick its own block size).",
         "∃ lone group: spec.block_size ≠ cache_config.block_size ∧ tpb ∤ N",
         "a lone group's spec.block_size is cache_config.block_size", Verdict.REFUTED, _alignment_lone,
-        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND, releases="0.28.0 – 0.33.0"),
+        reproduce=replay_assert(Variant.FIXED, AssertName.ALIGNMENT), mutable=False, bound=ALIGN_BOUND, releases=MODELLED),
 ]
 
 

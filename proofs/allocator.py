@@ -14,8 +14,8 @@ concrete evaluation of a witness (``AllocCalls``: the ``terms`` helpers fold on 
 ``scripts/repro_0_33_sync_mamba.py --witness``, which replays a witness on the release's
 real ``KVCacheManager`` and compares its numbers with ``predict``'s.
 
-Which allocator code a release runs is the ``allocator`` column of
-``kvbound.spec.versions.RELEASES`` (nothing here names a release's behaviour twice).
+Which allocator code a release runs, and what it does, are the ``allocator`` and ``allocator_*``
+columns of ``kvbound.spec.versions.RELEASES`` (nothing here names a release's behaviour).
 Source lines are cited per function below ("STM" is ``v1/core/single_type_kv_cache_manager.py``).
 """
 
@@ -24,69 +24,38 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from kvbound.spec import GroupKind, cdiv, get_num_skipped_tokens
-from kvbound.spec.versions import parse_version, release_features
+from kvbound.spec.versions import first_release, release_features
 
 from .terms import AND, CDIV, FLOORDIV, IF, MAX, MIN, NOT, OR
 
 
 @dataclass(frozen=True)
 class AllocatorCode:
-    """What MambaManager's align-mode code does, by the release it was read from (``RELEASES``'
-    ``allocator`` column). The FullAttention / SlidingWindow / ChunkedLocal code paths the model
-    reads (the base class's ``get_num_blocks_to_allocate``, ``add_local_computed_blocks``,
-    ``allocate_external_computed_blocks``, ``allocate_new_blocks``, ``get_num_skipped_tokens``) are
-    the same in 0.28.0 - 0.33.0 (compared function by function, docstrings and comments aside)."""
+    """What MambaManager's align-mode code does: the ``allocator_*`` columns of a row of ``RELEASES``
+    (each with its source there), under the first release of that code (the ``allocator`` column).
+    The FullAttention / SlidingWindow / ChunkedLocal code paths the model reads (the base class's
+    ``get_num_blocks_to_allocate``, ``add_local_computed_blocks``, ``allocate_external_computed_blocks``,
+    ``allocate_new_blocks``, ``get_num_skipped_tokens``) are the same in 0.28.0 - 0.33.0 (compared
+    function by function, docstrings and comments aside)."""
 
     release: str  # the first release of this code, "0.28.0" ... "0.32.0"
-
-    @property
-    def _v(self):
-        return parse_version(self.release)[:2]
-
-    @property
-    def checkpoints(self) -> bool:
-        """0.29+: a prefill checkpoint block (``_needs_internal_checkpoint``)."""
-        return self._v >= (0, 29)
-
-    @property
-    def cap_is_min(self) -> bool:
-        """0.31+: ``min(num_new_blocks, physical_block_cap)``; before, ``num_new_blocks = cap``."""
-        return self._v >= (0, 31)
-
-    @property
-    def checkpoint_keeps_count(self) -> bool:
-        """0.30 only: a running request's checkpoint step keeps the uncapped count."""
-        return self._v == (0, 30)
-
-    @property
-    def spec_blocks_with_checkpoint(self) -> bool:
-        """0.30 - 0.31: a checkpoint step of a running request also adds num_speculative_blocks."""
-        return (0, 30) <= self._v < (0, 32)
-
-    @property
-    def early_return_needs_no_checkpoint(self) -> bool:
-        """0.30+: ``allocate_new_blocks`` returns [] only without a checkpoint block."""
-        return self._v >= (0, 30)
-
-    @property
-    def new_blocks_clamped(self) -> bool:
-        """0.30+: ``num_new_blocks = max(num_required_blocks - len(req_blocks), 0)``."""
-        return self._v >= (0, 30)
-
-    @property
-    def relocation(self) -> str:
-        """How speculative blocks of a running request are relocated: "skipped" (idx < skipped
-        blocks; 0.28 - 0.29), "no-checkpoint" (only without a checkpoint; 0.30 - 0.31),
-        "below-checkpoint" (idx < skipped - checkpoint; 0.32+)."""
-        return "skipped" if self._v < (0, 30) else "no-checkpoint" if self._v < (0, 32) else "below-checkpoint"
+    relocation: str  # how a running request's speculative blocks are relocated (ReleaseFeatures.allocator_relocation)
+    checkpoints: bool  # a prefill checkpoint block (_needs_internal_checkpoint)
+    checkpoint_keeps_count: bool  # a running request's checkpoint step keeps the uncapped count
+    spec_blocks_with_checkpoint: bool  # a running request's checkpoint step also adds num_speculative_blocks
+    early_return_needs_no_checkpoint: bool  # allocate_new_blocks returns [] only without a checkpoint block
+    new_blocks_clamped: bool  # num_new_blocks = max(num_required_blocks - len(req_blocks), 0)
+    cap_is_min: bool  # min(num_new_blocks, physical_block_cap); else num_new_blocks = cap
 
 
 def allocator_code(version: str) -> AllocatorCode:
     """The allocator code ``version`` runs, from the release table."""
-    code = release_features(version).allocator
-    if code is None:
-        raise ValueError(f"vLLM {version}: the reservation model covers the allocators of 0.28.0 and later")
-    return AllocatorCode(code)
+    feats = release_features(version)
+    if feats.allocator is None:
+        raise ValueError(f"vLLM {version}: the reservation model covers the allocators of "
+                         f"{first_release(lambda f: f.allocator)} and later")
+    return AllocatorCode(feats.allocator, **{f.name: getattr(feats, "allocator_" + f.name)
+                                             for f in fields(AllocatorCode) if f.name != "release"})
 
 
 # --- one call, as the allocator computes it ----------------------------------------------

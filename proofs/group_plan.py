@@ -14,9 +14,10 @@ import z3
 from kvbound.spec import STATE_H, STATE_N, STATE_U, AssertName, GroupKind, Variant, plan_load
 from kvbound.spec.asserts import ASSERT_CODE
 from kvbound.spec.verdicts import Verdict
+from kvbound.spec.versions import LATEST
 
 from .encoding import code_for
-from .problem import CODE_030, CODE_031, CODE_033, CODE_LEGACY, LATEST, LEGACY_LAST_RELEASE, Obligation, Problem
+from .problem import CODE_030, CODE_031, CODE_033, CODE_LEGACY, FIXED_LAST_RELEASE, LEGACY_LAST_RELEASE, Obligation, Problem
 from .replays import replay_assert, replay_window_retained
 from .terms import AND, FLOORDIV, IMPLIES, NOT, OR
 from .world import TailWorld, World
@@ -352,12 +353,12 @@ OBLIGATIONS: list[Obligation] = [
         "On full-attention tables (every block below f hashed) legacy and fixed scans agree.",
         "(∀ i < f: state(i) = H)  ⟹  scan_legacy = scan_fixed",
         "full attention: every block below f is full and cached", Verdict.PROVED, _legacy_full_attention, CODE_030,
-        premises=("computed-hashed",), last="0.32.0"),
+        premises=("computed-hashed",), last=FIXED_LAST_RELEASE),
     Obligation(
         "legacy-refuted.agrees-when-passing",
         "Under alignment, whenever the legacy assert passes, legacy and fixed give the same start.",
         "N mod b = 0 ∧ N ≤ scan_legacy·b  ⟹  scan_legacy = scan_fixed",
-        "the scheduler's rounding of N", Verdict.PROVED, _legacy_agrees_when_passing, CODE_030, premises=("n-aligned",), last="0.32.0"),
+        "the scheduler's rounding of N", Verdict.PROVED, _legacy_agrees_when_passing, CODE_030, premises=("n-aligned",), last=FIXED_LAST_RELEASE),
     Obligation(
         "legacy-without-asserts",
         "With asserts stripped (python -O) the legacy plan loads into a computed block and requests wrong keys.",
@@ -444,7 +445,7 @@ OBLIGATIONS: list[Obligation] = [
         "fixed-sync.needed",
         "Without the positional match, a sync load (fresh blocks hashed at allocation) loads nothing.",
         "∃ sync allocator table: scan_fixed ≠ j",
-        "0.33 hashes sync-loaded blocks at allocation", Verdict.REFUTED, _fixed_sync_needed, code_for("0.32.0"),
+        "0.33 hashes sync-loaded blocks at allocation", Verdict.REFUTED, _fixed_sync_needed, code_for(FIXED_LAST_RELEASE),
         reproduce=_replay_sync_needed, mutable=False, premises=ALLOC),
     Obligation(
         "assert-order",

@@ -30,7 +30,7 @@ import z3
 from kvbound.spec.lookup import Answer, LookupCase, LookupGroup, default_lookup_groups, lookup_for_version
 from kvbound.spec.lookup_contract import check_lookup
 from kvbound.spec.verdicts import Verdict
-from kvbound.spec.versions import release_features
+from kvbound.spec.versions import CAMPAIGN_RELEASES, release_features, spans
 
 from .problem import Bound, Obligation, Problem
 from .witnesses import LookupWitness
@@ -43,9 +43,9 @@ TPC = 16  # tokens per chunk of a witness (the scan reasons in chunks; the size 
 BOUND = Bound(1, MAX_KEYS, f"keys 1..{MAX_KEYS}, window 1..keys, answers symbolic",
               "the scan is unrolled key by key: one formula per key count (its state runs from the right end)")
 
-# The release families of the scan, by the first release of each (spec/versions.py columns
-# lookup_result_enum and lookup_swa_gap_clears_pending).
-FAMILIES = (("0.21.0", "0.24.0"), ("0.25.1", "0.29.0"), ("0.30.0", "0.33.0"))
+# The release families of the scan: the runs of campaign releases (each witness replays on the
+# real one) over which the columns the scan reads hold.
+FAMILIES = spans(("lookup_result_enum", "lookup_swa_gap_clears_pending"), CAMPAIGN_RELEASES)
 
 
 class LookupWorld:
@@ -177,35 +177,34 @@ class _Multi:
 
 def _obligations() -> list:
     out = []
-    for first, last in FAMILIES:
-        rng = f"{first} – {last}"
-        feats = release_features(first)
+    for family in FAMILIES:
+        first, feats = family.first, family.features
         holds = feats.lookup_swa_gap_clears_pending and feats.lookup_result_enum
         out.append(Obligation(
             f"lookup.window.no-needless-deferral.{first}",
-            f"vLLM {rng}'s sliding-window lookup defers only when a HIT_PENDING key, were it HIT, would give a "
+            f"vLLM {family}'s sliding-window lookup defers only when a HIT_PENDING key, were it HIT, would give a "
             "larger hit (tier answers HIT, HIT_PENDING, MISS).",
             "defer(scan(a, w))  ⟹  best(a, {HIT, PENDING}) > best(a, {HIT})",
             "a gap (MISS) clears the pending flag of the incomplete window to its right" if holds else
             "a HIT_PENDING right of a gap keeps the scan deferring (0.29.0 scheduler.py:642-664)",
             Verdict.PROVED if holds else Verdict.REFUTED, _build("needless", first, False),
-            reproduce=None if holds else _replay_needless, mutable=False, bound=BOUND, releases=rng))
+            reproduce=None if holds else _replay_needless, mutable=False, bound=BOUND, releases=family))
         if feats.lookup_result_enum:
             out.append(Obligation(
                 f"lookup.window.no-needless-deferral.retry.{first}",
-                f"vLLM {rng}'s sliding-window lookup defers only when a HIT_PENDING or RETRY key, were it HIT, "
+                f"vLLM {family}'s sliding-window lookup defers only when a HIT_PENDING or RETRY key, were it HIT, "
                 "would give a larger hit (tier answers HIT, HIT_PENDING, RETRY, MISS).",
                 "defer(scan(a, w))  ⟹  best(a, {HIT, PENDING, RETRY}) > best(a, {HIT})",
                 "a RETRY right of a gap sets defer_lookup for good (0.33.0 scheduler.py:830-834)",
                 Verdict.REFUTED, _build("needless", first, True), reproduce=_replay_needless, mutable=False,
-                bound=BOUND, releases=rng))
+                bound=BOUND, releases=family))
         out.append(Obligation(
             f"lookup.window.no-lost-no-false-hit.{first}",
-            f"vLLM {rng}'s sliding-window lookup, when it does not defer, ends its hit at the rightmost complete "
+            f"vLLM {family}'s sliding-window lookup, when it does not defer, ends its hit at the rightmost complete "
             "window of HIT keys (or the run at the left end): nothing lost, nothing unready counted.",
             "¬defer(scan(a, w))  ⟹  end = best(a, {HIT}) ∧ supported(end, {HIT})",
             "the scan returns at the first complete window from the right", Verdict.PROVED,
-            _build("exact", first, feats.lookup_result_enum), mutable=False, bound=BOUND, releases=rng))
+            _build("exact", first, feats.lookup_result_enum), mutable=False, bound=BOUND, releases=family))
     return out
 
 

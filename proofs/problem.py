@@ -9,17 +9,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from kvbound.spec import Variant
 from kvbound.spec.verdicts import Verdict
+from kvbound.spec.versions import LATEST, RELEASES, REPRESENTATIVE, Span, between, first_release, release_features
 
 from .encoding import Code, code_for
 
 
-# The code each obligation encodes, by the first release of its row of RELEASES.
-CODE_LEGACY, LEGACY_LAST_RELEASE = code_for("0.28.0"), "0.29.0"  # the proofs model 0.28+ (the legacy rows 0.28, 0.29)
-CODE_030 = code_for("0.30.0")  # the fixed scan; the window in chunks ignores retained tokens
-CODE_031 = code_for("0.31.0")  # 0.31 - 0.32: the window counts retained tokens
-CODE_033 = code_for("0.33.0")  # sync loads, EAGLE partial tails
-LATEST = "0.33.0"
+# The code each obligation encodes, by the first release of its row of RELEASES. The proofs model
+# the rows from the first whose asserts the encoding states (keys checked only where blocks are pending).
+MODELLED = Span(first_release(lambda f: not f.keys_every_group), LATEST)
+CODE_LEGACY = code_for(MODELLED.first)  # the legacy scan (the rows to LEGACY_LAST_RELEASE)
+LEGACY_LAST_RELEASE = REPRESENTATIVE[Variant.LEGACY]  # each variant's last row
+CODE_030 = code_for(first_release(lambda f: f.variant is Variant.FIXED))  # the fixed scan; the window ignores retained tokens
+CODE_031 = code_for(first_release(lambda f: f.window_counts_retained))  # the window counts retained tokens
+FIXED_LAST_RELEASE = REPRESENTATIVE[Variant.FIXED]
+CODE_033 = code_for(first_release(lambda f: f.variant is Variant.FIXED_SYNC))  # sync loads, EAGLE partial tails
 
 
 @dataclass(frozen=True)
@@ -81,31 +86,34 @@ class Obligation:
     about: Code | None = None  # code outside the spec the witness is about (shown beside the drawing)
     last: str | None = None  # the last release it covers (from ``code``'s release): a proved one is proved
     # on every row of RELEASES in between whose encoded code differs (``covered_codes``)
-    releases: str = ""  # the releases in words, for an obligation without ``code`` (alignment, reservation)
+    releases: Span | None = None  # the releases, for an obligation without ``code`` (alignment, reservation, ...)
+    releases_note: str = ""  # why the releases stop where they do, printed after them
+
+    def __post_init__(self):
+        if (self.code is None) == (self.releases is None):
+            raise ValueError(f"obligation {self.id}: give its releases as a code (and last) or as a Span, not both")
+
+    @property
+    def span(self) -> Span:
+        """The releases it is about, as data."""
+        if self.code is None:
+            return self.releases
+        return Span(self.code.release.release, self.last or "")
 
     @property
     def release_range(self) -> str:
-        if self.code is None:
-            return self.releases
-        first = self.code.release.release
-        last = self.last or first
-        return first if last == first else f"{first} – {last}"
+        return f"{self.span} ({self.releases_note})" if self.releases_note else str(self.span)
 
     def covered_codes(self) -> list:
         """``code`` and the code of every later row of RELEASES up to ``last`` that the encoding reads
         differently (its mutations kept): the codes a proved obligation must be proved for."""
         if self.code is None:
             return [None]
-        from kvbound.spec import RELEASES
-        from kvbound.spec.versions import parse_version
-
-        lo, hi = parse_version(self.code.release.release)[:2], parse_version(self.last or self.code.release.release)[:2]
         out = [self.code]
-        for first, row in RELEASES:
-            if lo < first <= hi:
-                code = Code(row, self.code.knobs)
-                if all(code.signature != c.signature for c in out):
-                    out.append(code)
+        for r in between(self.span.first, self.span.last, [f.release for f in RELEASES]):
+            code = Code(release_features(r), self.code.knobs)
+            if all(code.signature != c.signature for c in out):
+                out.append(code)
         return out
 
 

@@ -7,6 +7,7 @@ reproduces the failure the obligation claims, else what it does instead.
 from __future__ import annotations
 
 from kvbound.spec import AssertName, Variant, plan_for_version, plan_load
+from kvbound.spec.versions import first_release, last_release
 
 
 def replay_assert(variant, name: AssertName, asserts=True):
@@ -20,11 +21,14 @@ def replay_assert(variant, name: AssertName, asserts=True):
 
 
 def replay_window_retained(case):
-    """0.30's plan fires window_bound on the witness (a sliding window whose retained tokens the
-    window in chunks does not count), 0.31's plans it."""
-    old, new = plan_for_version(case, "0.30.0"), plan_for_version(case, "0.31.0")
+    """The last release whose window in chunks does not count retained tokens (0.30) fires
+    window_bound on the witness (a sliding window with retained tokens), the first that counts
+    them (0.31) plans it."""
+    before = last_release(lambda f: not f.window_counts_retained)
+    counting = first_release(lambda f: f.window_counts_retained)
+    old, new = plan_for_version(case, before), plan_for_version(case, counting)
     if old.ok or old.assertion.name is not AssertName.WINDOW_BOUND:
-        return f"spec 0.30 gives {old.assertion.name.value if old.assertion else 'ok'}, expected window_bound"
+        return f"spec {before} gives {old.assertion.name.value if old.assertion else 'ok'}, expected window_bound"
     if not new.ok:
-        return f"spec 0.31 fails too: {new.assertion.name.value}"
+        return f"spec {counting} fails too: {new.assertion.name.value}"
     return None

@@ -16,10 +16,11 @@ import z3
 
 from kvbound.spec import GroupKind
 from kvbound.spec.verdicts import Verdict
+from kvbound.spec.versions import LATEST, Span, first_release, last_release, spans
 
 from .allocator import AllocCalls, Calls, allocator_code, calls, holds
 from .premises import ALLOCATION_BY_ID
-from .problem import LATEST, Bound, Obligation, Problem
+from .problem import Bound, Obligation, Problem
 from .terms import AND, NOT
 
 
@@ -112,18 +113,10 @@ _NAMES = {GroupKind.FULL_ATTENTION: "full-attention", GroupKind.SLIDING_WINDOW: 
           GroupKind.CHUNKED_LOCAL: "chunked-local", GroupKind.MAMBA: "mamba-align"}
 
 
-def _mamba_ranges():
-    """(first, last) release of each Mamba allocator code, from RELEASES."""
-    from kvbound.spec import RELEASES
-
-    rows = [(f.release, f.allocator) for _, f in RELEASES if f.allocator is not None]
-    out = []
-    for i, (rel, code) in enumerate(rows):
-        if out and out[-1][2] == code:
-            out[-1] = (out[-1][0], rel, code)
-        else:
-            out.append((rel, rel, code))
-    return out
+# The releases the allocator model covers, and the runs of them that run one Mamba allocator code.
+ALLOCATORS = Span(first_release(lambda f: f.allocator), LATEST)
+MAMBA_CODES = [s for s in spans(("allocator",)) if s.features.allocator]
+SYNC = Span(first_release(lambda f: f.sync_loads), LATEST)  # the releases whose connector loads synchronously
 
 
 def _obligations() -> list:
@@ -137,18 +130,18 @@ def _obligations() -> list:
             MATH, "reserve and allocate count the same blocks (max(cdiv(num_tokens, b) − max(skipped, hit), 0), "
             "plus the CoW block and the touched evictable hit blocks)", Verdict.PROVED,
             _build(kind, LATEST, "any"), mutable=False, bound=BOUND, premises=ALLOC_PREMISES,
-            releases="0.28.0 – 0.33.0"))
-    for first, last, code in _mamba_ranges():
-        rng = first if first == last else f"{first} – {last}"
+            releases=ALLOCATORS))
+    for span in MAMBA_CODES:
+        first, last = span.first, span.last
         out.append(Obligation(
             f"reservation.mamba-align.{first}" if first == last else f"reservation.mamba-align.{first}-{last}",
-            f"vLLM {rng}'s Mamba (align mode) allocate_slots never takes more blocks than it reserved, on the "
+            f"vLLM {span}'s Mamba (align mode) allocate_slots never takes more blocks than it reserved, on the "
             "calls the offloading connector makes: local hits (partial ones too), connector tokens loaded "
             "asynchronously (adopted with no new tokens, computed by the running call after), speculative and "
             "checkpoint blocks.",
             MATH, "an async load adopts its tokens alone: one block for the loaded state, reserved by the cap",
             Verdict.PROVED, _build(GroupKind.MAMBA, first, "async"), mutable=False, bound=BOUND,
-            premises=ALLOC_PREMISES + ("alloc-async-load",), releases=rng))
+            premises=ALLOC_PREMISES + ("alloc-async-load",), releases=span))
     out.append(Obligation(
         "reservation.mamba-align.sync-load",
         "0.33's sync connector load on a Mamba (align) group takes one block more than admission reserved: "
@@ -157,9 +150,10 @@ def _obligations() -> list:
         "+ checkpoint (+ speculative blocks) — the loaded-state block is not counted. With exactly the reserved "
         "blocks free, get_new_blocks raises mid-step.",
         MATH.replace("∀", "¬ ∀", 1), "the cap counts the loaded-state block (it does not: 0.33.0 STM 1787-1790)",
-        Verdict.REFUTED, _build(GroupKind.MAMBA, "0.33.0", "sync"), reproduce=_replay_over_take, mutable=False,
-        bound=BOUND, premises=ALLOC_PREMISES, releases="0.33.0 (the allocators of 0.28.0 – 0.32.0 count the "
-        "same way; their offloading connector never loads synchronously)"))
+        Verdict.REFUTED, _build(GroupKind.MAMBA, SYNC.first, "sync"), reproduce=_replay_over_take, mutable=False,
+        bound=BOUND, premises=ALLOC_PREMISES, releases=SYNC,
+        releases_note=f"the allocators of {Span(ALLOCATORS.first, last_release(lambda f: not f.sync_loads))} count "
+                      "the same way; their offloading connector never loads synchronously"))
     return out
 
 

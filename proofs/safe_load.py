@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from kvbound.spec import AssertName, GroupKind, Variant, cdiv, plan_load
 from kvbound.spec.verdicts import Verdict
+from kvbound.spec.versions import LATEST
 
 from .hybrid import GROUPS, HybridWorld, safe_parts
-from .problem import CODE_030, CODE_031, CODE_033, CODE_LEGACY, LATEST, LEGACY_LAST_RELEASE, Bound, Obligation, Problem
+from .problem import CODE_030, CODE_031, CODE_033, CODE_LEGACY, FIXED_LAST_RELEASE, LEGACY_LAST_RELEASE, Bound, Obligation, Problem
 from .replays import replay_window_retained
 from .terms import AND, NOT
 
@@ -82,7 +83,7 @@ OBLIGATIONS: list[Obligation] = [
         "written), and only keys inside the lookup's range are requested (a partial tail's boundary key at the "
         "position the lookup confirmed).",
         SAFE_MATH, "every premise of every group's kind; the LCM rule", Verdict.PROVED, _safe_load("safe-load.fixed"), CODE_031,
-        bound=HYBRID_BOUND, premises=HYBRID, last="0.32.0"),
+        bound=HYBRID_BOUND, premises=HYBRID, last=FIXED_LAST_RELEASE),
     Obligation(
         "safe-load.fixed.0.30",
         "0.30's plan (the fixed scan, but a window in chunks of cdiv(w, tpc) that does not count "

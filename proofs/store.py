@@ -1,6 +1,6 @@
 """The store property: every chunk ``_build_store_jobs`` stores was computed by the forward.
 
-One obligation per (release row of ``spec.store.STORE_RELEASES``, request status,
+One obligation per (run of releases over which the store columns of ``RELEASES`` hold, request status,
 ``offload_prompt_only``), over unbounded integers: a request with ``P >= 1`` prompt tokens
 and ``T = P + O`` tokens (``O >= 0``), ``C`` computed, ``S`` scheduled this step, ``A`` GPU
 blocks allocated, ``B`` tokens per block (one block per chunk; the claim is per full-attention
@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import z3
 
-from kvbound.spec.store import (ABORTED, FINISHED, RUNNING, STORE_RELEASES, StoreFeatures, computed_tokens,
-                                next_stored_chunk_idx, store_horizon)
+from kvbound.spec import ReleaseFeatures
+from kvbound.spec.store import (ABORTED, FINISHED, RUNNING, STORE_COLUMNS, computed_tokens, next_stored_chunk_idx,
+                                store_features, store_horizon)
 from kvbound.spec.verdicts import Verdict
-from kvbound.spec.versions import CAMPAIGN_RELEASES, parse_version
+from kvbound.spec.versions import spans
 
 from .premises import STORE_BY_ID, StoreTerms
 from .problem import Bound, Obligation, Problem
@@ -33,7 +34,7 @@ class StoreWorld:
     """One request's numbers at one ``_build_store_jobs`` call, as Z3 integers, and the horizon and
     computed tokens of its status under one release row."""
 
-    def __init__(self, feats: StoreFeatures, status: str, offload_prompt_only: bool):
+    def __init__(self, feats: ReleaseFeatures, status: str, offload_prompt_only: bool):
         self.feats, self.status, self.offload_prompt_only = feats, status, offload_prompt_only
         self.P, self.O, self.C, self.S, self.A, self.B = z3.Ints("P O C S A B")
         self.T = self.P + self.O
@@ -41,13 +42,13 @@ class StoreWorld:
         if status == RUNNING:
             after, self.computed = C + S, C + S
         elif status == FINISHED:
-            after, self.computed = (z3.If(P > T - 1, P, T - 1) if feats.finished_clamp else T), C
+            after, self.computed = (z3.If(P > T - 1, P, T - 1) if feats.store_finished_clamp else T), C
         else:
-            after, self.computed = (C if feats.aborted_at_computed else T), C
+            after, self.computed = (C if feats.store_aborted_at_computed else T), C
         h = z3.If(after < T, after, T)
         self.horizon = z3.If(h < P, h, P) if offload_prompt_only else h
         chunks = self.horizon / self.B
-        self.stored = z3.If(chunks < self.A, chunks, self.A) if feats.caps_at_allocated else chunks
+        self.stored = z3.If(chunks < self.A, chunks, self.A) if feats.store_caps_at_allocated else chunks
 
     def terms(self) -> StoreTerms:
         return StoreTerms(self.P, self.O, self.C, self.S, self.A, self.B, self.T, self.computed, self.horizon)
@@ -69,14 +70,14 @@ class StoreWorld:
                             S=v["S"], A=v["A"], B=v["B"], computed=v["computed"], stored_chunks=v["stored"])
 
 
-def _premises(f: StoreFeatures, status: str) -> tuple:
+def _premises(f: ReleaseFeatures, status: str) -> tuple:
     """The premises of a status, in the order the claim's formula meets them."""
     called = {RUNNING: "store-running-scheduled", FINISHED: "store-finished-by-sampling",
               ABORTED: "store-aborted-computed"}[status]
-    return (called, "store-allocated-computed") + (() if f.caps_at_allocated else ("store-no-cap-assert",))
+    return (called, "store-allocated-computed") + (() if f.store_caps_at_allocated else ("store-no-cap-assert",))
 
 
-def _build(f: StoreFeatures, status: str, prompt_only: bool, oid: str):
+def _build(f: ReleaseFeatures, status: str, prompt_only: bool, oid: str):
     def build(_code):
         w = StoreWorld(f, status, prompt_only)
         return Problem(w.base(), w.stored * w.B <= w.computed, w, tables=False, shaping=w.small(),
@@ -89,7 +90,7 @@ def replay_store(w: StoreWitness) -> str | None:
     """None when the store spec of the witness's release stores a chunk past what was computed."""
     T = w.P + w.O
     horizon = store_horizon(w.release, w.status, w.P, T, w.C, w.S, w.offload_prompt_only)
-    stored = next_stored_chunk_idx(0, horizon, w.B, w.A, STORE_BY_RELEASE[w.release].caps_at_allocated)
+    stored = next_stored_chunk_idx(0, horizon, w.B, w.A, store_features(w.release).store_caps_at_allocated)
     computed = computed_tokens(w.status, T, w.C, w.S)
     if stored is None:
         return f"spec {w.release} asserts on the witness (more chunks than allocated blocks)"
@@ -98,12 +99,12 @@ def replay_store(w: StoreWitness) -> str | None:
     return None
 
 
-def _expected(f: StoreFeatures, status: str, prompt_only: bool) -> tuple[Verdict, str]:
+def _expected(f: ReleaseFeatures, status: str, prompt_only: bool) -> tuple[Verdict, str]:
     """The verdict and the premise it rests on (or whose absence the witness shows)."""
-    if status == FINISHED and not prompt_only and not f.finished_clamp:
+    if status == FINISHED and not prompt_only and not f.store_finished_clamp:
         return Verdict.REFUTED, ("a finished request's horizon is clamped to max(num_prompt_tokens, num_tokens - 1) "
                                  "(0.30+; before, num_tokens counts the final sampled token)")
-    if status == ABORTED and not f.aborted_at_computed:
+    if status == ABORTED and not f.store_aborted_at_computed:
         return Verdict.REFUTED, "an aborted request's horizon is num_computed_tokens (0.27+; 0.26: num_tokens)"
     if status == FINISHED:
         return Verdict.PROVED, ("the horizon stops before the final sampled token (the clamp, or "
@@ -113,38 +114,31 @@ def _expected(f: StoreFeatures, status: str, prompt_only: bool) -> tuple[Verdict
     return Verdict.PROVED, "a running request's horizon is what it has computed once the batch ran"
 
 
-def _release_range(first: str) -> str:
-    """The campaign releases from ``first`` to the last before the next row of STORE_RELEASES."""
-    rows = [f.release for _, f in STORE_RELEASES]
-    nxt = rows.index(first) + 1
-    end = parse_version(rows[nxt])[:2] if nxt < len(rows) else (10 ** 6, 0)
-    covered = [r for r in CAMPAIGN_RELEASES if parse_version(first)[:2] <= parse_version(r)[:2] < end]
-    return first if covered[-1] == first else f"{first} – {covered[-1]}"
-
-
 BOUND = Bound(1, 0, "unbounded (P, O, C, S, A, B)",
               "one full-attention group, one block per chunk: _build_store_jobs stores each group's chunks on its "
               "own, with no state carried from one group to the next")
 MATH = "min(⌊horizon/B⌋, A)·B ≤ computed,  horizon = the release's tokens after the batch, capped (T; P if prompt only)"
-STORE_BY_RELEASE = {f.release: f for _, f in STORE_RELEASES}
+# The runs of releases over which the store spec's columns hold, from its first release on.
+STORE_SPANS = [s for s in spans(STORE_COLUMNS) if s.features.next_stored_chunk_idx]
 
 
 def _obligations() -> list:
     out = []
-    for _, f in STORE_RELEASES:
+    for span in STORE_SPANS:
+        f = span.features
         for status in STATUSES:
             for po in (True, False):
                 oid = f"store.computed[{f.release}+,{status},prompt_only={po}]"
                 expected, premise = _expected(f, status, po)
                 out.append(Obligation(
                     oid,
-                    f"vLLM {_release_range(f.release)}'s _build_store_jobs, for {'an' if status == ABORTED else 'a'} "
+                    f"vLLM {span}'s _build_store_jobs, for {'an' if status == ABORTED else 'a'} "
                     f"{status} request with "
                     f"offload_prompt_only={po}, stores only chunks that end at or before the tokens the forward "
                     "computed.",
                     MATH if expected == Verdict.PROVED else f"¬ ({MATH})", premise, expected,
                     _build(f, status, po, oid), reproduce=None if expected == Verdict.PROVED else replay_store,
-                    mutable=False, bound=BOUND, premises=_premises(f, status), releases=_release_range(f.release)))
+                    mutable=False, bound=BOUND, premises=_premises(f, status), releases=span))
     return out
 
 

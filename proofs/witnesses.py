@@ -57,7 +57,7 @@ class LookupWitness:
 @dataclass(frozen=True)
 class StoreWitness:
     """A refuted store obligation's witness: one request at one ``_build_store_jobs`` call of a
-    release row (``spec.store.STORE_RELEASES``), and the chunks it stores."""
+    release (the first of its run of ``proofs.store.STORE_SPANS``), and the chunks it stores."""
 
     name: str
     release: str  # the row's first release

@@ -18,13 +18,11 @@ from .cases import (
     parse_block,
     parse_table,
 )
-from .plan import boundary_key, load_start_gpu_block_idx, partial_tail_key_tokens, plan_load, scan_from
+from .plan import boundary_key, load_start_gpu_block_idx, partial_tail_key_tokens, plan_for_version, plan_load, scan_from
 from .versions import (
     RELEASES,
     REPRESENTATIVE,
     UnsupportedVersion,
-    parse_version,
-    plan_for_version,
     release_features,
     unsupported_reason,
     variant_features,

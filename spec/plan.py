@@ -19,7 +19,7 @@ from .vocab import (
     Variant,
     cdiv,
 )
-from .versions import unsupported_reason, variant_features
+from .versions import release_features, unsupported_reason, variant_features
 
 
 def load_start_gpu_block_idx(blocks, scan_from: int, num_gpu_blocks: int, match_hashed: bool) -> int:
@@ -167,3 +167,9 @@ def plan_load(
             )
         )
     return LoadPlan(variant, tuple(planned), None, asserts)
+
+
+def plan_for_version(case: Case, version: str, asserts: bool = True) -> LoadPlan:
+    """The spec's plan of ``case`` as vLLM ``version`` computes it (its row of ``versions.RELEASES``)."""
+    feats = release_features(version)
+    return plan_load(case, feats.variant, asserts, feats)

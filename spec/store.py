@@ -4,16 +4,11 @@ Per request and step, ``_build_store_jobs`` takes a token horizon (``tokens_afte
 caps it (``offloadable_tokens``, the release's ``_calc_num_offloadable_tokens``) and stores
 a full-attention, non-draft group's whole chunks below it that are allocated
 (``RequestOffloadState.storable_chunks``), advancing ``next_stored_chunk_idx`` to that
-count. The rows below are the first release of each behaviour (file:line in
-docs/trace.md, "Shadow KV"):
-
-- 0.26: a finished request's horizon is ``num_tokens``, aborted or not
-  (0.26.0 ``offloading/scheduler.py:941-945``), not capped by the allocated blocks: more
-  chunks than blocks trips ``assert len(offload_keys) == len(offload_block_ids)`` (``:975``);
-- 0.27: an aborted request's horizon is ``num_computed_tokens`` (0.27.0 ``:1038-1041``),
-  and ``storable_chunks`` caps at the allocated chunks (``:338-364``);
-- 0.30: a finished request's horizon is clamped to ``max(num_prompt_tokens,
-  num_tokens - 1)``, the GPU prefix cache's commit point (0.30.0 ``:1482-1485``).
+count. What each release does is the ``next_stored_chunk_idx`` and ``store_*`` columns of
+``versions.RELEASES`` (each with its vLLM lines there): the horizon of a finished request
+(``num_tokens``, from 0.30 clamped to ``max(num_prompt_tokens, num_tokens - 1)``, the GPU
+prefix cache's commit point) and of an aborted one (``num_computed_tokens`` from 0.27), and
+whether ``storable_chunks`` caps at the allocated chunks (from 0.27; 0.26 asserts instead).
 
 What the KV promise needs (``computed_tokens``): every stored chunk's tokens were
 forwarded; the final sampled token never is.
@@ -21,46 +16,31 @@ forwarded; the final sampled token never is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .versions import parse_version
+from .versions import first_release, release_features
+from .vocab import ReleaseFeatures
 
 RUNNING, FINISHED, ABORTED = "running", "finished", "aborted"
 
-
-@dataclass(frozen=True)
-class StoreFeatures:
-    release: str
-    aborted_at_computed: bool  # an aborted request stores up to num_computed_tokens
-    finished_clamp: bool  # a finished request stores up to max(prompt, num_tokens - 1)
-    caps_at_allocated: bool = True  # storable_chunks <= allocated chunks (else an assert)
+# The columns of RELEASES the store spec reads (each with its source in spec/versions.py).
+STORE_COLUMNS = ("next_stored_chunk_idx", "store_aborted_at_computed", "store_finished_clamp", "store_caps_at_allocated")
 
 
-STORE_RELEASES = (
-    ((0, 26), StoreFeatures("0.26.0", False, False, False)),
-    ((0, 27), StoreFeatures("0.27.0", True, False)),
-    ((0, 30), StoreFeatures("0.30.0", True, True)),
-)
-
-
-def store_features(version: str) -> StoreFeatures:
-    v = parse_version(version)[:2]
-    feats = None
-    for first, f in STORE_RELEASES:
-        if v >= first:
-            feats = f
-    if feats is None:
-        raise ValueError(f"vllm {version}: the store spec starts at 0.26")
+def store_features(version: str) -> ReleaseFeatures:
+    """The row of RELEASES ``version`` runs; ValueError before the store spec's first release."""
+    feats = release_features(version)
+    if not feats.next_stored_chunk_idx:
+        raise ValueError(f"vllm {version}: the store spec starts at "
+                         f"{first_release(lambda f: f.next_stored_chunk_idx)}")
     return feats
 
 
 def tokens_after_batch(version: str, status: str, num_prompt_tokens: int, num_tokens: int,
                        num_computed_tokens: int, num_scheduled_tokens: int = 0) -> int:
     f = store_features(version)
-    if status == ABORTED and f.aborted_at_computed:
+    if status == ABORTED and f.store_aborted_at_computed:
         return num_computed_tokens
     if status in (FINISHED, ABORTED):
-        return max(num_prompt_tokens, num_tokens - 1) if f.finished_clamp else num_tokens
+        return max(num_prompt_tokens, num_tokens - 1) if f.store_finished_clamp else num_tokens
     return num_computed_tokens + num_scheduled_tokens
 
 

@@ -1,95 +1,138 @@
-"""Which vLLM release does what: the one feature-by-release table (``RELEASES``).
+"""Which vLLM release does what: the one release table (``RELEASES``), and the one place that
+orders releases.
 
-Each row is the first release of a behaviour and holds until the next row. Every
-fact was read from that release's wheel; file:line are in docs/vllm-semantics.md
-("Load contract") and beside each row below.
+Every behaviour is written once, at the first release that has it, with the vLLM lines it
+was read from (that release's wheel; docs/vllm-semantics.md "Load contract", docs/lookup.md
+and docs/trace.md "Shadow KV" have the lines around them):
+
+- ``ARRIVALS``: a behaviour that arrives and stays (column -> its first release, the source);
+- ``STEPS``: a column whose value changes rather than arrives (the scan variant, the window
+  assert's slack, ...): each value from its first release on, with the source.
+
+``RELEASES`` has one row (``ReleaseFeatures``) per release where something changes; a release
+runs the last row at or before it (``release_features``). The ``allocator`` column is derived:
+the first release of the run of rows over which the ``allocator_*`` columns hold.
+
+Release order is this module's alone (nothing else in kvbound compares versions,
+tests/test_spec.py holds it): ``Span`` (a run of releases, printed ``first – last``),
+``between``, ``spans`` (the runs over which some columns hold), ``first_release`` /
+``last_release`` and ``expand_releases`` (the ``--vllm A..B`` syntax).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
+from typing import Callable
 
-from kvbound.errors import UnsupportedVersion
+from kvbound.errors import UnsupportedVersion, UsageError
 
 from .case import Case
 from .vocab import ReleaseFeatures, Variant
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+_CONNECTOR_FIRST = "0.19.0"  # the first release with an offloading connector scheduler (before the table)
 
+_S = "offloading/scheduler.py"  # vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py
+_STM = "v1/core/single_type_kv_cache_manager.py"  # MambaManager, align mode
 
-_L, _F, _S = Variant.LEGACY, Variant.FIXED, Variant.FIXED_SYNC
-_COLUMNS = ("variant", "window_slack", "keys_every_group", "partial_tails", "eagle_partial_tails",
-            "extra_retained_tokens", "window_counts_retained", "group_subsets", "sync_loads", "allocator",
-            "mamba_external_kv", "schedule_end_hook", "offload_prompt_only", "prefix_match_unit",
-            "chunked_local_offload",
-            "single_attention_hybrid",
-            "lookup_eagle", "lookup_defers_on_transfers", "lookup_result_enum", "lookup_swa_gap_clears_pending",
-            "lookup_eagle_widens_every_group", "lookup_load_window", "lookup_partial_tail_bridge")
+# A behaviour that arrives and stays: column -> (first release, where it was read).
+ARRIVALS: dict[str, tuple[str, str]] = {
+    # update_state_after_alloc and case format v2 (docs/vllm-semantics.md, "Load contract")
+    "partial_tails": ("0.28.0", f"RequestOffloadState.partial_tail_boundary (0.28.0 {_S}:332) and its assert "
+                                "(:1005); never with an EAGLE group (supports_partial_tail, :271-290); 0.27.0 has none"),
+    "eagle_partial_tails": ("0.33.0", f"EAGLE groups allowed, keyed at boundary + margin (_eagle_proof_margins, 0.33.0 "
+                                      f"{_S}:603-621; 0.32.0 :313 refuses them)"),
+    "extra_retained_tokens": ("0.28.0", "SlidingWindowSpec.extra_retained_tokens (0.28.0 v1/kv_cache_interface.py:544; "
+                                        "absent in 0.27.0); the offload window ignores it"),
+    "window_counts_retained": ("0.31.0", f"the window in chunks counts extra_retained_tokens (0.31.0 {_S}:127-137; "
+                                         "0.30.0 :124-128 cdiv(w, tpc))"),
+    "group_subsets": ("0.30.0", "configs carry group_idx: the tables are blocks.blocks[group_idx] (before: by position)"),
+    "sync_loads": ("0.33.0", f"the connector may load synchronously (0.33.0 {_S}:1277 `... and not sync_load`; "
+                             "0.28 - 0.32 return `bool(num_hit_tokens)`, always async: 0.29.0 :991, 0.32.0 :1097)"),
+    # what an engine of the release can be built with (kvbound trace's layouts need them)
+    "mamba_external_kv": ("0.23.0", "Mamba takes connector tokens: 0.22.1 v1/core/sched/scheduler.py:286 `assert "
+                                    "num_external_computed_tokens == 0` in _mamba_block_aligned_split is gone"),
+    "schedule_end_hook": ("0.23.0", "OffloadingManager.on_schedule_end (0.23.0 v1/kv_offload/base.py:260)"),
+    "offload_prompt_only": ("0.23.0", "kv_connector_extra_config offload_prompt_only (0.23.0 v1/kv_offload/base.py:397; "
+                                      "no 0.22.1 file names it)"),
+    "prefix_match_unit": ("0.26.0", "CacheConfig.prefix_match_unit (0.26.0 vllm/config/cache.py:56; 0.25.1's pydantic "
+                                    "CacheConfig refuses the keyword)"),
+    "chunked_local_offload": ("0.28.0", f"the connector offloads chunked local attention (0.28.0 {_S}:116; 0.27.0 "
+                                        ":118 `assert isinstance(kv_cache_spec, FullAttentionSpec)`)"),
+    "single_attention_hybrid": ("0.29.0", "HybridKVCacheCoordinator takes a single attention spec (0.28.0 "
+                                          "v1/core/kv_cache_coordinator.py:682 \"requires at least two attention "
+                                          "groups\" is gone)"),
+    # the lookup (docs/lookup.md has the lines)
+    "lookup_eagle": ("0.24.0", f"EAGLE groups pop their trailing chunk, Mamba align caps the hit (0.29.0 {_S}:715-717)"),
+    "lookup_defers_on_transfers": ("0.24.0", f"defer while transfer_jobs; skip_reading_prefix_cache (0.29.0 "
+                                             f"{_S}:962-966, :973)"),
+    "lookup_result_enum": ("0.25.0", "LookupResult: RETRY; HIT_PENDING extends a sliding-window run (0.25.1 "
+                                     f"{_S}:390-410; 0.21.0 v1/kv_offload/cpu/manager.py:87-93 True/None/False)"),
+    "lookup_swa_gap_clears_pending": ("0.30.0", f"a gap clears a sliding window's pending flag (0.30.0 {_S}:706-713)"),
+    "lookup_eagle_widens_every_group": ("0.30.0", f"EAGLE widening for every group (#52735; 0.30.0 {_S}:825-831)"),
+    "lookup_load_window": ("0.30.0", f"load_window_size_in_chunks widens the first window (0.30.0 {_S}:107-121)"),
+    "lookup_partial_tail_bridge": ("0.33.0", "the partial-tail bridge chunk and a second search block with EAGLE proof "
+                                             f"margins (0.33.0 {_S}:1068-1152, :1154-1158)"),
+    # the store (_build_store_jobs; spec/store.py, docs/trace.md "Shadow KV")
+    "next_stored_chunk_idx": ("0.26.0", f"RequestGroupState.next_stored_chunk_idx (0.26.0 {_S}:238; 0.25.1 :229 "
+                                        "counts blocks, next_stored_block_idx)"),
+    "store_aborted_at_computed": ("0.27.0", f"an aborted request's horizon is num_computed_tokens (0.27.0 "
+                                            f"{_S}:1038-1041; 0.26.0 :941-945 num_tokens)"),
+    "store_caps_at_allocated": ("0.27.0", f"storable_chunks caps at the allocated chunks (0.27.0 {_S}:338-364; 0.26.0 "
+                                          ":975 `assert len(offload_keys) == len(offload_block_ids)`)"),
+    "store_finished_clamp": ("0.30.0", "a finished request's horizon is max(num_prompt_tokens, num_tokens - 1) (0.30.0 "
+                                       f"{_S}:1482-1485)"),
+    # the allocator: MambaManager's align-mode code (proofs/allocator.py)
+    "allocator_checkpoints": ("0.29.0", f"a prefill checkpoint block: MambaManager._needs_internal_checkpoint (0.29.0 "
+                                        f"{_STM}:1565; 0.28.0 has none)"),
+    "allocator_early_return_needs_no_checkpoint": ("0.30.0", "allocate_new_blocks returns [] only without a "
+                                                             "checkpoint block"),
+    "allocator_new_blocks_clamped": ("0.30.0", "num_new_blocks = max(num_required_blocks - len(req_blocks), 0)"),
+    "allocator_cap_is_min": ("0.31.0", "get_num_blocks_to_allocate takes min(num_new_blocks, physical_block_cap); "
+                                       "before, num_new_blocks = cap"),
+}
 
-# The first release of each behaviour; it holds until the next row. Sources (docs/vllm-semantics.md):
-#  0.20 scan from 0 + `N <= start*b`; no window assert; keys checked for every group
-#  0.21 window assert `pending <= window*bpc`;  0.27 `... + 1`
-#  0.28 keys checked only where pending; partial tails (never with an EAGLE group);
-#       SlidingWindowSpec.extra_retained_tokens exists, the offload window ignores it
-#  0.30 fixed scan from cdiv(N, b) + `N % b == 0`; configs carry group_idx: blocks.blocks[group_idx]
-#  0.31 the window in chunks counts extra_retained_tokens
-#  0.33 sync loads match by position; partial tails with EAGLE groups, keyed at boundary + margin;
-#       the connector may load synchronously (offloading/scheduler.py:1277 `... and not sync_load`;
-#       0.28 - 0.32 return `bool(num_hit_tokens)`, always async: 0.29.0 :991, 0.32.0 :1097)
-# The allocator column: MambaManager's align-mode code (v1/core/single_type_kv_cache_manager.py),
-# by the first release of each version of it (proofs/allocator.py, AllocatorCode, says what
-# changed): 0.28 no checkpoint block; 0.29 checkpoint block; 0.30 checkpoint restructured;
-# 0.31 min(num_new, cap); 0.32 num_speculative_blocks no longer added on checkpoint steps (0.33
-# changes only the checkpoint position's arguments, which the model leaves free).
-# What an engine can be built with (kvbound.trace.layouts.NEEDS; each release read):
-#  0.23 Mamba takes connector tokens: 0.22.1 v1/core/sched/scheduler.py:286
-#       `assert num_external_computed_tokens == 0` ("External KV connector is not verified
-#       yet") in _mamba_block_aligned_split is gone; OffloadingManager.on_schedule_end
-#       arrives (0.23.0 v1/kv_offload/base.py:260), and so does the extra config
-#       offload_prompt_only (0.23.0 v1/kv_offload/base.py:397; no 0.22.1 file names it)
-#  0.26 CacheConfig.prefix_match_unit (0.26.0 vllm/config/cache.py:56; 0.25.1's pydantic
-#       CacheConfig refuses the keyword)
-#  0.28 the connector offloads chunked local attention (0.28.0 offloading/scheduler.py:116;
-#       0.27.0 offloading/scheduler.py:118 `assert isinstance(kv_cache_spec, FullAttentionSpec)`)
-#  0.29 HybridKVCacheCoordinator takes a single attention spec (0.28.0
-#       v1/core/kv_cache_coordinator.py:682 "requires at least two attention groups" is gone)
-# The lookup columns (offloading/scheduler.py; docs/lookup.md has the lines):
-#  0.24 EAGLE groups pop their trailing chunk, Mamba align caps the hit; defer while transfer_jobs
-#  0.25 LookupResult (RETRY; HIT_PENDING extends a sliding-window run)
-#  0.30 a gap clears a sliding window's pending flag; EAGLE widening for every group; load windows
-#  0.33 the partial-tail bridge chunk and a second search block with EAGLE proof margins
-_T, _N = True, False
-RELEASES: tuple = tuple(
-    ((int(v.split(".")[0]), int(v.split(".")[1])), ReleaseFeatures(**dict(zip(_COLUMNS, row)), release=v))
-    for v, *row in (
-        # release  variant slack keys_every partial eagle_pt retained win_retained subsets sync alloc
-        #          | mamba_ext sched_end prompt_only pmu chunked one_attn | lookup: eagle transfers enum gap_clears widen_all load_window bridge
-        ("0.20.0", _L, None, _T, _N, _N, _N, _N, _N, _N, None, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
-        ("0.21.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
-        ("0.23.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _N, _N, _N, _N, _N, _N, _N, _N, _N, _N),
-        ("0.24.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _N, _N, _N, _T, _T, _N, _N, _N, _N, _N),
-        ("0.25.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _N, _N, _N, _T, _T, _T, _N, _N, _N, _N),
-        ("0.26.0", _L, 0, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _T, _N, _N, _T, _T, _T, _N, _N, _N, _N),
-        ("0.27.0", _L, 1, _T, _N, _N, _N, _N, _N, _N, None, _T, _T, _T, _T, _N, _N, _T, _T, _T, _N, _N, _N, _N),
-        ("0.28.0", _L, 1, _N, _T, _N, _T, _N, _N, _N, "0.28.0", _T, _T, _T, _T, _T, _N, _T, _T, _T, _N, _N, _N, _N),
-        ("0.29.0", _L, 1, _N, _T, _N, _T, _N, _N, _N, "0.29.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _N, _N, _N, _N),
-        ("0.30.0", _F, 1, _N, _T, _N, _T, _N, _T, _N, "0.30.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
-        ("0.31.0", _F, 1, _N, _T, _N, _T, _T, _T, _N, "0.31.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
-        ("0.32.0", _F, 1, _N, _T, _N, _T, _T, _T, _N, "0.32.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _N),
-        ("0.33.0", _S, 1, _N, _T, _T, _T, _T, _T, _T, "0.32.0", _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T),
-    )
-)
-assert RELEASES[-1][1] == replace(ReleaseFeatures(), release="0.33.0")  # the dataclass defaults are 0.33
+_L, _F, _FS = Variant.LEGACY, Variant.FIXED, Variant.FIXED_SYNC
 
-# The release of each minor version a campaign traces (``kvbound campaign --vllm A..B``):
-# the newest patch release of that minor on PyPI when it was pinned. 0.21 is the first with
-# a hybrid-capable offloading connector that kvbound drives (docs/trace.md).
-CAMPAIGN_RELEASES = ("0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.0", "0.28.0",
-                     "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
+# A column whose value changes: column -> ((first release, value from it on, where it was read), ...).
+STEPS: dict[str, tuple] = {
+    "variant": (
+        ("0.20.0", _L, "the load-start scan from 0, then `assert N <= start * b`"),
+        ("0.30.0", _F, "the scan from cdiv(N, b), then `assert N % b == 0`"),
+        ("0.33.0", _FS, "as fixed; a sync load matches any non-null block by position"),
+    ),
+    "window_slack": (
+        ("0.20.0", None, "no window assert"),
+        ("0.21.0", 0, "the window assert `pending <= window * bpc`"),
+        ("0.27.0", 1, "`pending <= window * bpc + 1`"),
+    ),
+    "keys_every_group": (
+        ("0.20.0", True, "every group's keys are checked, pending blocks or not"),
+        ("0.28.0", False, "keys checked only where blocks are pending"),
+    ),
+    # the allocator (None: not modelled; the model covers 0.28 on)
+    "allocator_relocation": (
+        ("0.20.0", None, "not modelled"),
+        ("0.28.0", "skipped", "_relocate_speculative_block moves the blocks below the skipped blocks"),
+        ("0.30.0", "no-checkpoint", "only on a step without a checkpoint block"),
+        ("0.32.0", "below-checkpoint", "below skipped - checkpoint (0.33 changes only the checkpoint position's "
+                                       "arguments, which the model leaves free)"),
+    ),
+    "allocator_checkpoint_keeps_count": (
+        ("0.20.0", False, "no such step"),
+        ("0.30.0", True, "a running request's checkpoint step keeps the uncapped count"),
+        ("0.31.0", False, "the cap is a min"),
+    ),
+    "allocator_spec_blocks_with_checkpoint": (
+        ("0.20.0", False, "no such step"),
+        ("0.30.0", True, "a running request's checkpoint step also adds num_speculative_blocks"),
+        ("0.32.0", False, "num_speculative_blocks no longer added on checkpoint steps"),
+    ),
+}
 
-# What ``plan_load(case, variant)`` models when no release is named: the variant's last release.
-REPRESENTATIVE = {Variant.LEGACY: "0.29.0", Variant.FIXED: "0.32.0", Variant.FIXED_SYNC: "0.33.0"}
+_ALLOCATOR_COLUMNS = tuple(f.name for f in fields(ReleaseFeatures) if f.name.startswith("allocator_"))
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
@@ -99,21 +142,153 @@ def parse_version(version: str) -> tuple[int, int, int]:
     return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 
 
+def _value(column: str, release: str):
+    if column in ARRIVALS:
+        return parse_version(release) >= parse_version(ARRIVALS[column][0])
+    value = None
+    for first, v, _ in STEPS[column]:
+        if parse_version(first) <= parse_version(release):
+            value = v
+    return value
+
+
+def _rows() -> tuple:
+    firsts = {first for first, _ in ARRIVALS.values()} | {s[0] for steps in STEPS.values() for s in steps}
+    out, code = [], None
+    for r in sorted(firsts, key=parse_version):
+        row = ReleaseFeatures(**{c: _value(c, r) for c in (*ARRIVALS, *STEPS)}, release=r)
+        if row.allocator_relocation is None:
+            code = None
+        elif code is None or any(getattr(row, c) != getattr(out[-1], c) for c in _ALLOCATOR_COLUMNS):
+            code = r
+        out.append(replace(row, allocator=code))
+    return tuple(out)
+
+
+assert set(ARRIVALS) | set(STEPS) | {"allocator", "release"} == {f.name for f in fields(ReleaseFeatures)}
+RELEASES: tuple[ReleaseFeatures, ...] = _rows()
+LATEST = RELEASES[-1].release  # the newest release the table knows
+assert RELEASES[-1] == replace(ReleaseFeatures(), release=LATEST)  # the dataclass defaults are the latest row
+
+# The release of each minor version a campaign traces (``kvbound campaign --vllm A..B``):
+# the newest patch release of that minor on PyPI when it was pinned. 0.21 is the first with
+# a hybrid-capable offloading connector that kvbound drives (docs/trace.md).
+CAMPAIGN_RELEASES = ("0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.0", "0.28.0",
+                     "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
+_ROW_RELEASES = tuple(f.release for f in RELEASES)
+_ROW_KEYS = tuple((parse_version(f.release), f) for f in RELEASES)
+
+
+def _minor(release: str) -> str:
+    """How a message names a release's minor version: 0.28.0 -> 0.28."""
+    return "%d.%d" % parse_version(release)[:2]
+
+
+def arrived(column: str) -> str:
+    """The minor version a behaviour of ``ARRIVALS`` arrived in, as messages name it (0.28)."""
+    return _minor(ARRIVALS[column][0])
+
+
+@lru_cache(maxsize=None)
 def release_features(version: str) -> ReleaseFeatures:
     """The row of ``RELEASES`` that ``version`` runs. Pre-releases map by their base."""
-    major, minor, _ = parse_version(version)
-    if (major, minor) < (0, 19):
-        raise UnsupportedVersion(f"vLLM {version} has no offloading connector scheduler (it arrived in 0.19)")
-    if (major, minor) < (0, 20):
+    v = parse_version(version)
+    if v[:2] < parse_version(_CONNECTOR_FIRST)[:2]:
+        raise UnsupportedVersion(f"vLLM {version} has no offloading connector scheduler (it arrived in "
+                                 f"{_minor(_CONNECTOR_FIRST)})")
+    if v[:2] < _ROW_KEYS[0][0][:2]:
         raise UnsupportedVersion(
-            f"vLLM {version} counts hashed blocks of group 0 only (no scan); kvbound models 0.20 and later"
+            f"vLLM {version} counts hashed blocks of group 0 only (no scan); kvbound models"
+            f" {_minor(RELEASES[0].release)} and later"
         )
-    row = RELEASES[0][1]
-    for first, feats in RELEASES:
-        if (major, minor) >= first:
-            row = feats
-    return row
+    return [f for key, f in _ROW_KEYS if key[:2] <= v[:2]][-1]
 
+
+def first_release(test: Callable[[ReleaseFeatures], object]) -> str:
+    """The first row of ``RELEASES`` that passes ``test``."""
+    return next(f.release for f in RELEASES if test(f))
+
+
+def last_release(test: Callable[[ReleaseFeatures], object]) -> str:
+    """The last row of ``RELEASES`` that passes ``test``."""
+    return [f.release for f in RELEASES if test(f)][-1]
+
+
+# What ``plan_load(case, variant)`` models when no release is named: the variant's last release.
+REPRESENTATIVE = {v: last_release(lambda f, v=v: f.variant is v) for v in Variant}
+
+
+# --- release order ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Span:
+    """A run of releases the table knows (rows or campaign releases), ``first`` to ``last``
+    inclusive; ``str`` prints it as the docs do: ``0.28.0 – 0.33.0`` (one release: ``0.33.0``)."""
+
+    first: str
+    last: str = ""  # default: ``first``
+
+    def __post_init__(self):
+        if not self.last:
+            object.__setattr__(self, "last", self.first)
+        for r in (self.first, self.last):
+            if r not in _ROW_RELEASES and r not in CAMPAIGN_RELEASES:
+                raise ValueError(f"vLLM {r} is neither a row of RELEASES nor a campaign release")
+        if parse_version(self.first) > parse_version(self.last):
+            raise ValueError(f"releases {self.first} – {self.last} run backwards")
+
+    @property
+    def features(self) -> ReleaseFeatures:
+        """The row its first release runs."""
+        return release_features(self.first)
+
+    def __str__(self) -> str:
+        return self.first if self.first == self.last else f"{self.first} – {self.last}"
+
+
+def between(lo: str, hi: str, among=CAMPAIGN_RELEASES) -> list[str]:
+    """The releases of ``among`` from ``lo`` to ``hi`` inclusive, in release order."""
+    a, b = parse_version(lo), parse_version(hi)
+    return sorted((r for r in among if a <= parse_version(r) <= b), key=parse_version)
+
+
+def spans(columns, among=_ROW_RELEASES) -> list[Span]:
+    """The maximal runs of ``among`` (in release order) over which ``columns`` each hold one value."""
+    out, key = [], None
+    for r in sorted(among, key=parse_version):
+        k = tuple(getattr(release_features(r), c) for c in columns)
+        if out and k == key:
+            out[-1] = Span(out[-1].first, r)
+        else:
+            out.append(Span(r))
+        key = k
+    return out
+
+
+def expand_releases(specs: list) -> list:
+    """``--vllm`` values: a release (0.29.0), a range (0.21.0..0.33.0: every release of
+    ``CAMPAIGN_RELEASES`` between them, inclusive), or a comma list."""
+    out = []
+    for spec in specs:
+        for part in (p.strip() for p in spec.split(",")):
+            if not part:
+                continue
+            if ".." in part:
+                lo, _, hi = part.partition("..")
+                if parse_version(lo) > parse_version(hi):
+                    raise UsageError(f"--vllm {part}: the range runs backwards ({lo} > {hi})")
+                got = between(lo, hi)
+                if not got:
+                    raise UsageError(f"--vllm {part}: no release of the campaign list lies in it"
+                                     f" ({', '.join(CAMPAIGN_RELEASES)})")
+                out += got
+            else:
+                parse_version(part)
+                out.append(part)
+    return list(dict.fromkeys(out))
+
+
+# --- what a release runs ---------------------------------------------------------------
 
 def variant_for_version(version: str) -> Variant:
     """0.20-0.29 legacy; 0.30-0.32 fixed; 0.33+ fixed-sync."""
@@ -145,25 +320,17 @@ def unsupported_reason(case: Case, feats: ReleaseFeatures) -> str | None:
     if not feats.group_subsets and not all(g.config.offloaded for g in case.groups):
         off = next(i for i, g in enumerate(case.groups) if not g.config.offloaded)
         return (f"{r} offloads every KV-cache group and pairs its configs with blocks.blocks by position"
-                f" (group {off} is not offloaded; group subsets arrived in 0.30)")
+                f" (group {off} is not offloaded; group subsets arrived in {arrived('group_subsets')})")
     if not feats.extra_retained_tokens:
         for i, g in enumerate(case.groups):
             if g.config.extra_retained_tokens:
                 return (f"{r} has no SlidingWindowSpec.extra_retained_tokens (group {i} retains"
-                        f" {g.config.extra_retained_tokens}; the field arrived in 0.28)")
+                        f" {g.config.extra_retained_tokens}; the field arrived in {arrived('extra_retained_tokens')})")
     if case.partial_tail_boundary is not None:
         if not feats.partial_tails:
-            return f"{r} has no partial tails (partial_tail_boundary arrived in 0.28)"
+            return f"{r} has no partial tails (partial_tail_boundary arrived in {arrived('partial_tails')})"
         if not feats.eagle_partial_tails:
             why = case.partial_tail_refusal(eagle_groups_allowed=False)
             if why is not None:
                 return f"{r}: supports_partial_tail is False: {why}"
     return None
-
-
-def plan_for_version(case, version: str, asserts: bool = True):
-    """The spec's plan of ``case`` as vLLM ``version`` computes it."""
-    from .plan import plan_load
-
-    feats = release_features(version)
-    return plan_load(case, feats.variant, asserts, feats)

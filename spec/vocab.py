@@ -200,7 +200,17 @@ class ReleaseFeatures:
     group_subsets: bool = True  # 0.30+: configs carry group_idx, tables are blocks.blocks[group_idx]
     sync_loads: bool = True  # 0.33+: the offloading connector may load synchronously (load_kv_async False)
     allocator: str | None = "0.32.0"  # the KV-cache allocator code it runs (MambaManager align mode), by the
-    # first release of that code; None before 0.28 (not modelled). proofs/allocator.py reads it.
+    # first release of that code; None before 0.28 (not modelled). Derived from the allocator_* columns,
+    # which say what that code does (proofs/allocator.py reads them):
+    allocator_relocation: str | None = "below-checkpoint"  # a running request's speculative blocks are
+    # relocated: "skipped" (idx < skipped blocks; 0.28-0.29), "no-checkpoint" (only without a checkpoint;
+    # 0.30-0.31), "below-checkpoint" (idx < skipped - checkpoint; 0.32+); None: not modelled (before 0.28)
+    allocator_checkpoints: bool = True  # 0.29+: a prefill checkpoint block (_needs_internal_checkpoint)
+    allocator_checkpoint_keeps_count: bool = False  # 0.30 only: a checkpoint step keeps the uncapped count
+    allocator_spec_blocks_with_checkpoint: bool = False  # 0.30-0.31: a checkpoint step adds num_speculative_blocks
+    allocator_early_return_needs_no_checkpoint: bool = True  # 0.30+: allocate_new_blocks returns [] only without one
+    allocator_new_blocks_clamped: bool = True  # 0.30+: num_new_blocks = max(num_required_blocks - len(req_blocks), 0)
+    allocator_cap_is_min: bool = True  # 0.31+: min(num_new_blocks, physical_block_cap); before, the cap
     # What an engine of the release can be built with (kvbound trace's layouts need them):
     mamba_external_kv: bool = True  # 0.23+: the scheduler takes external (connector) tokens for Mamba
     schedule_end_hook: bool = True  # 0.23+: OffloadingManager.on_schedule_end
@@ -216,6 +226,11 @@ class ReleaseFeatures:
     lookup_eagle_widens_every_group: bool = True  # 0.30+: EAGLE widening for every group (#52735)
     lookup_load_window: bool = True  # 0.30+: load_window_size_in_chunks widens the first window
     lookup_partial_tail_bridge: bool = True  # 0.33+: the bridge chunk; two blocks with a proof margin
+    # the store (_build_store_jobs; spec/store.py):
+    next_stored_chunk_idx: bool = True  # 0.26+: RequestGroupState.next_stored_chunk_idx (the store spec's model)
+    store_aborted_at_computed: bool = True  # 0.27+: an aborted request stores up to num_computed_tokens
+    store_caps_at_allocated: bool = True  # 0.27+: storable_chunks <= allocated chunks (0.26: an assert)
+    store_finished_clamp: bool = True  # 0.30+: a finished request stores up to max(prompt, num_tokens - 1)
     release: str = "0.33.0"  # the release these facts were read from (for reasons)
 
 

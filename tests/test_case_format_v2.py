@@ -10,7 +10,6 @@ import json
 import pytest
 
 from kvbound.spec import (
-    RELEASES,
     AssertName,
     CaseError,
     Variant,
@@ -177,15 +176,6 @@ def test_resumed_request_has_keys_for_every_token():
     assert plan_load(case, Variant.FIXED_SYNC).assertion.name is AssertName.KEYS_LENGTH
     resumed = case_from_dict({**d, "num_tokens": 64})
     assert plan_load(resumed, Variant.FIXED_SYNC).ok
-
-
-def test_release_table_rows_are_ordered_and_end_at_the_defaults():
-    firsts = [r[0] for r in RELEASES]
-    assert firsts == sorted(firsts) and firsts[0] == (0, 20)
-    assert release_features("0.33.0").eagle_partial_tails and not release_features("0.32.0").eagle_partial_tails
-    assert release_features("0.28.0").partial_tails and not release_features("0.27.0").partial_tails
-    assert release_features("0.30.0").group_subsets and not release_features("0.29.0").group_subsets
-    assert release_features("0.31.0").window_counts_retained and not release_features("0.30.0").window_counts_retained
 
 
 # --- every new bad-input class, message checked -------------------------------------------

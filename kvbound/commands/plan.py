@@ -6,6 +6,7 @@ import json
 
 from kvbound.spec import Variant, plan_for_version, plan_load
 from kvbound.spec.lookup import LookupCase, load_any_case_paths, lookup_for_version
+from kvbound.spec.versions import LATEST
 
 from . import add_variant_args, selected_variants
 
@@ -33,7 +34,7 @@ def run(args) -> int:
     (variant,) = selected_variants(args, default=(Variant.FIXED_SYNC,))
     for case in load_any_case_paths(args.cases):
         if isinstance(case, LookupCase):
-            version = args.vllm_version or case.release or "0.33.0"
+            version = args.vllm_version or case.release or LATEST
             line = lookup_for_version(case, version).to_json(case.name)
             line["vllm_version"] = version
             print(json.dumps(line), flush=True)

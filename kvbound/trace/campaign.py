@@ -260,24 +260,6 @@ def merge(columns: list, results: list) -> dict:
 def expand_releases(specs: list) -> list:
     """``--vllm`` values: a release (0.29.0), a range (0.21.0..0.33.0: every release of
     ``kvbound.spec.versions.CAMPAIGN_RELEASES`` between them, inclusive), or a comma list."""
-    from kvbound.spec.versions import CAMPAIGN_RELEASES, parse_version
+    from kvbound.spec.versions import expand_releases as expand
 
-    out = []
-    for spec in specs:
-        for part in (p.strip() for p in spec.split(",")):
-            if not part:
-                continue
-            if ".." in part:
-                lo, _, hi = part.partition("..")
-                a, b = parse_version(lo), parse_version(hi)
-                if a > b:
-                    raise UsageError(f"--vllm {part}: the range runs backwards ({lo} > {hi})")
-                got = [v for v in CAMPAIGN_RELEASES if a <= parse_version(v) <= b]
-                if not got:
-                    raise UsageError(f"--vllm {part}: no release of the campaign list lies in it"
-                                     f" ({', '.join(CAMPAIGN_RELEASES)})")
-                out += got
-            else:
-                parse_version(part)
-                out.append(part)
-    return list(dict.fromkeys(out))
+    return expand(specs)

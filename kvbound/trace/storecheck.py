@@ -29,7 +29,7 @@ def judge_store_calls(release: str, job: dict, res: dict) -> tuple[list[dict], i
     lay, par = job["layout"], job["params"]
     tpc = lay["groups"][0]["tokens_per_block"] * lay.get("blocks_per_chunk", 1)
     prompt_only = bool(par.get("offload_prompt_only", True))
-    caps = store_features(release).caps_at_allocated
+    caps = store_features(release).store_caps_at_allocated
     bad, judged = [], 0
     for step, rid, status, P, T, C, S, mot, alloc, before, after, refused in calls:
         if refused:
