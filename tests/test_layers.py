@@ -31,10 +31,10 @@ LEAF = "kvbound.errors"  # the errors every layer raises: it imports nothing of 
 LAYERS = ("kvbound.spec", "kvbound.proofs", "kvbound.impl")
 # what each layer may import of kvbound besides itself and the leaf
 MAY_IMPORT = {"kvbound.spec": (), "kvbound.proofs": ("kvbound.spec",), "kvbound.impl": ("kvbound.spec",)}
-# What another helper of issue 22 is removing on its branch now: kvbound/side/ ends the engine's import
-# of the host's layouts. Each must still be found here, so the branch that removes one deletes its line
-# and nothing else hides behind it.
-PENDING_CIRCLES = []
+# What is still being removed: kvbound/side/ ends the engine's import of the host's layouts. Each
+# must still be found here, so the change that removes one deletes its line and nothing else hides
+# behind it.
+PENDING_CIRCLES: list = []
 PENDING_VIOLATIONS = [("kvbound.trace.engine", "kvbound.trace.layouts")]
 
 
