@@ -113,7 +113,9 @@ def entry(result) -> str:
 
 
 def premises_section() -> str:
-    from kvbound.proofs.premises import ALLOCATION_PREMISES, PREMISES, STORE_PREMISES
+    from kvbound.proofs.allocation_premises import ALLOCATION_PREMISES
+    from kvbound.proofs.premises import PREMISES
+    from kvbound.proofs.store_premises import STORE_PREMISES
 
     out = ["# Premises", "",
            "What the obligations assume about the inputs, each read from vLLM's source. Every premise of a load "

@@ -3,8 +3,8 @@
 Per manager kind and per allocator code (``allocator``, the model of what each reserves and
 takes): ``taken ≤ reserved`` (and the manager's own ``assert num_new_blocks <= max_new_blocks``
 holds) on a request's first call and on the running call after it, under the allocation
-premises (``premises.ALLOCATION_PREMISES``). Refuted for 0.33's sync connector load on a Mamba
-(align) group, proved for the rest. The model is held to the real allocator, not the spec:
+premises (``allocation_premises.ALLOCATION_PREMISES``). Refuted for 0.33's sync connector load on
+a Mamba (align) group, proved for the rest. The model is held to the real allocator, not the spec:
 tests/test_reservation.py replays calls on a release's ``KVCacheManager``.
 """
 
@@ -19,7 +19,7 @@ from kvbound.spec.verdicts import Verdict
 from kvbound.spec.versions import LATEST, Span, first_release, last_release, spans
 
 from .allocator import AllocCalls, Calls, allocator_code, calls, holds
-from .premises import ALLOCATION_BY_ID
+from .allocation_premises import ALLOCATION_BY_ID
 from .problem import Bound, Obligation, Problem
 from .terms import AND, NOT
 

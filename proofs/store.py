@@ -4,8 +4,8 @@ One obligation per (run of releases over which the store columns of ``RELEASES``
 ``offload_prompt_only``), over unbounded integers: a request with ``P >= 1`` prompt tokens
 and ``T = P + O`` tokens (``O >= 0``), ``C`` computed, ``S`` scheduled this step, ``A`` GPU
 blocks allocated, ``B`` tokens per block (one block per chunk; the claim is per full-attention
-group, groups carry no state between them). The premises (``premises.STORE_PREMISES``, each
-read from vLLM) say what the scheduler and the allocator hand ``_build_store_jobs``.
+group, groups carry no state between them). The premises (``store_premises.STORE_PREMISES``,
+each read from vLLM) say what the scheduler and the allocator hand ``_build_store_jobs``.
 
 Claim: the stored chunks, ``min(horizon // B, A)`` of them (``storable_chunks``), end at or
 before ``computed`` (``spec.store.computed_tokens``): ``min(horizon // B, A) * B <= computed``.
@@ -23,7 +23,7 @@ from kvbound.spec.store import (ABORTED, FINISHED, RUNNING, STORE_COLUMNS, compu
 from kvbound.spec.verdicts import Verdict
 from kvbound.spec.versions import spans
 
-from .premises import STORE_BY_ID, StoreTerms
+from .store_premises import STORE_BY_ID, StoreTerms
 from .problem import Bound, Obligation, Problem
 from .witnesses import StoreWitness
 

@@ -23,7 +23,7 @@ import pytest
 
 from conftest import ROOT, release_env_for
 from kvbound.proofs.allocator import AllocCalls
-from kvbound.proofs.premises import ALLOCATION_PREMISES
+from kvbound.proofs.allocation_premises import ALLOCATION_PREMISES
 from kvbound.proofs.reservation import OBLIGATIONS, ReservationWorld
 from kvbound.proofs.runner import run_obligation
 from kvbound.spec import GroupKind
