@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import z3
 
-from kvbound.spec.lookup import Answer, LookupCase, LookupGroup, default_lookup_groups, lookup_for_version
+from kvbound.spec.lookup import lookup_for_version
+from kvbound.spec.lookup_case import Answer, LookupCase, LookupGroup, default_lookup_groups
 from kvbound.spec.lookup_contract import check_lookup
 from kvbound.spec.verdicts import Verdict
 from kvbound.spec.versions import CAMPAIGN_RELEASES, release_features, spans

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from kvbound.spec import Case, case_from_dict, case_to_dict
-from kvbound.spec.lookup import LookupCase, lookup_case_from_dict, lookup_case_to_dict, lookup_for_version
+from kvbound.spec.lookup import lookup_for_version
+from kvbound.spec.lookup_case import LookupCase, lookup_case_from_dict, lookup_case_to_dict
 
 from .allocator import AllocCalls
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .lookup import Answer, LookupCase, load_window_size_in_chunks, round_down
+from .lookup import load_window_size_in_chunks, round_down
+from .lookup_case import Answer, LookupCase
 from .vocab import ReleaseFeatures, cdiv
 
 READY = frozenset({Answer.HIT})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from typing import Iterator
 
-from .lookup import Answer, LookupCase, LookupGroup, default_lookup_groups
+from .lookup_case import Answer, LookupCase, LookupGroup, default_lookup_groups
 from .vocab import cdiv
 
 LOOKUP_FAMILIES = ("lookup/full", "lookup/swa", "lookup/mamba", "lookup/eagle")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvbound.spec.lookup import lookup_case_from_dict, lookup_case_to_dict, lookup_for_version
+from kvbound.spec.lookup import lookup_for_version
+from kvbound.spec.lookup_case import lookup_case_from_dict, lookup_case_to_dict
 from kvbound.spec.lookup_contract import check_lookup
 from kvbound.spec.versions import release_features
 from kvbound.trace import runner as R

@@ -18,7 +18,7 @@ from kvbound.draw import draw_case
 from kvbound.spec.strategies import ADVERSARIAL_FAMILIES
 from kvbound.records import ConformCase, ConformRecord
 from kvbound.spec import Case, case_to_dict, load_case_paths, plan_for_version, variant_for_version
-from kvbound.spec.lookup import LookupCase, lookup_case_to_dict
+from kvbound.spec.lookup_case import LookupCase, lookup_case_to_dict
 from kvbound.spec.verdicts import CONFORM_VERDICTS
 
 
@@ -71,7 +71,7 @@ def gather(args) -> list[tuple[Case, str, str]]:
     if args.paths:
         from kvbound.spec.strategies import family_of
 
-        from kvbound.spec.lookup import LookupCase, load_any_case_paths
+        from kvbound.spec.lookup_case import LookupCase, load_any_case_paths
 
         items += [(c, "file", "lookup" if isinstance(c, LookupCase) else family_of(c))
                   for c in load_any_case_paths(args.paths)]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from kvbound.spec import Variant, plan_for_version, plan_load
-from kvbound.spec.lookup import LookupCase, load_any_case_paths, lookup_for_version
+from kvbound.spec.lookup import lookup_for_version
+from kvbound.spec.lookup_case import LookupCase, load_any_case_paths
 from kvbound.spec.versions import LATEST
 
 from . import add_variant_args, selected_variants

@@ -155,7 +155,7 @@ def run_release(env: ReleaseEnv, cases: list, progress=None) -> tuple[dict, list
 
 
 def _case_dict(case) -> dict:
-    from kvbound.spec.lookup import LookupCase, lookup_case_to_dict
+    from kvbound.spec.lookup_case import LookupCase, lookup_case_to_dict
 
     return lookup_case_to_dict(case) if isinstance(case, LookupCase) else case_to_dict(case)
 

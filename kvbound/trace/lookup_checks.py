@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvbound.spec.lookup import Answer, get_num_new_matched_tokens, lookup_case_from_dict
+from kvbound.spec.lookup import get_num_new_matched_tokens
+from kvbound.spec.lookup_case import Answer, lookup_case_from_dict
 from kvbound.spec.lookup_contract import check_lookup
 from kvbound.spec.versions import release_features
 
