@@ -12,7 +12,8 @@ import warnings
 # torch warns at import when numpy is absent; kvbound never hands tensors to numpy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from .batch import BatchError, PlanBatch, batch_from_cases, cases_from_batch, concat_batches, resolve_device
+from .batch import BatchError, PlanBatch, concat_batches, resolve_device
+from .convert import batch_from_cases, cases_from_batch
 from .differential import (CaseChunk, DiffStats, Disagreement, SpecSide, Timings, agrees_with_spec, diff_against_spec,
                            mismatched_rows, record, run_differential, spec_side)
 from .cells import Cells, real_cells

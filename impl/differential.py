@@ -19,7 +19,8 @@ from kvbound.spec import Case, LoadPlan, Variant, plan_load
 
 from kvbound.spec import KIND_CODES
 
-from .batch import PlanBatch, batch_from_cases, cases_from_batch
+from .batch import PlanBatch
+from .convert import batch_from_cases, cases_from_batch
 from kvbound.spec.asserts import ASSERT_CODE
 
 from .plan import (ASSERTION_VALUE_FIELDS, CODE_UNSUPPORTED, GROUP_FIELDS, NO_KEY, plan_fields,

@@ -26,7 +26,8 @@ from kvbound.spec import Case, GroupKind
 
 from kvbound.spec import KIND_CODES, STATE_H, STATE_N, STATE_U
 
-from .batch import PlanBatch, cases_from_batch, resolve_device
+from .batch import PlanBatch, resolve_device
+from .convert import cases_from_batch
 
 _KIND_LETTERS = {"F": GroupKind.FULL_ATTENTION, "S": GroupKind.SLIDING_WINDOW, "C": GroupKind.CHUNKED_LOCAL,
                  "M": GroupKind.MAMBA}

@@ -35,7 +35,8 @@ from kvbound.spec.strategies import ADVERSARIAL_MUTATIONS, FAMILIES, MAX_TABLE
 
 from kvbound.spec import KIND_CHUNKED, KIND_CODES, KIND_FULL, KIND_MAMBA, KIND_SLIDING, STATE_H, STATE_N, STATE_U
 
-from .batch import PlanBatch, cases_from_batch, cdiv, pack_states, resolve_device
+from .batch import PlanBatch, cdiv, pack_states, resolve_device
+from .convert import cases_from_batch
 
 FAMILY_CODES = {f: i for i, f in enumerate(FAMILIES)}
 _REALISTIC, _RECURRENT, _ADVERSARIAL = (FAMILY_CODES[f] for f in ("realistic", "recurrent_state", "adversarial"))
