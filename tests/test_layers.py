@@ -10,7 +10,10 @@ under ``if`` or ``try``), parsed with ``ast`` from the installed packages' sourc
 * the side (what runs in a release's venv, loaded there by path: ``SIDE``) imports nothing
   of kvbound but its own side siblings.
 
-The planted tests at the end show each rule fails on a graph that breaks it.
+The same sources are held to two sizes: no module over ``MAX_MODULE_LINES`` lines and no class
+over ``MAX_CLASS_LINES`` (a module that outgrows them holds more than one idea).
+
+The planted tests at the end show each rule fails on a graph (or a source) that breaks it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,19 @@ MAY_IMPORT = {"kvbound.spec": (), "kvbound.proofs": ("kvbound.spec",), "kvbound.
 # behind it.
 PENDING_CIRCLES: list = []
 PENDING_VIOLATIONS = [("kvbound.trace.engine", "kvbound.trace.layouts")]
+
+MAX_MODULE_LINES = 500
+MAX_CLASS_LINES = 250
+# What is still over a size on main, (module, "module" or "class NAME") -> the change that removes it.
+# Each must still be found, so that change deletes its lines here and nothing else hides behind them.
+PENDING_OVERSIZED = {
+    ("kvbound.conform.worker", "module"): "issue 22 item 2 (r22-side): the workers move into kvbound/side/, "
+                                          "what they copy of vLLM's boot into one adapter",
+    ("kvbound.conform.worker", "class Release"): "issue 22 item 2 (r22-side), as above",
+    ("kvbound.trace.shadow", "module"): "issue 22 item 3 (r22-side): ShadowKV becomes the content model, "
+                                        "the tier's transfers and the store contract",
+    ("kvbound.trace.shadow", "class ShadowKV"): "issue 22 item 3 (r22-side), as above",
+}
 
 
 def _within(name: str, package: str) -> bool:
@@ -139,6 +155,27 @@ def test_every_import_points_down_the_layers():
     assert [(m, d) for m, d, _ in layer_violations(graph)] == PENDING_VIOLATIONS
 
 
+def oversized(sources: dict) -> list:
+    """(module, "module" or "class NAME", its lines) for each module over MAX_MODULE_LINES and each
+    class (nested ones included) over MAX_CLASS_LINES, in module order."""
+    out = []
+    for name, text in sorted(sources.items()):
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            out.append((name, "module", lines))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                out.append((name, f"class {node.name}", node.end_lineno - node.lineno + 1))
+    return out
+
+
+def test_no_module_over_500_lines_and_no_class_over_250():
+    sources = installed_sources()
+    for package in (*LAYERS, "kvbound.commands", SIDE_PACKAGE):  # every tree is read, the side's too
+        assert any(_within(name, package) and name != package for name in sources), package
+    assert [(m, what) for m, what, _ in oversized(sources)] == list(PENDING_OVERSIZED), oversized(sources)
+
+
 # --- the rules fail where they should ------------------------------------------------------------
 
 def _planted(sources: dict, module: str, line: str) -> dict:
@@ -187,3 +224,23 @@ def test_an_import_against_the_layers_fails():
     for module, line in [("kvbound.trace.engine", "from . import fakes"), ("kvbound.impl.plan", "from kvbound.spec import cdiv"),
                          ("kvbound.proofs.terms", "from kvbound.errors import CaseError")]:
         assert layer_violations(import_graph(_planted(sources, module, line))) == before
+
+
+def test_an_oversized_module_or_class_fails():
+    """A module padded to the bound passes and one line more fails; so does a class."""
+    sources = installed_sources()
+    before = oversized(sources)
+    module = "kvbound.spec.vocab"
+    text = sources[module]
+    pad = MAX_MODULE_LINES - len(text.splitlines())
+    assert pad > 0
+    for extra, want in ((0, []), (1, [(module, "module", MAX_MODULE_LINES + 1)])):
+        planted = {**sources, module: text + "#\n" * (pad + extra)}
+        assert [v for v in oversized(planted) if v not in before] == want
+    # a class of a module of its own (well under the module bound), and one nested in a function
+    planted_module = "kvbound.spec.planted"
+    for body, want in ((MAX_CLASS_LINES - 1, []), (MAX_CLASS_LINES, [(planted_module, "class Planted", MAX_CLASS_LINES + 1)])):
+        planted = {**sources, planted_module: "class Planted:\n" + "    x = 0\n" * body}
+        assert [v for v in oversized(planted) if v not in before] == want
+    nested = "def f():\n    class Inner:\n" + "        x = 0\n" * MAX_CLASS_LINES
+    assert oversized({planted_module: nested}) == [(planted_module, "class Inner", MAX_CLASS_LINES + 1)]
