@@ -18,6 +18,10 @@ capture.py``, the trace harness) can so be checked against what the proofs assum
 
 Premises hold at a load only (``num_external_tokens > 0``: with M = 0 vLLM returns
 before planning), so ``evaluate`` reports nothing for M = 0.
+
+The premises of other calls state theirs the same way (``Stated``, ``source``), over their own
+terms: a pair of allocate_slots calls (``allocation_premises``), one ``_build_store_jobs`` call
+(``store_premises``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from .terms import AND, CDIV, FLOORDIV, IF, IMPLIES, MAX, OR
 
 ALL_KINDS = frozenset(GroupKind)
 
-# Source trees the lines below were read in (``~/.cache/kvbound/vllm-X/vllm/``), and their files.
+# Source trees every premise's lines were read in (``~/.cache/kvbound/vllm-X/vllm/``), and their files.
 V26, V28, V29, V30, V32, V33 = "vllm 0.26.0", "vllm 0.28.0", "vllm 0.29.0", "vllm 0.30.0", "vllm 0.32.0", "vllm 0.33.0"
 STM = "v1/core/single_type_kv_cache_manager.py"
 KVM = "v1/core/kv_cache_manager.py"
