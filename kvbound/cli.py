@@ -18,8 +18,8 @@ import sys
 from kvbound import __version__
 from kvbound.errors import EXIT_OK, KvboundError
 
-# Each name is a module kvbound.commands.<name> with register(subparsers) -> parser
-# (which sets ``func``); order is the order ``kvbound --help`` lists them.
+# Each name is a module kvbound.commands.<name> with register(subparsers) -> parser and
+# run(args) -> exit code; order is the order ``kvbound --help`` lists them.
 COMMANDS = ["plan", "explain", "prove", "premises", "report", "catalogue", "conform", "diff", "bench", "trace", "campaign"]
 
 
@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
-        importlib.import_module(f"kvbound.commands.{name}").register(sub)
+        command = importlib.import_module(f"kvbound.commands.{name}")
+        command.register(sub).set_defaults(func=command.run)
     return p
 
 

@@ -17,36 +17,30 @@ def concrete(*xs) -> bool:
     return all(isinstance(x, (int, bool)) for x in xs)
 
 
-def AND(*xs):
+def _fold(xs, unit: bool, op: str, z3_op):
+    """``xs`` joined by ``op`` (``and`` with unit True, ``or`` with unit False): the
+    absorbing constant ends it, the unit drops out, one term stands alone."""
     terms = []
     for x in xs:
-        if x is False:
-            return False
-        if x is not True:
+        if x is (not unit):
+            return not unit
+        if x is not unit:
             terms.append(x)
     if not terms:
-        return True
+        return unit
     if len(terms) == 1:
         return terms[0]
     if isinstance(terms[0], Sx):
-        return Sx(f"(and {' '.join(_lit(t) for t in terms)})")
-    return z3.And(*terms)
+        return Sx(f"({op} {' '.join(_lit(t) for t in terms)})")
+    return z3_op(*terms)
+
+
+def AND(*xs):
+    return _fold(xs, True, "and", z3.And)
 
 
 def OR(*xs):
-    terms = []
-    for x in xs:
-        if x is True:
-            return True
-        if x is not False:
-            terms.append(x)
-    if not terms:
-        return False
-    if len(terms) == 1:
-        return terms[0]
-    if isinstance(terms[0], Sx):
-        return Sx(f"(or {' '.join(_lit(t) for t in terms)})")
-    return z3.Or(*terms)
+    return _fold(xs, False, "or", z3.Or)
 
 
 def NOT(x):

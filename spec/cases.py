@@ -170,36 +170,35 @@ def case_to_dict(case: Case) -> dict:
     return out
 
 
-def load_cases(path: str | Path) -> list[Case]:
-    """A ``.json`` file (one case, or a list) or a ``.jsonl`` file (one case per line)."""
+def load_cases(path: str | Path, parse=case_from_dict) -> list[Case]:
+    """A ``.json`` file (one case, or a list) or a ``.jsonl`` file (one case per line),
+    each case read by ``parse(dict, where)`` (a lookup case: ``spec.lookup``)."""
     p = Path(path)
     if not p.exists():
         raise CaseError(str(p), "(file)", "no such file")
     text = p.read_text()
     if p.suffix == ".jsonl":
-        out = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                out.append(case_from_dict(_loads(line, f"{p}:{n}"), f"{p}:{n}"))
-        return out
+        return [parse(_loads(line, f"{p}:{n}"), f"{p}:{n}")
+                for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if p.suffix != ".json":
         raise CaseError(str(p), "(file)", "a case file ends in .json or .jsonl")
     data = _loads(text, str(p))
     if isinstance(data, list):
-        return [case_from_dict(d, f"{p}[{i}]") for i, d in enumerate(data)]
-    return [case_from_dict(data, str(p))]
+        return [parse(d, f"{p}[{i}]") for i, d in enumerate(data)]
+    return [parse(data, str(p))]
 
 
-def load_case_paths(paths) -> list[Case]:
-    """Files and directories (every .json/.jsonl inside, sorted) into one list."""
+def load_case_paths(paths, parse=case_from_dict) -> list[Case]:
+    """Files and directories (every .json/.jsonl inside, sorted) into one list, each case
+    read by ``parse`` as in ``load_cases``."""
     out: list[Case] = []
     for path in paths:
         p = Path(path)
         if p.is_dir():
             for f in sorted(list(p.rglob("*.json")) + list(p.rglob("*.jsonl"))):
-                out.extend(load_cases(f))
+                out.extend(load_cases(f, parse))
         else:
-            out.extend(load_cases(p))
+            out.extend(load_cases(p, parse))
     return out
 
 

@@ -1,6 +1,7 @@
 """Subcommands of the ``kvbound`` console script (see ``kvbound.cli.COMMANDS``).
 
-Each module has ``register(subparsers)``; its ``run(args)`` returns an exit code or raises a
+Each module has ``register(subparsers)``, returning its parser (``kvbound.cli`` sets its
+``run`` as the parser's ``func``); ``run(args)`` returns an exit code or raises a
 ``kvbound.errors.KvboundError``. Commands never import ``kvbound.cli``.
 """
 
@@ -9,6 +10,11 @@ from __future__ import annotations
 import argparse
 
 from kvbound.spec import Variant, variant_for_version
+
+
+def add_case_args(p: argparse.ArgumentParser, nargs: str = "+") -> None:
+    """The CASE arguments of a command that reads case files (``kvbound.spec.load_case_paths``)."""
+    p.add_argument("cases", nargs=nargs, metavar="CASE", help="case file (.json, .jsonl) or directory")
 
 
 def add_variant_args(p: argparse.ArgumentParser, default=None) -> None:

@@ -46,7 +46,6 @@ def register(sub):
     p.add_argument("--workers", type=int, default=None, metavar="W",
                    help="spec worker processes of the end-to-end run (default: the CPU count)")
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
-    p.set_defaults(func=run)
     return p
 
 

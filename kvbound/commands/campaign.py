@@ -51,7 +51,6 @@ def register(sub):
     p.add_argument("--baseline", metavar="FILE", help="an earlier campaign's JSON: exit 1 only on a finding"
                    " (key, release) it does not hold, and name the ones it holds that are gone (for CI)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
     return p
 
 

@@ -19,7 +19,6 @@ def register(sub):
     )
     p.add_argument("--out", metavar="FILE", default=str(DOC), help=f"default: {DOC}")
     p.add_argument("--check", action="store_true", help="exit 1 (with a diff) when FILE is not current")
-    p.set_defaults(func=run)
     return p
 
 

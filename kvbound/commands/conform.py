@@ -57,7 +57,6 @@ def register(sub):
                    " explained as equivalent")
     p.add_argument("--show", type=int, default=5, metavar="K",
                    help="draw at most K adversarial disagreements (all others are always drawn)")
-    p.set_defaults(func=run)
     return p
 
 

@@ -80,7 +80,6 @@ def register(sub):
                    "killed (a disagreement with the spec) on the case files, 3000 cases of every family, 3000 "
                    "tensor-generated and a small exhaustive scope; the score goes in the JSON; exit 1 on a survivor")
     add_variant_args(p)
-    p.set_defaults(func=run)
     return p
 
 

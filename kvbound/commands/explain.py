@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvbound.draw import explain_case
 from kvbound.spec import load_case_paths
 
-from . import add_variant_args, selected_variants
+from . import add_case_args, add_variant_args, selected_variants
 
 SEPARATOR_WIDTH = 100  # the rule between two cases' drawings
 
@@ -18,9 +18,8 @@ def register(sub):
         "with f, k and each variant's load start, then say which assert fires (with its numbers) or "
         "which blocks and keys are loaded.",
     )
-    p.add_argument("cases", nargs="+", metavar="CASE", help="case file (.json, .jsonl) or directory")
+    add_case_args(p)
     add_variant_args(p)
-    p.set_defaults(func=run)
     return p
 
 

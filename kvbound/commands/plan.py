@@ -9,7 +9,7 @@ from kvbound.spec.lookup import lookup_for_version
 from kvbound.spec.lookup_case import LookupCase, load_any_case_paths
 from kvbound.spec.versions import LATEST
 
-from . import add_variant_args, selected_variants
+from . import add_case_args, add_variant_args, selected_variants
 
 
 def register(sub):
@@ -25,9 +25,8 @@ def register(sub):
         "hit (tokens; null = deferred), partial_tail_boundary and the keys asked, as --vllm-version X "
         "(default: the release it was captured on, else 0.33.0).",
     )
-    p.add_argument("cases", nargs="+", metavar="CASE", help="case file (.json, .jsonl) or directory")
+    add_case_args(p)
     add_variant_args(p)
-    p.set_defaults(func=run)
     return p
 
 

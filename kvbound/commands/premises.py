@@ -14,6 +14,8 @@ import sys
 
 from kvbound.errors import UsageError
 
+from . import add_case_args
+
 
 def register(sub):
     p = sub.add_parser(
@@ -23,12 +25,11 @@ def register(sub):
         "listed with --list) on every group of every case: the cases in examples/, or calls captured from a "
         "running vLLM. Exit 1 when a premise fails on a case.",
     )
-    p.add_argument("cases", nargs="*", metavar="CASE", help=".json/.jsonl case files or directories")
+    add_case_args(p, nargs="*")  # none with --list
     p.add_argument("--only", nargs="+", metavar="ID", help="check only these premises")
     p.add_argument("--json", metavar="FILE", help="write every check as JSON")
     p.add_argument("--list", action="store_true", help="list the premises with the vLLM lines they were read from")
     p.add_argument("--quiet", action="store_true", help="print only failures and the summary")
-    p.set_defaults(func=run)
     return p
 
 

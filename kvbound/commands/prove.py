@@ -34,7 +34,6 @@ def register(sub):
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report (one test per obligation)")
     p.add_argument("--list", action="store_true", help="list the obligations and exit")
-    p.set_defaults(func=run)
     return p
 
 

@@ -24,7 +24,6 @@ def register(sub):
                    help="also draw this case file or directory (repeatable)")
     p.add_argument("--title", default="kvbound report")
     p.add_argument("--html", metavar="OUT", required=True, help="where to write the page")
-    p.set_defaults(func=run)
     return p
 
 

@@ -58,7 +58,6 @@ def register(sub):
     p.add_argument("--reshrink", action="store_true",
                    help="with --replay: shrink the reproduced finding further and save it under --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
     return p
 
 

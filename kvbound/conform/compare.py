@@ -149,10 +149,14 @@ def judge(case: Case, release: str, result: dict) -> dict:
             and result.get("partial_tail_boundary") != case.partial_tail_boundary):
         rec.update(verdict=UNDRIVEN, why=_tail_undriven(case, result))
         return rec
-    diff = diff_fields(real, spec, case)
-    config = config_mismatches(case, release, result.get("real_config"))
-    if config:
-        rec["config_mismatch"] = config
+    return _judged(rec, diff_fields(real, spec, case), config_mismatches(case, release, result.get("real_config")))
+
+
+def _judged(rec: dict, diff: list[str], config_mismatch: dict) -> dict:
+    """``rec`` closed on the fields that differ: a config mismatch is one more ("config");
+    the verdict is DISAGREE on any difference, else AGREE."""
+    if config_mismatch:
+        rec["config_mismatch"] = config_mismatch
         diff.append("config")
     rec["diff"] = diff
     rec["verdict"] = DISAGREE if diff else AGREE
@@ -328,7 +332,6 @@ def judge_lookup(case, release: str, result: dict) -> dict:
         rec.update(verdict=FAULT, real=result, fault=_fault_text(result), spec={})
         return rec
     rc = result.get("real_config") or {}
-    diff = []
     mismatch = {}
     if rc.get("windows") is not None and [g.window for g in case.groups] != rc["windows"]:
         mismatch["windows"] = {"case": [g.window for g in case.groups], "real": rc["windows"]}
@@ -346,12 +349,5 @@ def judge_lookup(case, release: str, result: dict) -> dict:
     if spec.unsupported:
         rec.update(verdict=UNSUPPORTED, why=spec.unsupported)
         return rec
-    for f in ("hit", "partial_tail_boundary", "queries"):
-        if real[f] != rec["spec"][f]:
-            diff.append(f)
-    if mismatch:
-        rec["config_mismatch"] = mismatch
-        diff.append("config")
-    rec["diff"] = diff
-    rec["verdict"] = DISAGREE if diff else AGREE
-    return rec
+    diff = [f for f in ("hit", "partial_tail_boundary", "queries") if real[f] != rec["spec"][f]]
+    return _judged(rec, diff, mismatch)
