@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 
 from kvbound.errors import CaseError
 
-from .cases import _loads, case_from_dict
+from .cases import case_from_dict, load_case_paths
 
 
 class Answer(str, Enum):
@@ -198,26 +197,4 @@ def load_any_case_paths(paths) -> list:
     def one(d, where):
         return lookup_case_from_dict(d, where) if is_lookup_case(d) else case_from_dict(d, where)
 
-    def load(p: Path) -> list:
-        if not p.exists():
-            raise CaseError(str(p), "(file)", "no such file")
-        text = p.read_text()
-        if p.suffix == ".jsonl":
-            return [one(_loads(line, f"{p}:{n}"), f"{p}:{n}")
-                    for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-        if p.suffix != ".json":
-            raise CaseError(str(p), "(file)", "a case file ends in .json or .jsonl")
-        data = _loads(text, str(p))
-        if isinstance(data, list):
-            return [one(d, f"{p}[{i}]") for i, d in enumerate(data)]
-        return [one(data, str(p))]
-
-    out: list = []
-    for path in paths:
-        p = Path(path)
-        if p.is_dir():
-            for f in sorted(list(p.rglob("*.json")) + list(p.rglob("*.jsonl"))):
-                out.extend(load(f))
-        else:
-            out.extend(load(p))
-    return out
+    return load_case_paths(paths, one)
