@@ -10,7 +10,7 @@ import types
 import pytest
 
 from kvbound.trace import runner as R
-from kvbound.trace import shadow as SH
+from kvbound.side import shadow as SH
 
 
 
@@ -161,7 +161,7 @@ def test_chunk_size_reaches_every_release():
     """The chunk size goes in the extra-config key every release reads (``block_size``,
     tokens per chunk); ``blocks_per_chunk`` only where the groups' block sizes differ (a
     key only 0.26+ reads); nothing for one block per chunk (every release's default)."""
-    from kvbound.trace.layouts import chunk_size_config
+    from kvbound.side.engine import chunk_size_config
     from kvbound.trace.layouts import LAYOUTS
 
     assert chunk_size_config(LAYOUTS["bpc2"]) == {"block_size": 32}

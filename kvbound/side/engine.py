@@ -1,11 +1,10 @@
 """kvbound trace's engine adapter: vLLM's real engine-core ``Scheduler`` stepping a workload.
 
-Worker side: runs in the release's deps venv with ``PYTHONPATH=<release tree>``, where
-kvbound is NOT installed (standard library and vLLM only), imported by
-``kvbound/trace/worker.py`` as part of the side package ``kvbound_trace_side``; the
-plumbing shared with conform's worker (``kvbound/conform/sidecar.py``) and
-``capture.case_of_call`` (which turns each real ``update_state_after_alloc`` call into a
-kvbound case) are loaded by path.
+Part of the side package: runs in the release's deps venv with ``PYTHONPATH=<release
+tree>``, where kvbound is NOT installed (standard library, vLLM and the side package),
+imported by ``trace_worker.py``. vLLM is booted on CPU by ``adapter.py``;
+``capture.case_of_call`` turns each real ``update_state_after_alloc`` call into a kvbound
+case.
 
 Real: ``Scheduler`` / ``AsyncScheduler``, ``KVCacheManager``, block pool, the
 single-type managers, ``OffloadingConnector`` on the scheduler AND worker side, the
@@ -15,22 +14,15 @@ Faked (``fakes.py``): the model class (registered, never instantiated), the
 model runner's output. Checked (``checks.py``): the lifecycle promises.
 """
 
-import atexit
 import dataclasses
-import json
-import os
 import random
-import shutil
-import tempfile
 
-import kvbound_sidecar as sidecar
-
-from . import checks, fakes, layouts, lookups, shadow
+from . import adapter, capture, checks, fakes, lookups, shadow, sidecar
 
 
 class Release:
     def __init__(self):
-        sidecar.quiet_environment()
+        adapter.quiet_environment()
         import torch
         import vllm
         from vllm.v1.core import kv_cache_utils as kcu
@@ -45,109 +37,40 @@ class Release:
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler as osched
 
-        try:
-            from vllm.utils.hashing import sha256
-        except ImportError:
-            from vllm.utils import sha256
         self.version = vllm.__version__
         self.torch, self.kcu, self.kci, self.obase, self.vout = torch, kcu, kci, obase, vout
         self.Scheduler, self.AsyncScheduler = Scheduler, AsyncScheduler
         self.Request, self.RequestStatus, self.SamplingParams = Request, RequestStatus, SamplingParams
         self.oc, self.KVConnectorRole, self.osched = oc, KVConnectorRole, osched
-        self.sha256 = sha256
-        kcu.init_none_hash(sha256)
-        self.capture = sidecar.load_conform("capture")
-        self.model_dir = self._model_dir()
-        self._register_model()
+        self.sha256 = adapter.hashing()
+        self.capture = capture
+        # three MTP modules: a speculative config of method "mtp" is multi-module
+        # (SpeculativeConfig.use_multi_module_mtp, 0.30.0 vllm/config/speculative.py:1944-1950);
+        # every segment's engine reads the directory, gone with the worker
+        self.model_dir = adapter.model_dir(max_position_embeddings=1 << 16, tie_word_embeddings=False,
+                                           num_nextn_predict_layers=3)
+        # and the EAGLE drafter a speculative config names (SpeculativeConfig inspects its class)
+        adapter.register_never_built("LlamaForCausalLM", "EagleLlamaForCausalLM")
         self.scheduler_file = osched.__file__
-
-    # -- model: a local config.json and a registered class object (no model code) ---------
-    def _model_dir(self):
-        d = tempfile.mkdtemp(prefix="kvbound-trace-model-")
-        atexit.register(shutil.rmtree, d, True)  # every segment's engine reads it; gone with the worker
-        cfg = {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
-            "num_hidden_layers": 2, "vocab_size": 65536, "max_position_embeddings": 1 << 16,
-            "rms_norm_eps": 1e-5, "torch_dtype": "float32", "tie_word_embeddings": False,
-            # three MTP modules: a speculative config of method "mtp" is multi-module
-            # (SpeculativeConfig.use_multi_module_mtp, 0.30.0 vllm/config/speculative.py:1944-1950)
-            "num_nextn_predict_layers": 3,
-        }
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(cfg, f)
-        return d
-
-    def _register_model(self):
-        from vllm import ModelRegistry
-        import torch.nn as nn
-
-        class KvboundTraceModel(nn.Module):
-            """Never instantiated: only its interface is inspected."""
-
-            def __init__(self, *, vllm_config, prefix=""):
-                super().__init__()
-
-            def embed_input_ids(self, input_ids):
-                raise NotImplementedError
-
-            def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
-                raise NotImplementedError
-
-            def compute_logits(self, hidden_states):
-                raise NotImplementedError
-
-        ModelRegistry.register_model("LlamaForCausalLM", KvboundTraceModel)
-        # the EAGLE drafter a speculative config names (SpeculativeConfig inspects its class)
-        ModelRegistry.register_model("EagleLlamaForCausalLM", KvboundTraceModel)
 
     # -- one engine --------------------------------------------------------------------
     def build(self, lay, par):
         from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
                                  ParallelConfig, SchedulerConfig, VllmConfig)
 
-        t = self.torch.float32
-        groups = []
-        page_bytes = []
-        for gi, g in enumerate(lay["groups"]):
-            b = g["tokens_per_block"]
-            kind = g["kind"]
-            if kind == "full_attention":
-                spec = self.kci.FullAttentionSpec(block_size=b, num_kv_heads=1, head_size=8, dtype=t)
-            elif kind == "sliding_window":
-                spec = sidecar.build(self.kci.SlidingWindowSpec, block_size=b, num_kv_heads=1, head_size=8,
-                              dtype=t, sliding_window=g["sliding_window"],
-                              extra_retained_tokens=g.get("extra_retained_tokens", 0))
-            elif kind == "chunked_local":
-                spec = self.kci.ChunkedLocalAttentionSpec(block_size=b, num_kv_heads=1, head_size=8,
-                                                          dtype=t, attention_chunk_size=g["attention_chunk_size"])
-            elif kind == "mamba":
-                spec = sidecar.build(self.kci.MambaSpec, block_size=b, shapes=((g.get("state", 64),),),
-                              dtypes=(t,), mamba_cache_mode="align")
-            else:
-                raise ValueError(kind)
-            gs = self.kci.KVCacheGroupSpec(["layer.%d" % gi], spec)
-            if g.get("eagle"):  # the drafter's layers: vLLM's planner tags them (kv_cache_planning)
-                if not hasattr(gs, "is_eagle_group"):
-                    raise ValueError("vllm %s has no KVCacheGroupSpec.is_eagle_group (EAGLE layouts"
-                                     " need 0.33 or later)" % self.version)
-                gs.is_eagle_group = True
-            groups.append(gs)
-            page_bytes.append(spec.page_size_bytes)
+        specs = [adapter.kv_cache_spec(g, head_size=8, state_size=g.get("state", 64)) for g in lay["groups"]]
+        eagle = {gi for gi, g in enumerate(lay["groups"]) if g.get("eagle")}
+        # the drafter's layers: vLLM's planner tags them (kv_cache_planning)
+        if eagle and "is_eagle_group" not in adapter.fields(self.kci.KVCacheGroupSpec):
+            raise ValueError("vllm %s has no KVCacheGroupSpec.is_eagle_group (EAGLE layouts"
+                             " need 0.33 or later)" % self.version)
+        page_bytes = [s.page_size_bytes for s in specs]
         nb = par["num_gpu_blocks"]
-        kv_cache_config = sidecar.build(
-            self.kci.KVCacheConfig, num_blocks=nb,
-            # 0.29 sizes the CPU tier from kv_cache_tensors[0].size (offloading/config.py)
-            kv_cache_tensors=[sidecar.build(
-                self.kci.KVCacheTensor, size=nb * sum(page_bytes),
-                shared_by=["layer.%d" % i for i in range(len(groups))],
-                layers=["layer.%d" % i for i in range(len(groups))],
-                layer_stride=nb * max(page_bytes), block_stride=sum(page_bytes))],
-            kv_cache_groups=groups)
+        kv_cache_config = adapter.kv_cache_config(specs, nb, eagle=eagle, tensors=True)
         block_size = lay["groups"][0]["tokens_per_block"]
         extra = {"cpu_bytes_to_use": par["cpu_chunks"] * sum(page_bytes) * lay.get("blocks_per_chunk", 1)
                  + 4096 * 64}
-        extra.update(layouts.chunk_size_config(lay))
+        extra.update(chunk_size_config(lay))
         if par.get("sync_load_budget_bytes"):
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
         if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
@@ -235,6 +158,23 @@ class Release:
         if align is not None and hasattr(kv_cache_config, "cache_hit_alignment_tokens"):
             kv_cache_config.cache_hit_alignment_tokens = align(kv_cache_config, vllm_config, bs, hbs)
         return bs, hbs
+
+
+def chunk_size_config(lay):
+    """The ``kv_connector_extra_config`` entry that makes a chunk ``blocks_per_chunk`` GPU
+    blocks. Every release reads ``block_size``, the tokens of one offloaded chunk, when
+    all groups share one block size (0.24.0 ``v1/kv_offload/base.py:503-515``; 0.26.0
+    ``offloading/config.py:61,75-88``; 0.33.0 ``offloading/config.py:123``); only 0.26 and
+    later read ``blocks_per_chunk`` (0.26.0 ``offloading/config.py:60``): before 0.26 that
+    key is ignored and a chunk is one block. One chunk per block is every release's
+    default: no entry."""
+    bpc = lay.get("blocks_per_chunk", 1)
+    if bpc == 1:
+        return {}
+    sizes = {g["tokens_per_block"] for g in lay["groups"]}
+    if len(sizes) == 1:
+        return {"block_size": sizes.pop() * bpc}
+    return {"blocks_per_chunk": bpc}
 
 
 def _structured(vllm_config):

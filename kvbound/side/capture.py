@@ -2,10 +2,11 @@
 loads (``num_external_tokens > 0``) is written as one kvbound case line, before vLLM
 plans it, so a call that crashes the engine is on disk first.
 
-Like ``worker.py`` it imports only the standard library and vLLM, so it can be loaded
-in an engine process where kvbound is not installed: put this file on the engine's
-path and, in a ``sitecustomize.py`` there, ``import capture; capture.install_from_env()``
-with ``KVBOUND_CAPTURE=/path/cases.jsonl`` set. Replay with ``kvbound plan
+Part of the side package: it imports only the standard library, vLLM and the side package,
+so it can be loaded in an engine process where kvbound is not installed (docs/case-format.md:
+``kvbound/side/`` on the engine's path and, in a ``sitecustomize.py`` there, ``import worker``,
+then ``kvbound_side.capture.install_from_env()`` with ``KVBOUND_CAPTURE=/path/cases.jsonl``
+set); the plugin imports it as ``kvbound.side.capture``. Replay with ``kvbound plan
 --vllm-version X cases.jsonl`` or ``kvbound conform``.
 """
 
@@ -15,21 +16,9 @@ import logging
 import os
 import threading
 
-_KINDS = (  # checked in this order: a subclass before its base
-    ("ChunkedLocalAttentionSpec", "chunked_local"),
-    ("SlidingWindowSpec", "sliding_window"),
-    ("MambaSpec", "mamba"),
-    ("FullAttentionSpec", "full_attention"),
-)
+from .adapter import kind_of
+
 _lock = threading.Lock()
-
-
-def _kind(kv_cache_spec):
-    names = {c.__name__ for c in type(kv_cache_spec).__mro__}
-    for cls_name, kind in _KINDS:
-        if cls_name in names:
-            return kind
-    raise ValueError("kvbound has no group kind for %s" % type(kv_cache_spec).__name__)
 
 
 def _first(obj, *names):
@@ -92,7 +81,7 @@ def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cach
         else:
             raise ValueError("KV-cache group %d: its spec is unknown (the scheduler was built before"
                              " capture was installed and no kv_cache_config was given)" % gi)
-        out = _group_fields(spec, _kind(spec))
+        out = _group_fields(spec, kind_of(spec))
         if g is not None:  # as the connector sees it (DCP-scaled where DCP is on)
             out["tokens_per_block"] = _first(g, "tokens_per_block", "gpu_block_size")
         if eagle:

@@ -1,8 +1,9 @@
 """The fakes of ``kvbound trace``: what stands in for the model, the transfer engine and
 (optionally) an adversarial offload tier. Everything else the worker runs is vLLM's own.
 
-Loaded inside the release's side venv (standard library and vLLM only, imported lazily);
-importable on the host too, as ``kvbound.trace.fakes``, for unit tests of the pure parts.
+Part of the side package, loaded inside the release's side venv (standard library and vLLM
+only, imported lazily); importable on the host too, as ``kvbound.side.fakes``, for unit tests
+of the pure parts.
 
 - tokens: the seeded documents, fillers and sampled tokens every prompt is made of;
 - ``FakeTransferEngine``: the ``OffloadingWorker`` the connector's worker side submits
