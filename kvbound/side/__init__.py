@@ -11,6 +11,7 @@ parts), and the host finds the entry script by path.
 ``adapter`` vLLM on CPU (environment, hashing, model, specs, ``KVCacheConfig``);
 ``conform_worker`` one ``update_state_after_alloc`` per case; ``capture`` a call as a case;
 ``trace_worker`` one trace job; ``engine`` the real engine-core scheduler stepping a
-workload; ``fakes`` the model runner, the transfer engine, the scripted tier; ``checks``,
-``lookups``, ``shadow`` what the trace checks and captures inside the engine.
+workload; ``tap`` the one wrapper of each vLLM method the trace observes, which every
+checker subscribes to; ``fakes`` the model runner, the transfer engine, the scripted tier;
+``checks``, ``lookups``, ``shadow`` what the trace checks and captures inside the engine.
 """

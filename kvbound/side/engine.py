@@ -17,7 +17,7 @@ model runner's output. Checked (``checks.py``): the lifecycle promises.
 import dataclasses
 import random
 
-from . import adapter, capture, checks, fakes, lookups, shadow, sidecar
+from . import adapter, capture, checks, fakes, lookups, shadow, sidecar, tap
 
 
 class Release:
@@ -225,24 +225,29 @@ class Engine:
         # Nor on the pre-0.25 worker API (one transfer_async per job): its fake moves nothing.
         self.shadow = None if par.get("shadow") is False or (par.get("async") and self.num_spec) \
             or not hasattr(self.transfers, "submit_store") else shadow.ShadowKV(self)
-        self._wrap()
+        # Every observed vLLM method is wrapped once, by the tap; each subscriber below sits
+        # inside the ones subscribed after it (the scripted tier innermost, nearest vLLM).
+        self.tap = tap.Tap()
+        if getattr(self.csched.manager, "_kvbound_script", None):
+            fakes.script_tier(self.csched.manager, rel.obase, self.tap)
+        self._subscribe()
+        self.checks.subscribe(self.tap)
+        self.lookup_capture.subscribe(self.tap)
         if self.shadow is not None:
-            self.shadow.install()
+            self.shadow.subscribe(self.tap)
 
     # -- connector calls seen -----------------------------------------------------------
-    def _wrap(self):
+    def _subscribe(self):
         eng = self
         cs = self.csched
-        orig_uasa = cs.update_state_after_alloc
-        orig_lookup = cs.get_num_new_matched_tokens
 
-        def get_num_new_matched_tokens(request, num_computed_tokens, *a, **k):
-            res = eng.lookup_capture.call(orig_lookup, request, num_computed_tokens, a, k)
+        def get_num_new_matched_tokens(call, request, num_computed_tokens, *a, **k):
+            res = eng.lookup_capture.call(call, request, num_computed_tokens, a, k)
             eng.stats["lookups"] += 1
             eng.last_lookup[request.request_id] = (num_computed_tokens, res)
             return res
 
-        def update_state_after_alloc(request, blocks, num_external_tokens):
+        def update_state_after_alloc(call, request, blocks, num_external_tokens):
             case = None
             if num_external_tokens:
                 ctx = eng.call_context(request)  # before the call: it clears partial_tail_boundary
@@ -258,7 +263,7 @@ class Engine:
             jobs_before = set(getattr(cs, "_current_batch_load_jobs", {}) or {})
             nkeys = len(eng.loaded_keys)
             try:
-                r = orig_uasa(request, blocks, num_external_tokens)
+                r = call(request, blocks, num_external_tokens)
             except BaseException as e:
                 if case is not None:
                     eng.cases.append(dict(ctx, case=case, outcome=(
@@ -286,10 +291,8 @@ class Engine:
                 eng.cases.append(res)
             return r
 
-        cs.get_num_new_matched_tokens = get_num_new_matched_tokens
-        cs.update_state_after_alloc = update_state_after_alloc
-        self.checks.install()
-        self.lookup_capture.install()
+        self.tap.around(cs, "get_num_new_matched_tokens", get_num_new_matched_tokens)
+        self.tap.around(cs, "update_state_after_alloc", update_state_after_alloc)
 
     def call_context(self, request):
         """What the lookup answered for this request, beside the captured case."""
@@ -328,13 +331,10 @@ class Engine:
         w = self.wconn
         meta = so.kv_connector_metadata
         w.handle_preemptions(meta)
-        self.checks.check_block_copies(so)
-        if self.shadow is not None:  # the model runner's _update_states: zeroing, block copies
-            self.shadow.update_states(so)
+        self.tap.publish("update_states", so)  # the model runner's _update_states: zeroing, block copies
         w.bind_connector_metadata(meta)
         w.start_load_kv(None)
-        if self.shadow is not None:  # the forward: what it reads, then what it writes
-            self.shadow.forward(so)
+        self.tap.publish("forward", so)  # the forward: what it reads, then what it writes
         w.wait_for_save()
         if hasattr(w, "get_transfer_results"):
             tr = w.get_transfer_results(so.finished_req_ids)

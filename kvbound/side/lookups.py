@@ -51,18 +51,16 @@ class LookupCapture:
             return self.names[r]
         return self.bool_names.get(r if r is None else bool(r), "MISS")
 
-    def install(self):
-        mgr = self.cs.manager
-        orig = mgr.lookup
+    def subscribe(self, tap):
         cap = self
 
-        def lookup(key, *a, **k):
-            r = orig(key, *a, **k)
+        def lookup(call, key, *a, **k):
+            r = call(key, *a, **k)
             if cap.asked is not None:
                 cap.asked.append((key, r))
             return r
 
-        mgr.lookup = lookup
+        tap.around(self.cs.manager, "lookup", lookup)
 
     # -- one call ---------------------------------------------------------------------------
     def call(self, orig, request, num_computed_tokens, a, k):

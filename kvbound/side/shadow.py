@@ -255,17 +255,16 @@ class ShadowKV:
             ident = chain(ident, d)
         return ident
 
-    # -- the connector's jobs (wrapped in engine.py) -------------------------------------------
-    def install(self):
+    # -- the connector's jobs (through the tap) -------------------------------------------------
+    def subscribe(self, tap):
         eng, sh = self.eng, self
         cs = eng.csched
         mgr = cs.manager
-        orig_prepare_store = mgr.prepare_store
 
-        def prepare_store(keys, *a, **k):
+        def prepare_store(call, keys, *a, **k):
             if eng.mutant == "drop_store" and len(keys) > 1:  # planted: a chunk never offered to the tier
                 keys = list(keys)[:-1]
-            out = orig_prepare_store(keys, *a, **k)
+            out = call(keys, *a, **k)
             if out is None:
                 sh.refused.update(keys)
                 ctx = a[0] if a else k.get("req_context")
@@ -279,11 +278,8 @@ class ShadowKV:
                     sh.cpu_via.pop(int(cb), None)
             return out
 
-        mgr.prepare_store = prepare_store
-        orig_meta = cs.build_connector_meta
-
-        def build_connector_meta(so):
-            meta = orig_meta(so)
+        def build_connector_meta(call, so):
+            meta = call(so)
             for jid, job in (getattr(meta, "store_jobs", None) or {}).items():
                 sh.store_req[jid] = job.req_id
             for jid, job in (getattr(meta, "load_jobs", None) or {}).items():
@@ -294,11 +290,9 @@ class ShadowKV:
                 meta.jobs_to_flush = set()  # planted: block reuse no longer waits for its store
             return meta
 
-        cs.build_connector_meta = build_connector_meta
-        orig_finished = cs.request_finished
         aborted = eng.rel.RequestStatus.FINISHED_ABORTED
 
-        def request_finished(request, *a, **k):
+        def request_finished(call, request, *a, **k):
             rid = request.request_id
             if request.status != aborted:
                 sh.finished[rid] = min(request.num_computed_tokens, request.num_tokens - 1)
@@ -306,22 +300,23 @@ class ShadowKV:
                 sh.finished.pop(rid, None)
             sh.seen_requests[rid] = request
             sh.verified.pop(rid, None)
-            return orig_finished(request, *a, **k)
+            return call(request, *a, **k)
 
-        cs.request_finished = request_finished
-        self._install_store_capture()
-        sched = eng.sched
-        orig_horizon = getattr(cs, "_calc_num_offloadable_tokens", None)
-        if eng.mutant == "store_past_horizon" and orig_horizon is not None:
+        tap.around(mgr, "prepare_store", prepare_store)
+        tap.around(cs, "build_connector_meta", build_connector_meta)
+        tap.around(cs, "request_finished", request_finished)
+        self._subscribe_store_capture(tap)
+        if eng.mutant == "store_past_horizon" and hasattr(cs, "_calc_num_offloadable_tokens"):
             tpb = self.block_size[0] * self.bpc
 
-            def _calc_num_offloadable_tokens(req_status, num_computed_tokens):
-                n = orig_horizon(req_status, num_computed_tokens)
+            def _calc_num_offloadable_tokens(call, req_status, num_computed_tokens):
+                n = call(req_status, num_computed_tokens)
                 return min(n + tpb, req_status.req.num_tokens)  # planted: one chunk past computed
-            cs._calc_num_offloadable_tokens = _calc_num_offloadable_tokens
-        del sched
+            tap.around(cs, "_calc_num_offloadable_tokens", _calc_num_offloadable_tokens)
+        tap.subscribe("update_states", self.update_states)
+        tap.subscribe("forward", self.forward)
 
-    def _install_store_capture(self):
+    def _subscribe_store_capture(self, tap):
         """Every ``_build_store_jobs`` call, per request, for group 0 when it is full
         attention and not a drafter's: [status, num_prompt_tokens, num_tokens,
         num_computed_tokens, num_scheduled_tokens, max_offload_tokens, allocated chunks,
@@ -337,10 +332,9 @@ class ShadowKV:
                                                   "__dataclass_fields__", {}):
             return
         eng.store_calls = []
-        orig = cs._build_store_jobs
         RS = eng.rel.RequestStatus
 
-        def _build_store_jobs(so, *a, **k):
+        def _build_store_jobs(call, so, *a, **k):
             before = {}
             for rid in list(so.num_scheduled_tokens) + list(so.finished_req_ids or ()):
                 st = getattr(cs, "_req_status", {}).get(rid)
@@ -356,7 +350,7 @@ class ShadowKV:
                                so.num_scheduled_tokens.get(rid, 0), getattr(st, "max_offload_tokens", None),
                                len(gs.block_ids) // self.bpc, gs.next_stored_chunk_idx]
             refused0 = dict(sh.refused_by)
-            out = orig(so, *a, **k)
+            out = call(so, *a, **k)
             for rid, rec in before.items():
                 st = getattr(cs, "_req_status", {}).get(rid)
                 if st is None:
@@ -365,7 +359,7 @@ class ShadowKV:
                     st.group_states[0].next_stored_chunk_idx, sh.refused_by.get(rid, 0) != refused0.get(rid, 0)])
             return out
 
-        cs._build_store_jobs = _build_store_jobs
+        tap.around(cs, "_build_store_jobs", _build_store_jobs)
 
     def pairs(self, gpu_spec, cpu_ids):
         """(group, GPU block, CPU block, sub-block) of each GPU block of a job, as
