@@ -136,7 +136,7 @@ class Release:
 
     def _run_case(self, case, out):
         if "lookup" in case and "groups" not in case:
-            return self._run_lookup_case(case["lookup"], out)
+            return run_lookup_case(self, case["lookup"], out)
         N, M = case["num_locally_computed_tokens"], case["num_external_tokens"]
         T = N + M
         tph = case["tokens_per_hash"]
@@ -246,63 +246,63 @@ class Release:
         return out
 
 
-    # -- one lookup case (docs/case-format.md, "Lookup cases") -------------------------------
-    def _run_lookup_case(self, lk, out):
-        """The real ``get_num_new_matched_tokens`` of a fresh request against a tier that
-        answers the case's answers per key, in the order asked; reports the hit, the
-        recorded partial-tail boundary, the keys asked and the config the release built."""
-        tph = lk["tokens_per_hash"]
-        groups = []
-        for g in lk["groups"]:
-            d = {"kind": g["kind"], "tokens_per_block": g["tokens_per_chunk"], "blocks": ["U1"]}
-            if g["kind"] == "sliding_window":
-                d["sliding_window"] = g["sliding_window"]
-                if g.get("extra_retained_tokens"):
-                    d[EXTRA_RETAINED] = g["extra_retained_tokens"]
-            if g.get("eagle"):
-                d[EAGLE] = True
-            groups.append(d)
-        shim = {"blocks_per_chunk": 1, "tokens_per_hash": tph, "groups": groups}
-        missing = self.missing_features(shim)
-        if missing:
-            out.update(outcome="unsupported", phase="features", why=missing)
-            return out
-        specs = [self.group_spec(g) for g in groups]
-        kv_cache_config = self.kv_cache_config(shim, specs)
-        manager = _lookup_tier_class(self.base)(lk["tier"])
-        spec = self.fake_spec_cls(self.offloading_config(specs, shim, {}), manager)
-        sched = self.scheduler.OffloadingConnectorScheduler(spec, self.vllm_config(specs[0].block_size),
-                                                            kv_cache_config)
-        cfg = sched.config
-        gcs = list(cfg.kv_group_configs)
-        P, num_tokens = lk["num_prompt_tokens"], lk["num_tokens"]
-        req = self.Request(
-            request_id="kvbound-lookup", prompt_token_ids=list(range(P)),
-            sampling_params=self.SamplingParams(max_tokens=max(1, num_tokens - P + 1)),
-            pooling_params=None, block_hasher=self.kcu.get_request_block_hasher(tph, self.sha256))
-        if num_tokens > P:
-            req.append_output_token_ids(list(range(P, num_tokens)))
-        tpcs = [_attr(gc, "tokens_per_chunk", "offloaded_block_size") for gc in gcs]
-        manager.name_keys(req, [(getattr(gc, "group_idx", i), tpcs[i] // tph) for i, gc in enumerate(gcs)], tph)
-        out["phase"] = "lookup"
-        if hasattr(sched, "on_new_request"):
-            sched.on_new_request(req)
-        hit, _ = sched.get_num_new_matched_tokens(req, lk["num_computed_tokens"])
-        status = getattr(sched, "_req_status", {}).get(req.request_id)
-        out.update(
-            outcome="ok", phase="done", hit=hit, queries=manager.queries,
-            partial_tail_boundary=getattr(status, "partial_tail_boundary", None),
-            real_config={
-                "lookup_groups": list(getattr(sched, "_lookup_groups", ())),
-                "windows": [_attr(gc, "sliding_window_size_in_chunks", "sliding_window_size_in_blocks")
-                            for gc in gcs],
-                "tokens_per_chunk": tpcs,
-                "mamba_align_size": getattr(sched, "_mamba_align_size", None),
-                "partial_tail_block_size": int(getattr(sched, "_partial_tail_block_size", 0) or 0)
-                if getattr(cfg, "supports_partial_tail", False) else 0,
-                "eagle_proof_margins": {str(k): v for k, v in getattr(sched, "_eagle_proof_margins", {}).items()},
-            })
+# -- one lookup case (docs/case-format.md, "Lookup cases") ---------------------------------------
+def run_lookup_case(rel, lk, out):
+    """The real ``get_num_new_matched_tokens`` of a fresh request against a tier that
+    answers the case's answers per key, in the order asked; reports the hit, the
+    recorded partial-tail boundary, the keys asked and the config the release built."""
+    tph = lk["tokens_per_hash"]
+    groups = []
+    for g in lk["groups"]:
+        d = {"kind": g["kind"], "tokens_per_block": g["tokens_per_chunk"], "blocks": ["U1"]}
+        if g["kind"] == "sliding_window":
+            d["sliding_window"] = g["sliding_window"]
+            if g.get("extra_retained_tokens"):
+                d[EXTRA_RETAINED] = g["extra_retained_tokens"]
+        if g.get("eagle"):
+            d[EAGLE] = True
+        groups.append(d)
+    shim = {"blocks_per_chunk": 1, "tokens_per_hash": tph, "groups": groups}
+    missing = rel.missing_features(shim)
+    if missing:
+        out.update(outcome="unsupported", phase="features", why=missing)
         return out
+    specs = [rel.group_spec(g) for g in groups]
+    kv_cache_config = rel.kv_cache_config(shim, specs)
+    manager = _lookup_tier_class(rel.base)(lk["tier"])
+    spec = rel.fake_spec_cls(rel.offloading_config(specs, shim, {}), manager)
+    sched = rel.scheduler.OffloadingConnectorScheduler(spec, rel.vllm_config(specs[0].block_size),
+                                                        kv_cache_config)
+    cfg = sched.config
+    gcs = list(cfg.kv_group_configs)
+    P, num_tokens = lk["num_prompt_tokens"], lk["num_tokens"]
+    req = rel.Request(
+        request_id="kvbound-lookup", prompt_token_ids=list(range(P)),
+        sampling_params=rel.SamplingParams(max_tokens=max(1, num_tokens - P + 1)),
+        pooling_params=None, block_hasher=rel.kcu.get_request_block_hasher(tph, rel.sha256))
+    if num_tokens > P:
+        req.append_output_token_ids(list(range(P, num_tokens)))
+    tpcs = [_attr(gc, "tokens_per_chunk", "offloaded_block_size") for gc in gcs]
+    manager.name_keys(req, [(getattr(gc, "group_idx", i), tpcs[i] // tph) for i, gc in enumerate(gcs)], tph)
+    out["phase"] = "lookup"
+    if hasattr(sched, "on_new_request"):
+        sched.on_new_request(req)
+    hit, _ = sched.get_num_new_matched_tokens(req, lk["num_computed_tokens"])
+    status = getattr(sched, "_req_status", {}).get(req.request_id)
+    out.update(
+        outcome="ok", phase="done", hit=hit, queries=manager.queries,
+        partial_tail_boundary=getattr(status, "partial_tail_boundary", None),
+        real_config={
+            "lookup_groups": list(getattr(sched, "_lookup_groups", ())),
+            "windows": [_attr(gc, "sliding_window_size_in_chunks", "sliding_window_size_in_blocks")
+                        for gc in gcs],
+            "tokens_per_chunk": tpcs,
+            "mamba_align_size": getattr(sched, "_mamba_align_size", None),
+            "partial_tail_block_size": int(getattr(sched, "_partial_tail_block_size", 0) or 0)
+            if getattr(cfg, "supports_partial_tail", False) else 0,
+            "eagle_proof_margins": {str(k): v for k, v in getattr(sched, "_eagle_proof_margins", {}).items()},
+        })
+    return out
 
 
 def _attr(obj, *names):

@@ -413,7 +413,7 @@ class Engine:
                 self.model_runner.propose_drafts(so)
         self.checks.check_drained()
         if self.shadow is not None:
-            self.shadow.check_lost_chunks()
+            self.shadow.contract.check_lost_chunks()
             self.stats.update(self.shadow.stats)
 
     def engine_busy(self):

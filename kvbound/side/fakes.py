@@ -192,15 +192,16 @@ def fake_transfer_engine_class(obase):
         """A job finishes ``delay`` steps after submission (0..max_delay), a load fails with
         probability ``fail_p`` (``TransferResult(success=False)``, the worker API's report).
         With shadow KV on (``eng.shadow``) it moves content: each job copies its blocks at a
-        seeded moment between submission and completion (``shadow.ShadowKV``)."""
+        seeded moment between submission and completion (``tier.TierTransfers``)."""
 
         def __init__(self, rng, max_delay, fail_p, eng):
             self.rng, self.max_delay, self.fail_p, self.eng = rng, max_delay, fail_p, eng
             self.pending = {}  # job_id -> [steps_left, success, kind]
             self.submitted = {}
 
-        def _shadow(self):
-            return getattr(self.eng, "shadow", None)
+        def _tier(self):
+            sh = getattr(self.eng, "shadow", None)
+            return None if sh is None else sh.transfers
 
         def submit_store(self, job_id, src_spec, dst_spec):
             delay = None
@@ -209,7 +210,7 @@ def fake_transfer_engine_class(obase):
                 self.pending[job_id] = [delay, True, "store"]
             self.submitted[job_id] = "store"
             self.eng.on_submit("store", job_id, src_spec)
-            sh = self._shadow()
+            sh = self._tier()
             if sh is not None:
                 sh.submit("store", job_id, src_spec, dst_spec, self.max_delay if delay is None else delay, True)
             return True
@@ -220,13 +221,13 @@ def fake_transfer_engine_class(obase):
             self.pending[job_id] = [delay, ok, "load"]
             self.submitted[job_id] = "load"
             self.eng.on_submit("load", job_id, dst_spec)
-            sh = self._shadow()
+            sh = self._tier()
             if sh is not None:
                 sh.submit("load", job_id, src_spec, dst_spec, delay, ok)
             return True
 
         def get_finished(self):
-            sh = self._shadow()
+            sh = self._tier()
             if sh is not None:
                 sh.tick()
             done = []
@@ -241,7 +242,7 @@ def fake_transfer_engine_class(obase):
             return done
 
         def wait(self, job_ids):
-            sh = self._shadow()
+            sh = self._tier()
             if sh is not None:
                 sh.flush(job_ids)
             for j in job_ids:
