@@ -10,9 +10,10 @@ import types
 
 import pytest
 
-from kvbound.trace import runner as R
 from kvbound.side import content as C
 from kvbound.side import tier as T
+from kvbound.side.defects import DEFECTS
+from kvbound.trace import runner as R
 
 
 
@@ -100,20 +101,11 @@ def _kinds(w, version, layout, overrides=None, n=100, seed=3):
     return collections.Counter(f.kind for f in found), found
 
 
-@pytest.mark.parametrize("mutant,kinds", [
-    # the connector stores one chunk past the computed horizon
-    ("store_past_horizon", {"store:foreign_source", "data:wrong_kv"}),
-    # block reuse no longer waits (jobs_to_flush dropped): a source is rewritten before its copy
-    ("skip_fence", {"store:source_rewritten"}),
-    # a load lands one block off: the request reads KV that is not its own
-    ("load_dst_shift", {"data:wrong_kv"}),
-    # one chunk of each store is never offered to the tier
-    ("drop_store", {"store:lost_chunk"}),
-])
-def test_shadow_checks_fire_on_a_planted_defect(mutant, kinds, workers):
-    env, w = workers("0.30.0")
-    got, found = _kinds(w, "0.30.0", "full", {"mutant": mutant})
-    assert kinds <= set(got), dict(got)
+@pytest.mark.parametrize("defect", [d for d in DEFECTS if d.module == "tier"], ids=lambda d: d.name)
+def test_shadow_checks_fire_on_a_planted_defect(defect, workers):
+    env, w = workers(defect.release)
+    got, found = _kinds(w, defect.release, defect.layout, {"mutant": defect.name})
+    assert set(defect.catches) <= set(got), dict(got)
     wrong = [f for f in found if f.kind == "data:wrong_kv"]
     for f in wrong[:3]:  # a read finding names who and where, and where the content came from
         assert {"request", "group", "block_id", "position", "expected", "found"} <= set(f.detail)

@@ -17,7 +17,7 @@ model runner's output. Checked (``checks.py``): the lifecycle promises.
 import dataclasses
 import random
 
-from . import adapter, capture, checks, fakes, lookups, shadow, sidecar, tap
+from . import adapter, capture, checks, defects, fakes, lookups, shadow, sidecar, tap
 
 
 class Release:
@@ -58,6 +58,7 @@ class Release:
         from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
                                  ParallelConfig, SchedulerConfig, VllmConfig)
 
+        mutant = defects.planted(par.get("mutant"))  # tests only: a row of defects.DEFECTS
         specs = [adapter.kv_cache_spec(g, head_size=8, state_size=g.get("state", 64)) for g in lay["groups"]]
         eagle = {gi for gi, g in enumerate(lay["groups"]) if g.get("eagle")}
         # the drafter's layers: vLLM's planner tags them (kv_cache_planning)
@@ -76,7 +77,7 @@ class Release:
         if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
             extra["offload_prompt_only"] = bool(par["offload_prompt_only"])
         script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p", "stall_p") if par.get(k)}
-        if par.get("mutant") == "evict_at_lookup":  # planted: the tier evicts what it just answered HIT
+        if mutant == "evict_at_lookup":  # planted: the tier evicts what it just answered HIT
             script["evict_at_lookup"] = True
         if script:  # the scripted tier, through vLLM's spec factory (out-of-tree path)
             fakes.install_scripted_tier(self.obase)
@@ -200,7 +201,7 @@ class Engine:
             raise ValueError("layout %s asks for %d blocks per chunk, vllm %s's connector runs with %s"
                              % (lay.get("name"), lay.get("blocks_per_chunk", 1), rel.version, real_bpc))
         self.rng = random.Random(par.get("seed", 0))
-        self.mutant = par.get("mutant")  # tests only: a planted defect the checks must report
+        self.mutant = par.get("mutant")  # tests only: a planted defect the checks must report (defects.py)
         cls = fakes.fake_transfer_engine_class(rel.obase)
         self.transfers = cls(self.rng, par.get("max_delay", 2), par.get("fail_p", 0.0), self)
         wconn.connector_worker.worker = self.transfers

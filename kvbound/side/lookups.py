@@ -13,10 +13,8 @@ the request from the chunk of ``num_computed_tokens`` on is probed in the tier's
 table (``_policy.get``: absent MISS, not ready HIT_PENDING, else HIT), which changes
 nothing in the tier.
 
-Planted defects (tests only, ``params["mutant"]``): ``lookup_drop_last_chunk`` (the hit
-loses its last chunk), ``lookup_defer_any_pending`` (defer, instead of hitting, while the
-tier holds any key pending), ``lookup_never_return`` (a request deferred once is deferred for
-ever), ``lookup_extra_chunk`` (the hit claims one more chunk than the tier holds).
+Planted defects (tests only, ``params["mutant"]``): the ``lookup_*`` rows of
+``defects.DEFECTS``, planted in ``mutate``.
 """
 
 # How many steps a request may stay deferred by its lookup (docs/lookup.md, progress).
