@@ -11,7 +11,8 @@ model or the Hugging Face hub.
   release's ``KVCacheSpec`` class;
 - ``kv_cache_config``: the ``KVCacheConfig`` of those specs, built by hand as vLLM's own
   tests build it;
-- ``fields`` / ``build``: a release's dataclass from the fields it has.
+- ``fields`` / ``build`` / ``first_attr``: a release's dataclass from the fields it has, and a
+  field under whichever name the release gives it.
 
 Standard library only at import (vLLM and torch are imported where they are used); part
 of the side package (``kvbound/side/``), loaded by path where kvbound is not installed.
@@ -170,6 +171,21 @@ def kv_cache_config(specs, num_blocks, eagle=(), offloaded=None, tensors=False, 
 
 
 # -- a release's dataclasses -------------------------------------------------------------------
+
+_NO_DEFAULT = object()
+
+
+def first_attr(obj, *names, default=_NO_DEFAULT):
+    """The field under whichever of ``names`` this release uses (releases rename fields: 0.26
+    turned the connector's blocks into chunks); ``default`` where it has none, else
+    ``AttributeError``."""
+    for n in names:
+        if hasattr(obj, n):
+            return getattr(obj, n)
+    if default is not _NO_DEFAULT:
+        return default
+    raise AttributeError("none of %s on %s" % (names, type(obj).__name__))
+
 
 def fields(cls):
     if cls is None:

@@ -16,17 +16,9 @@ import logging
 import os
 import threading
 
-from .adapter import kind_of
+from .adapter import first_attr, kind_of
 
 _lock = threading.Lock()
-
-
-def _first(obj, *names):
-    """The field under whichever name this release uses (0.20-0.24 vs 0.26+)."""
-    for n in names:
-        if hasattr(obj, n):
-            return getattr(obj, n)
-    raise AttributeError("none of %s on %s" % (names, type(obj).__name__))
 
 
 def _token(block):
@@ -53,8 +45,8 @@ def _tokens_per_hash(cfg):
     if hasattr(cfg, "tokens_per_hash"):
         return cfg.tokens_per_hash
     g = cfg.kv_group_configs[0]
-    return (_first(g, "tokens_per_chunk", "offloaded_block_size")
-            // _first(g, "hashes_per_chunk", "hash_block_size_factor"))
+    return (first_attr(g, "tokens_per_chunk", "offloaded_block_size")
+            // first_attr(g, "hashes_per_chunk", "hash_block_size_factor"))
 
 
 def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cache_config=None):
@@ -83,7 +75,7 @@ def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cach
                              " capture was installed and no kv_cache_config was given)" % gi)
         out = _group_fields(spec, kind_of(spec))
         if g is not None:  # as the connector sees it (DCP-scaled where DCP is on)
-            out["tokens_per_block"] = _first(g, "tokens_per_block", "gpu_block_size")
+            out["tokens_per_block"] = first_attr(g, "tokens_per_block", "gpu_block_size")
         if eagle:
             out["is_eagle_group"] = True
         if g is None:
@@ -92,7 +84,7 @@ def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cach
         groups.append(out)
     case = {
         "name": name or "captured-%s" % request.request_id,
-        "blocks_per_chunk": _first(cfg, "blocks_per_chunk", "block_size_factor"),
+        "blocks_per_chunk": first_attr(cfg, "blocks_per_chunk", "block_size_factor"),
         "tokens_per_hash": _tokens_per_hash(cfg),
         "num_prompt_tokens": request.num_prompt_tokens,
         "num_locally_computed_tokens": status.num_locally_computed_tokens,
@@ -141,7 +133,7 @@ def describe_keys(sched, request, keys):
     where = {}
     for pos, g in enumerate(sched.config.kv_group_configs):
         gi = getattr(g, "group_idx", pos)
-        hpc = _first(g, "hashes_per_chunk", "hash_block_size_factor")
+        hpc = first_attr(g, "hashes_per_chunk", "hash_block_size_factor")
         for j in range(len(hashes) // hpc):
             where[make_offload_key(hashes[(j + 1) * hpc - 1], gi)] = [gi, j]
         for i, h in enumerate(hashes):

@@ -282,7 +282,7 @@ def run_lookup_case(rel, lk, out):
         pooling_params=None, block_hasher=rel.kcu.get_request_block_hasher(tph, rel.sha256))
     if num_tokens > P:
         req.append_output_token_ids(list(range(P, num_tokens)))
-    tpcs = [_attr(gc, "tokens_per_chunk", "offloaded_block_size") for gc in gcs]
+    tpcs = [adapter.first_attr(gc, "tokens_per_chunk", "offloaded_block_size") for gc in gcs]
     manager.name_keys(req, [(getattr(gc, "group_idx", i), tpcs[i] // tph) for i, gc in enumerate(gcs)], tph)
     out["phase"] = "lookup"
     if hasattr(sched, "on_new_request"):
@@ -294,7 +294,7 @@ def run_lookup_case(rel, lk, out):
         partial_tail_boundary=getattr(status, "partial_tail_boundary", None),
         real_config={
             "lookup_groups": list(getattr(sched, "_lookup_groups", ())),
-            "windows": [_attr(gc, "sliding_window_size_in_chunks", "sliding_window_size_in_blocks")
+            "windows": [adapter.first_attr(gc, "sliding_window_size_in_chunks", "sliding_window_size_in_blocks")
                         for gc in gcs],
             "tokens_per_chunk": tpcs,
             "mamba_align_size": getattr(sched, "_mamba_align_size", None),
@@ -303,13 +303,6 @@ def run_lookup_case(rel, lk, out):
             "eagle_proof_margins": {str(k): v for k, v in getattr(sched, "_eagle_proof_margins", {}).items()},
         })
     return out
-
-
-def _attr(obj, *names):
-    for n in names:
-        if hasattr(obj, n):
-            return getattr(obj, n)
-    raise AttributeError("none of %s on %s" % (names, type(obj).__name__))
 
 
 def _lookup_tier_class(base):

@@ -196,7 +196,7 @@ class Engine:
         # The shadow and the store checks map chunks with the layout's blocks_per_chunk: the
         # connector must run with it (a release that ignored the setting once ran bpc2 with
         # one block per chunk, and the shadow's mapping reported its stores as wrong).
-        real_bpc = rel.capture._first(self.csched.config, "blocks_per_chunk", "block_size_factor")
+        real_bpc = adapter.first_attr(self.csched.config, "blocks_per_chunk", "block_size_factor")
         if real_bpc != lay.get("blocks_per_chunk", 1):
             raise ValueError("layout %s asks for %d blocks per chunk, vllm %s's connector runs with %s"
                              % (lay.get("name"), lay.get("blocks_per_chunk", 1), rel.version, real_bpc))

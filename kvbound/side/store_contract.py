@@ -8,6 +8,7 @@ chunk the policy offloads is in the tier (``check_lost_chunks``); and every
 ``_build_store_jobs`` call is recorded for the host's ``spec/store.py`` (``subscribe``).
 """
 
+from .adapter import first_attr
 from .content import describe
 
 
@@ -150,7 +151,7 @@ class StoreContract:
                 if self.content.kinds[gi] != "full_attention" or eng.lay["groups"][gi].get("eagle") \
                         or getattr(gc, "requires_cow_source", False):
                     continue
-                hpc = eng.rel.capture._first(gc, "hashes_per_chunk", "hash_block_size_factor")
+                hpc = first_attr(gc, "hashes_per_chunk", "hash_block_size_factor")
                 tpc = self.content.block_size[gi] * self.bpc
                 for j in range(horizon // tpc):
                     if (j + 1) * hpc > len(hashes):
