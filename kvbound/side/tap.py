@@ -6,8 +6,10 @@ tier's manager, the KV-cache manager, ...). The first subscription installs one 
 the instance; later ones join it. A call runs through the subscribers as nested wrappers in
 subscription order, the first subscribed innermost (nearest vLLM's method), each handed
 ``call``, the next one in (which it calls, with the same or changed arguments, or not at
-all), and returning what the caller gets. A method already wrapped by another tap, or by a
-wrapper the tap did not install, is refused (``TapError``): no vLLM method is wrapped twice.
+all), and returning what the caller gets. A method already wrapped by another tap is refused
+(``TapError``): no vLLM method is wrapped twice by the trace. (The plugin's capture,
+``capture.install``, wraps a serving engine's tier ``prepare_load`` on its own; where both run
+in one process, as tests/test_plugin.py drives them, the tap wraps over it.)
 
 ``publish(event, *args)`` / ``subscribe(event, fn)``: the engine's own events that are no
 vLLM method (the fake model runner's block copies and forward), in subscription order.
@@ -53,9 +55,6 @@ class Tap:
         orig = getattr(owner, name)
         if getattr(orig, TAPPED, None) is not None:
             raise TapError("%s.%s is wrapped by another tap already" % (type(owner).__name__, name))
-        if name in getattr(owner, "__dict__", {}):
-            raise TapError("%s.%s is replaced on the instance already (a wrapper the tap did not install)"
-                           % (type(owner).__name__, name))
         hook = _Hook(owner, name, orig)
 
         @functools.wraps(orig)
