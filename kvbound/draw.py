@@ -331,7 +331,7 @@ def explain_case(case: Case, variants=tuple(Variant), version: str | None = None
 
 
 def draw_content(table: dict) -> str:
-    """A shadow-KV finding's block table (``kvbound/trace/shadow.py`` ``ShadowKV.table``):
+    """A shadow-KV finding's block table (``kvbound/side/content.py`` ``ContentModel.table``):
     each block of the request's group with what its slots hold against what this request
     expects there (its own prefix's KV)."""
     g, rid, p = table["group"], table["request"], table["position"]

@@ -11,7 +11,7 @@ them as for any plugin.
 
 * ``KVBOUND_CAPTURE=FILE``: every ``update_state_after_alloc`` call of the
   ``OffloadingConnector`` that loads is appended to FILE as one kvbound case
-  (``conform.capture``), before vLLM plans it; replay with ``kvbound plan`` or
+  (``side.capture``), before vLLM plans it; replay with ``kvbound plan`` or
   ``kvbound conform``.
 * ``KVBOUND_MONITOR=1``: every such call is checked as ``kvbound trace`` checks it
   (``trace.callcheck.check_call``: vLLM's load plan against the spec of the running
@@ -69,7 +69,7 @@ def register() -> None:
                        " %s and %s do nothing in this process", type(e).__name__, e, CAPTURE_VAR, MONITOR_VAR)
         return
     observer = monitor_call if monitor and _monitored_release() else None
-    from kvbound.conform import capture
+    from kvbound.side import capture
 
     try:
         capture.install(path, OffloadingConnectorScheduler, observer)
@@ -111,14 +111,14 @@ def _monitored_release() -> str | None:
 
 
 def monitor_call(sched, request, record, exc) -> None:
-    """``conform.capture``'s observer: one call checked, each violation one WARNING line."""
+    """``side.capture``'s observer: one call checked, each violation one WARNING line."""
     from kvbound.trace.callcheck import check_call
 
     release = _monitored_release()
     if release is None:
         return
     if exc is not None:
-        from kvbound.conform.sidecar import assert_site
+        from kvbound.side.sidecar import assert_site
 
         record = dict(record, assert_site=assert_site(exc))
     verdict, found = check_call(release, record)

@@ -9,7 +9,8 @@ connector hit loads synchronously (0.33.0 ``v1/core/sched/scheduler.py:1435-1451
 KVCacheConfig is the two-group hybrid vLLM's own tests build (one shared pool, both
 groups at the same block size, Mamba in ``align`` mode).
 
-Run it in a release's import venv (kvbound is not needed):
+Run it in a release's import venv (kvbound need not be installed: the side package's vLLM
+adapter is loaded from this checkout by path):
 
     PYTHONPATH=~/.cache/kvbound/vllm-0.33.0 ~/.cache/kvbound/deps-*/bin/python \\
         scripts/repro_0_33_sync_mamba.py [--json] [--plant-fix]
@@ -40,6 +41,10 @@ import argparse
 import json
 import sys
 
+from repro_support import side_package
+
+side_package()  # kvbound_side.adapter: vLLM on CPU
+
 B = 64  # tokens_per_block of both groups (== hash block size)
 P, N, M = 320, 0, 64  # prompt, local hit, connector hit
 NEW = P - N - M  # tokens scheduled in the same step as the sync load
@@ -61,20 +66,14 @@ def _call(fn, *a, **kw):
 
 
 def _imports():
-    import torch
+    from kvbound_side import adapter
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core import kv_cache_utils as kcu
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
-                                            KVCacheGroupSpec, MambaSpec)
     from vllm.v1.request import Request
 
-    try:
-        from vllm.utils.hashing import sha256
-    except ImportError:  # older layout
-        from vllm.utils import sha256
-    kcu.init_none_hash(sha256)
+    sha256 = adapter.hashing()
     return locals()
 
 
@@ -106,14 +105,10 @@ def plant_fix(v):
 
 
 def build(v, num_blocks):
-    t = v["torch"].float32
-    fa = v["FullAttentionSpec"](block_size=B, num_kv_heads=1, head_size=8, dtype=t)
-    mamba = v["MambaSpec"](block_size=B, shapes=((64,),), dtypes=(t,), mamba_cache_mode="align")
-    cfg = v["KVCacheConfig"](
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],  # the manager never reads them (vLLM's tests pass [] too)
-        kv_cache_groups=[v["KVCacheGroupSpec"](["attn"], fa), v["KVCacheGroupSpec"](["mamba"], mamba)],
-    )
+    a = v["adapter"]
+    # no kv_cache_tensors: the manager never reads them (vLLM's tests pass [] too)
+    cfg = a.kv_cache_config([a.kv_cache_spec({"kind": kind, "tokens_per_block": B})
+                             for kind in ("full_attention", "mamba")], num_blocks, layer_names=["attn", "mamba"])
     for field, val in (("hash_block_size", B), ("cache_hit_alignment_tokens", B)):
         if hasattr(cfg, field):
             setattr(cfg, field, val)
@@ -227,25 +222,14 @@ def async_control(v):
 
 
 def _spec(v, kind, b, c):
-    t = v["torch"].float32
-    import vllm.v1.kv_cache_interface as kvi
-
-    if kind == "full_attention":
-        return kvi.FullAttentionSpec(block_size=b, num_kv_heads=1, head_size=8, dtype=t)
-    if kind == "sliding_window":
-        kw = {"extra_retained_tokens": c["extra"]} if c.get("extra") else {}
-        return kvi.SlidingWindowSpec(block_size=b, num_kv_heads=1, head_size=8, dtype=t,
-                                     sliding_window=c["w"], **kw)
-    if kind == "chunked_local":
-        return kvi.ChunkedLocalAttentionSpec(block_size=b, num_kv_heads=1, head_size=8, dtype=t,
-                                             attention_chunk_size=c["chunk"])
-    return v["MambaSpec"](block_size=b, shapes=((64,),), dtypes=(t,), mamba_cache_mode="align",
-                          num_speculative_blocks=c.get("S", 0))
+    group = {"kind": kind, "tokens_per_block": b, "sliding_window": c.get("w"),
+             "extra_retained_tokens": c.get("extra"), "attention_chunk_size": c.get("chunk")}
+    more = {"num_speculative_blocks": c.get("S", 0)} if kind == "mamba" else {}
+    return v["adapter"].kv_cache_spec(group, **more)
 
 
 def _build_groups(v, specs, b, num_blocks):
-    cfg = v["KVCacheConfig"](num_blocks=num_blocks, kv_cache_tensors=[],
-                             kv_cache_groups=[v["KVCacheGroupSpec"](["l%d" % i], sp) for i, sp in enumerate(specs)])
+    cfg = v["adapter"].kv_cache_config(specs, num_blocks, layer_names=["l%d" % i for i in range(len(specs))])
     for field, val in (("hash_block_size", b), ("cache_hit_alignment_tokens", b)):
         if hasattr(cfg, field):
             setattr(cfg, field, val)

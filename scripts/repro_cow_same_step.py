@@ -24,17 +24,15 @@ and exits 1 if there is one (0 if none).
 """
 
 import json
-import os
 import sys
 
-TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kvbound", "trace")
+from repro_support import side_package
 
 
 def main(path):
-    sys.path.insert(0, TRACE)
-    import worker  # noqa: F401  (the trace worker's side packages)
-    from kvbound_trace_side.checks import uncomputed_copies
-    from kvbound_trace_side.engine import Release
+    side_package()
+    from kvbound_side.checks import uncomputed_copies
+    from kvbound_side.engine import Release
 
     seg = json.load(open(path))["segment"]
     eng = Release().build(seg["layout"], dict(seg["params"]))

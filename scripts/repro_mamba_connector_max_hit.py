@@ -27,11 +27,12 @@ Exit 1 when B starts past its Mamba state (the defect), 0 otherwise.
 """
 
 import argparse
-import dataclasses
 import json
 import sys
 
-from repro_support import MODULE, idle_connector_base, import_vllm_on_cpu, install_connector, model_dir, register_model
+from repro_support import MODULE, idle_connector_base, install_connector, side_package
+
+side_package()  # kvbound_side.adapter: vLLM on CPU
 
 B = 64  # tokens per block, both groups
 NUM_BLOCKS = 40
@@ -54,40 +55,27 @@ def _connector_module():
     install_connector(NothingConnector)
 
 
-def _build(cls, **kw):  # a release's dataclass from the fields it has
-    if dataclasses.is_dataclass(cls):
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in kw.items() if k in names}
-    return cls(**kw)
-
-
 def run(with_connector=True):
-    import_vllm_on_cpu()
-    import torch
+    from kvbound_side import adapter
+
+    adapter.stub_einops()
     import vllm
     from vllm import SamplingParams
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig, VllmConfig)
-    from vllm.v1 import kv_cache_interface as kci
     from vllm.v1 import outputs as vout
     from vllm.v1.core import kv_cache_utils as kcu
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
 
-    try:
-        from vllm.utils.hashing import sha256
-    except ImportError:
-        from vllm.utils import sha256
-    kcu.init_none_hash(sha256)
+    sha256 = adapter.hashing()
     _connector_module()
-    register_model()
-    d = model_dir(num_hidden_layers=2, vocab_size=65536, max_position_embeddings=8192)
-    t = torch.float32
-    fa = kci.FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=8, dtype=t)
-    mamba = _build(kci.MambaSpec, block_size=B, shapes=((64,),), dtypes=(t,), mamba_cache_mode="align")
-    groups = [kci.KVCacheGroupSpec(["layer.0"], fa), kci.KVCacheGroupSpec(["layer.1"], mamba)]
-    kv_cache_config = kci.KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
+    adapter.register_never_built("LlamaForCausalLM")
+    d = adapter.model_dir(num_hidden_layers=2, vocab_size=65536, max_position_embeddings=8192)
+    kv_cache_config = adapter.kv_cache_config(
+        [adapter.kv_cache_spec({"kind": kind, "tokens_per_block": B}) for kind in ("full_attention", "mamba")],
+        NUM_BLOCKS)
     model = ModelConfig(model=d, tokenizer=d, skip_tokenizer_init=True, max_model_len=8192, dtype="float32",
                         enforce_eager=True)
     cache = CacheConfig(block_size=B, enable_prefix_caching=True, mamba_cache_mode="align")

@@ -1,59 +1,29 @@
-"""What the standalone reproducers in scripts/ share (each runs in a release's import venv,
-without kvbound): vLLM imported on CPU, a local model config with a registered model class
-that is never built, and a minimal KV connector whose worker side does nothing.
+"""What the standalone reproducers in scripts/ share beyond the side package's vLLM adapter
+(each runs in a release's import venv, without kvbound): the side package loaded by path,
+and a minimal KV connector whose worker side does nothing.
 
 A reproducer run as ``python scripts/repro_X.py`` has scripts/ first on ``sys.path``, so
-``import repro_support`` finds this file.
+``import repro_support`` finds this file; ``side_package()`` then makes ``kvbound/side/``
+importable as ``kvbound_side`` (``kvbound_side.adapter`` boots vLLM on CPU: the einops
+stub, hashing, the local model, the specs and the ``KVCacheConfig``).
 """
 
-import json
 import os
 import sys
-import tempfile
 import types
 
 MODULE = "kvbound_repro_connector"  # the kv_connector_module_path the connector is installed as
+SIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kvbound", "side")
 
 
-def import_vllm_on_cpu():
-    """0.29+'s import chain reaches vit_attn_wrappers, which imports einops (never called)."""
+def side_package():
+    """``kvbound/side`` as the package ``kvbound_side`` (its entry script registers it)."""
+    sys.path.insert(0, SIDE)
     try:
-        import einops  # noqa: F401
-    except ImportError:
-        sys.modules["einops"] = types.ModuleType("einops")
-
-
-def model_dir(num_hidden_layers, vocab_size, max_position_embeddings):
-    """A local Llama config.json (no Hugging Face hub), in a fresh temporary directory."""
-    d = tempfile.mkdtemp(prefix="repro-model-")
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-                   "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
-                   "num_hidden_layers": num_hidden_layers, "vocab_size": vocab_size,
-                   "max_position_embeddings": max_position_embeddings,
-                   "rms_norm_eps": 1e-5, "torch_dtype": "float32"}, f)
-    return d
-
-
-def register_model():
-    """The config's architecture, as a class vLLM only inspects."""
-    import torch.nn as nn
-    from vllm import ModelRegistry
-
-    class NeverBuilt(nn.Module):  # only its interface is inspected
-        def __init__(self, *, vllm_config, prefix=""):
-            super().__init__()
-
-        def embed_input_ids(self, input_ids):
-            raise NotImplementedError
-
-        def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
-            raise NotImplementedError
-
-        def compute_logits(self, hidden_states):
-            raise NotImplementedError
-
-    ModelRegistry.register_model("LlamaForCausalLM", NeverBuilt)
+        import worker  # noqa: F401
+    finally:
+        sys.path.remove(SIDE)
+    return sys.modules["kvbound_side"]
 
 
 def idle_connector_base(*mixins):

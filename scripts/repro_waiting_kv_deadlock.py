@@ -23,7 +23,8 @@ What happens (0.30.0 ``v1/core/sched/scheduler.py``):
 0.31.0 drains the requests that hold KV blocks first (``kv_holding_waiting``,
 ``scheduler.py:886-887``, ``_holds_kv_blocks`` :2386), and the same script finishes.
 
-Run it in a release's import venv (kvbound is not needed):
+Run it in a release's import venv (kvbound need not be installed: the side package's vLLM
+adapter is loaded from this checkout by path):
 
     VLLM_TARGET_DEVICE=cpu PYTHONPATH=~/.cache/kvbound/vllm-0.30.0 ~/.cache/kvbound/deps-*/bin/python \\
         scripts/repro_waiting_kv_deadlock.py [--json]
@@ -35,7 +36,9 @@ import argparse
 import json
 import sys
 
-from repro_support import MODULE, idle_connector_base, import_vllm_on_cpu, install_connector, model_dir, register_model
+from repro_support import MODULE, idle_connector_base, install_connector, side_package
+
+side_package()  # kvbound_side.adapter: vLLM on CPU
 
 B = 16  # tokens per block
 NUM_BLOCKS = 12  # the pool, null block included: 11 usable
@@ -65,31 +68,25 @@ def _connector_module():
 
 
 def run():
-    import_vllm_on_cpu()
-    import torch
+    from kvbound_side import adapter
+
+    adapter.stub_einops()
     import vllm
     from vllm import SamplingParams
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig, VllmConfig)
-    from vllm.v1 import kv_cache_interface as kci
     from vllm.v1 import outputs as vout
     from vllm.v1.core import kv_cache_utils as kcu
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
 
-    try:
-        from vllm.utils.hashing import sha256
-    except ImportError:
-        from vllm.utils import sha256
-    kcu.init_none_hash(sha256)
+    sha256 = adapter.hashing()
     _connector_module()
-    register_model()
-    d = model_dir(num_hidden_layers=1, vocab_size=1024, max_position_embeddings=4096)
-    spec = kci.FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=8, dtype=torch.float32)
-    kv_cache_config = kci.KVCacheConfig(
-        num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
-        kv_cache_groups=[kci.KVCacheGroupSpec(["layer.0"], spec)])
+    adapter.register_never_built("LlamaForCausalLM")
+    d = adapter.model_dir(num_hidden_layers=1, vocab_size=1024, max_position_embeddings=4096)
+    kv_cache_config = adapter.kv_cache_config(
+        [adapter.kv_cache_spec({"kind": "full_attention", "tokens_per_block": B})], NUM_BLOCKS)
     model = ModelConfig(model=d, tokenizer=d, skip_tokenizer_init=True, max_model_len=1024, dtype="float32",
                         enforce_eager=True)
     cache = CacheConfig(block_size=B, enable_prefix_caching=True)

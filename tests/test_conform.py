@@ -219,13 +219,13 @@ def test_a_worker_that_always_dies_is_not_restarted_forever(tmp_path, monkeypatc
 # --- capture: case files dumped from a running scheduler ------------------------------------
 
 CAPTURE_DRIVER = r"""
-import importlib.util, json, sys
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); return mod
-worker, capture = load("w", sys.argv[1]), load("c", sys.argv[2])
-rel = worker.Release()
-capture.install(sys.argv[3], rel.scheduler.OffloadingConnectorScheduler)
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import worker  # kvbound/side/worker.py: the side package by path
+sys.path.pop(0)
+from kvbound_side import capture, conform_worker
+rel = conform_worker.Release()
+capture.install(sys.argv[2], rel.scheduler.OffloadingConnectorScheduler)
 for line in sys.stdin:
     print(json.dumps(rel.run_case(json.loads(line))["phase"]))
 """
@@ -237,7 +237,7 @@ def test_capture_dumps_the_real_calls_as_case_files(tmp_path):
     (the engine's own objects read back into the case format)."""
     import subprocess
 
-    from kvbound.conform import capture, worker
+    import kvbound.side
     from kvbound.spec import case_to_dict, load_cases
     from kvbound.spec.strategies import random_cases
 
@@ -248,7 +248,7 @@ def test_capture_dumps_the_real_calls_as_case_files(tmp_path):
     cases = [facts_case()] + v2 + list(random_cases(30, seed=11))
     out = tmp_path / "captured.jsonl"
     r = subprocess.run(
-        [env.python, "-P", "-c", CAPTURE_DRIVER, worker.__file__, capture.__file__, str(out)],
+        [env.python, "-P", "-c", CAPTURE_DRIVER, os.path.dirname(kvbound.side.__file__), str(out)],
         input="".join(json.dumps(case_to_dict(c)) + "\n" for c in cases),
         env=dict(os.environ, PYTHONPATH=env.tree or "", VLLM_TARGET_DEVICE="cpu"),
         capture_output=True, text=True, timeout=600,
@@ -492,9 +492,9 @@ def test_the_0_30_retained_window_witness_fires_window_bound_on_real_0_30():
 
 
 def test_capture_kinds_are_the_specs():
-    """capture.py runs inside vLLM's venv without kvbound, so it keeps a stdlib copy of the kind
-    names: it must be the spec's GroupKind, every one."""
-    from kvbound.conform import capture
+    """The side package runs inside vLLM's venv without kvbound, so its adapter keeps a stdlib
+    copy of the kind names: it must be the spec's GroupKind, every one."""
+    from kvbound.side import adapter
     from kvbound.spec import GroupKind
 
-    assert sorted(kind for _, kind in capture._KINDS) == sorted(k.value for k in GroupKind)
+    assert sorted(kind for kind, _ in adapter.KINDS) == sorted(k.value for k in GroupKind)

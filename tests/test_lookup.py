@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvbound.side.defects import DEFECTS
 from kvbound.spec.lookup import lookup_for_version
 from kvbound.spec.lookup_case import lookup_case_from_dict, lookup_case_to_dict
 from kvbound.spec.lookup_contract import check_lookup
@@ -127,14 +128,10 @@ def test_real_lookup_clean_run_reports_nothing(w033):
     assert not {k for k in kinds if k.split(":")[0] in LOOKUP_CLASSES}, kinds
 
 
-@pytest.mark.parametrize("layout,mutant,kind", [
-    ("full", "lookup_drop_last_chunk", "lookup:lost_hit"),
-    ("full-scripted", "lookup_defer_any_pending", "lookup:needless_deferral"),
-    ("full-scripted", "lookup_never_return", "liveness:stuck_request"),
-    ("full", "lookup_extra_chunk", "lookup:false_hit"),
-])
-def test_real_lookup_planted_defect(layout, mutant, kind, w033):
-    assert kind in _kinds(w033, layout, mutant)
+@pytest.mark.parametrize("defect", [d for d in DEFECTS if d.module == "lookups"], ids=lambda d: d.name)
+def test_real_lookup_planted_defect(defect, w033):
+    assert defect.release == "0.33.0"
+    assert set(defect.catches) <= _kinds(w033, defect.layout, defect.name)
 
 
 def test_real_lookup_with_transfers_in_flight_keeps_its_boundary(w033):

@@ -5,40 +5,92 @@ data/store check fires on a planted defect, stays quiet on a clean run, and repo
 from __future__ import annotations
 
 import collections
+import random
 import types
 
 import pytest
 
+from kvbound.side import content as C
+from kvbound.side import tier as T
+from kvbound.side.defects import DEFECTS
 from kvbound.trace import runner as R
-from kvbound.trace import shadow as SH
 from kvbound.trace.layouts import LAYOUTS
 
 
 
-# --- pure parts ---------------------------------------------------------------------------
+# --- the parts, built from plain objects ------------------------------------------------------
 
-def test_prefix_identity_is_request_independent_and_chained():
-    a = b = 0
-    for t in (5, 9, 11):
-        a, b = SH.chain(a, t), SH.chain(b, t)
-    assert a == b
-    assert SH.chain(SH.chain(0, 5), 9) != SH.chain(SH.chain(0, 9), 5)
+def _req(rid, tokens, computed):
+    return types.SimpleNamespace(request_id=rid, num_prompt_tokens=len(tokens), prompt_token_ids=tokens,
+                                 num_computed_tokens=computed)
 
 
-def _shadow(bpc):
-    sh = SH.ShadowKV.__new__(SH.ShadowKV)
-    sh.bpc = bpc
-    return sh
+def _content(tables, requests, violations):
+    """One full-attention group of 4-token blocks; ``tables``: request id -> its block ids."""
+    blocks = {rid: [types.SimpleNamespace(block_id=b, is_null=b == 0) for b in ids] for rid, ids in tables.items()}
+    manager = types.SimpleNamespace(block_size=4, req_to_blocks=blocks, get_num_skipped_tokens=lambda n: 0)
+    sched = types.SimpleNamespace(requests={r.request_id: r for r in requests})
+    return C.ContentModel([manager], ["full_attention"], sched, C.Report(violations, lambda: 1), {})
+
+
+def _step(model, scheduled):
+    model.forward(types.SimpleNamespace(num_scheduled_tokens=scheduled, scheduled_spec_decode_tokens={}))
+
+
+def test_a_request_reads_a_sharing_prefix_s_kv_and_no_other():
+    """Prefix identities are request-independent: B, sharing A's first block of tokens, reads
+    the block A's forward wrote; C, whose first token differs, reading the same block is
+    data:wrong_kv, named by who, where and what it found."""
+    a = _req("1", [5, 6, 7, 8, 9, 10, 11, 12], 8)
+    b = _req("2", [5, 6, 7, 8, 30, 31], 6)
+    c = _req("3", [4, 6, 7, 8, 30, 31], 6)
+    violations = []
+    model = _content({"1": [1, 2], "2": [1, 3], "3": [1, 4]}, [a, b, c], violations)
+    _step(model, {"1": 8})  # A computes tokens 0..7 into blocks 1 and 2
+    _step(model, {"2": 2})  # B computes 4..5 on top of A's block 1: reads 0..3 there
+    assert violations == []
+    _step(model, {"3": 2})
+    (v,) = violations
+    assert (v["check"], v["request"], v["group"], v["block_id"], v["position"]) == ("data:wrong_kv", "3", 0, 1, 0)
+    assert v["found"][2:] == ["1", 0]  # request 1's KV of position 0
+    assert model.stats["shadow_writes"] == 12
 
 
 def test_job_pairs_follow_the_cpu_worker_mapping():
     """transfer_async: per group, GPU blocks onto CPU sub-blocks from block_indices % bpc."""
     spec = types.SimpleNamespace(block_ids=[7, 8, 9, 4], group_sizes=[3, 1], block_indices=[1, 2])
-    got = _shadow(2).pairs(spec, [100, 101, 200])
     # group 0 starts at sub-block 1 of CPU block 100; group 1 at sub-block 0 of 200
-    assert got == [(0, 7, 100, 1), (0, 8, 101, 0), (0, 9, 101, 1), (1, 4, 200, 0)]
+    assert T.job_pairs(spec, [100, 101, 200], 2) == [(0, 7, 100, 1), (0, 8, 101, 0), (0, 9, 101, 1), (1, 4, 200, 0)]
     spec1 = types.SimpleNamespace(block_ids=[3, 5], group_sizes=[2], block_indices=[4])
-    assert _shadow(1).pairs(spec1, [10, 11]) == [(0, 3, 10, 0), (0, 5, 11, 0)]
+    assert T.job_pairs(spec1, [10, 11], 1) == [(0, 3, 10, 0), (0, 5, 11, 0)]
+
+
+class _NoContract:
+    """A store contract that covers nothing and checks nothing (the tier's copies alone)."""
+
+    def coverage(self, job):
+        return {}
+
+    def check_store(self, job):
+        pass
+
+
+def test_a_load_brings_back_what_a_store_copied_and_a_failed_load_nothing():
+    a = _req("1", [5, 6, 7, 8], 4)
+    violations = []
+    model = _content({"1": [1]}, [a], violations)
+    _step(model, {"1": 4})
+    tier = T.TierTransfers(1, model, _NoContract(), model.report, random.Random(0), model.stats)
+    gpu = lambda *ids: types.SimpleNamespace(block_ids=list(ids), group_sizes=[len(ids)], block_indices=[0])
+    cpu = lambda *ids: types.SimpleNamespace(block_ids=list(ids))
+    tier.store_req[1] = "1"
+    tier.submit("store", 1, gpu(1), cpu(100), 0, True)  # delay 0: copies at submission
+    tier.complete(1)
+    tier.submit("load", 2, cpu(100), gpu(7), 0, True)
+    tier.submit("load", 3, cpu(100), gpu(9), 0, False)
+    assert model.gpu[7] == model.gpu[1] and 9 not in model.gpu
+    assert "load job 2" in model.gpu_via[7] and "store job 1 of request 1" in model.gpu_via[7]
+    assert model.stats["shadow_copies"] == 2 and violations == []
 
 
 # --- real vLLM ----------------------------------------------------------------------------
@@ -50,20 +102,11 @@ def _kinds(w, version, layout, overrides=None, n=100, seed=3):
     return collections.Counter(f.kind for f in found), found
 
 
-@pytest.mark.parametrize("mutant,kinds", [
-    # the connector stores one chunk past the computed horizon
-    ("store_past_horizon", {"store:foreign_source", "data:wrong_kv"}),
-    # block reuse no longer waits (jobs_to_flush dropped): a source is rewritten before its copy
-    ("skip_fence", {"store:source_rewritten"}),
-    # a load lands one block off: the request reads KV that is not its own
-    ("load_dst_shift", {"data:wrong_kv"}),
-    # one chunk of each store is never offered to the tier
-    ("drop_store", {"store:lost_chunk"}),
-])
-def test_shadow_checks_fire_on_a_planted_defect(mutant, kinds, workers):
-    env, w = workers("0.30.0")
-    got, found = _kinds(w, "0.30.0", "full", {"mutant": mutant})
-    assert kinds <= set(got), dict(got)
+@pytest.mark.parametrize("defect", [d for d in DEFECTS if d.module == "tier"], ids=lambda d: d.name)
+def test_shadow_checks_fire_on_a_planted_defect(defect, workers):
+    env, w = workers(defect.release)
+    got, found = _kinds(w, defect.release, defect.layout, {"mutant": defect.name})
+    assert set(defect.catches) <= set(got), dict(got)
     wrong = [f for f in found if f.kind == "data:wrong_kv"]
     for f in wrong[:3]:  # a read finding names who and where, and where the content came from
         assert {"request", "group", "block_id", "position", "expected", "found"} <= set(f.detail)
@@ -162,7 +205,7 @@ def test_chunk_size_reaches_every_release():
     """The chunk size goes in the extra-config key every release reads (``block_size``,
     tokens per chunk); ``blocks_per_chunk`` only where the groups' block sizes differ (a
     key only 0.26+ reads); nothing for one block per chunk (every release's default)."""
-    from kvbound.trace.layouts import chunk_size_config
+    from kvbound.side.engine import chunk_size_config
 
     assert chunk_size_config(LAYOUTS["bpc2"].job_layout()) == {"block_size": 32}
     assert chunk_size_config(LAYOUTS["full"].job_layout()) == {}

@@ -10,6 +10,7 @@ import pytest
 
 from kvbound.cli import main
 from kvbound.conform import compare as C
+from kvbound.side.defects import DEFECTS
 from kvbound.spec import case_from_dict
 from kvbound.trace import runner as R
 from kvbound.trace import shrink as S
@@ -260,18 +261,13 @@ def test_real_trace_scripted_tier(workers):
     assert plain[0].stats["tier_pending"] == plain[0].stats["tier_evicted"] == 0  # off unless scripted
 
 
-@pytest.mark.parametrize("mutant,kinds", [
-    ("dst_off_by_one", {"plan:spec_disagreement", "lifecycle:load_into_foreign_block"}),
-    ("lost_store", {"lifecycle:not_drained"}),
-    # a tier that evicts a chunk right after answering HIT for it (through the spec factory)
-    ("evict_at_lookup", {"lifecycle:load_key_not_confirmed", "crash:exception"}),
-])
-def test_real_trace_reports_a_planted_defect(mutant, kinds, workers):
-    env, w = workers("0.33.0")
-    job = R.make_job("full", (3, "mut"), 80, 0, "sync", {"mutant": mutant})
+@pytest.mark.parametrize("defect", [d for d in DEFECTS if d.module in ("engine", "fakes")], ids=lambda d: d.name)
+def test_real_trace_reports_a_planted_defect(defect, workers):
+    env, w = workers(defect.release)
+    job = R.make_job(defect.layout, (3, "mut"), 80, 0, "sync", {"mutant": defect.name})
     job["max_steps"] = 3000
-    found, _ = R.check_result("0.33.0", "full", job, w.job(job))
-    assert kinds <= {f.kind for f in found}
+    found, _ = R.check_result(defect.release, defect.layout, job, w.job(job))
+    assert set(defect.catches) <= {f.kind for f in found}
 
 
 FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"

@@ -43,8 +43,7 @@ vllm.plugins.load_general_plugins()  # as EngineCore.__init__ does
 vllm.plugins.plugins_loaded = False
 vllm.plugins.load_general_plugins()  # and a worker in the same process: nothing twice
 
-import kvbound.trace.worker  # noqa: E402,F401 - the side package kvbound_trace_side
-from kvbound_trace_side.engine import Release  # noqa: E402
+from kvbound.side.engine import Release  # noqa: E402 - kvbound is installed here
 
 rel = Release()
 with open(sys.argv[2]) as f:

@@ -1,7 +1,7 @@
 """``kvbound premises CASE...``: check the premises the proofs assume on concrete calls.
 
 Each premise of ``kvbound.proofs.premises`` (its one term, folded on the case) runs on every group
-of every case; a case captured from a running vLLM (``conform/capture.py``) so shows
+of every case; a case captured from a running vLLM (``side/capture.py``) so shows
 whether real calls meet what the obligations assume. Exit 0 when every premise holds
 on every case, 1 when one fails (each failure names the case, group, premise and
 the blocks at fault), 2 on bad input.

@@ -1,7 +1,7 @@
 """Judging one real result against the spec: which assert fired, which fields differ.
 
 Pure functions over JSON, so they are tested without vLLM. The real side is the
-worker's line (``worker.py``); the spec side is ``LoadPlan.to_json`` (the fields
+worker's line (``side/conform_worker.py``); the spec side is ``LoadPlan.to_json`` (the fields
 ``kvbound plan`` prints), so both speak the same field names.
 """
 

@@ -22,16 +22,15 @@ from kvbound.spec import case_to_dict
 
 from .prepare import PrepareError, ReleaseEnv
 
-WORKER = Path(__file__).with_name("worker.py")
+# the side package's entry script (kvbound/side/worker.py), run as "worker.py <role>"
+WORKER = Path(__file__).parent.parent / "side" / "worker.py"
 MAX_CRASHES_IN_A_ROW = 3
 
 
 class Worker:
-    def __init__(self, env: ReleaseEnv, script: Path | None = None):
+    def __init__(self, env: ReleaseEnv, role: str = "conform"):
         self.env = env
-        # kvbound trace runs its own worker script through this class; None: WORKER, read at
-        # call time (tests point WORKER at a fake)
-        self.script = script or WORKER
+        self.role = role  # what the entry script serves: conform's cases, or kvbound trace's jobs
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
         self._err = tempfile.TemporaryFile(mode="w+")
@@ -44,7 +43,7 @@ class Worker:
             pyenv["PYTHONPATH"] = self.env.tree
         # -P keeps the worker's own directory (kvbound's sources) off sys.path.
         self.proc = subprocess.Popen(
-            [self.env.python, "-P", str(self.script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [self.env.python, "-P", str(WORKER), self.role], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._err, text=True, bufsize=1, env=pyenv,
         )
         line = self._readline(WORKERS.hello_timeout_s)

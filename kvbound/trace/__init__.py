@@ -1,15 +1,11 @@
-"""``kvbound trace``: vLLM's real engine-core scheduler stepping organic traffic.
+"""``kvbound trace``: vLLM's real engine-core scheduler stepping organic traffic (host side).
 
-Worker side (runs in the release's side venv, vLLM and the standard library only; the
-side package ``kvbound_trace_side``): ``worker.py`` the entry script and job protocol,
-``engine.py`` the adapter that builds and steps the real engine and captures every
-connector call, ``fakes.py`` what stands in for the model runner, the transfer engine
-and an adversarial tier, ``checks.py`` the lifecycle promises checked inside the
-engine. The plumbing shared with conform's worker is ``kvbound/conform/sidecar.py``.
-
-Host side: ``layouts`` (the engines, one ``Layout`` record each), ``workload`` (seeded traffic),
+What runs in the release's side venv (the worker, the engine adapter, the fakes, the checks
+and captures inside the engine) is the side package ``kvbound/side/``; this package is the
+host: ``layouts`` (the engines, one ``Layout`` record each), ``workload`` (seeded traffic),
 ``runner`` (segments and findings; the checks at every captured call, spec and premises, are
-``callcheck``'s), ``session`` (one release's trace session: what ``kvbound trace`` and each
-campaign shard run), ``shrink``, ``tracefile`` and ``campaign``. The finding kinds are the
-findings table's (``kvbound/side/findings.py``).
+``callcheck``'s), ``storecheck`` and ``lookup_checks`` (captured stores and lookups against the
+spec), ``session`` (one release's trace session: what ``kvbound trace`` and each campaign shard
+run), ``shrink``, ``tracefile`` and ``campaign``. The finding kinds are the findings table's
+(``kvbound/side/findings.py``).
 """

@@ -250,20 +250,3 @@ def layout_support(layout_name: str, version: str) -> str | None:
     if not missing:
         return None
     return f"vllm {version} cannot run layout {layout_name}: " + "; ".join(missing)
-
-
-def chunk_size_config(lay):
-    """The ``kv_connector_extra_config`` entry that makes a chunk ``blocks_per_chunk`` GPU
-    blocks. Every release reads ``block_size``, the tokens of one offloaded chunk, when
-    all groups share one block size (0.24.0 ``v1/kv_offload/base.py:503-515``; 0.26.0
-    ``offloading/config.py:61,75-88``; 0.33.0 ``offloading/config.py:123``); only 0.26 and
-    later read ``blocks_per_chunk`` (0.26.0 ``offloading/config.py:60``): before 0.26 that
-    key is ignored and a chunk is one block. One chunk per block is every release's
-    default: no entry."""
-    bpc = lay.get("blocks_per_chunk", 1)
-    if bpc == 1:
-        return {}
-    sizes = {g["tokens_per_block"] for g in lay["groups"]}
-    if len(sizes) == 1:
-        return {"block_size": sizes.pop() * bpc}
-    return {"blocks_per_chunk": bpc}

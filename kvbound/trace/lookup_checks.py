@@ -1,5 +1,5 @@
 """Host side of the lookup checks: at every ``get_num_new_matched_tokens`` call the trace
-captured (``kvbound/trace/lookups.py``), (a) the spec of that release
+captured (``kvbound/side/lookups.py``), (a) the spec of that release
 (``spec/lookup.py``) must give the real answer (``lookup:spec_disagreement``), and
 (b) the answer must keep the lookup contract (``spec/lookup_contract.py``;
 docs/lookup.md): ``lookup:false_hit``, ``lookup:lost_hit`` and

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kvbound.conform.compare import AGREE, DISAGREE
 from kvbound.conform.prepare import ReleaseEnv
@@ -27,16 +26,15 @@ from .callcheck import check_call
 from .layouts import LAYOUTS, layout_support
 from .workload import workload
 
-SCRIPT = Path(__file__).with_name("worker.py")
 STAT_KEYS = ("requests", "steps", "lookups", "loads", "partial_hits", "partial_tails", "stores",
              "preemptions", "aborts", "drafts", "accepted", "tier_pending", "tier_retry", "tier_evicted")
 
 
 class TraceWorker(Worker):
-    """conform's worker process, running kvbound/trace/worker.py: one job per line."""
+    """conform's worker process, serving kvbound/side/trace_worker.py: one job per line."""
 
     def __init__(self, env: ReleaseEnv):
-        super().__init__(env, SCRIPT)
+        super().__init__(env, "trace")
 
     def job(self, job: dict) -> dict:
         import json

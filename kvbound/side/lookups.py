@@ -13,21 +13,14 @@ the request from the chunk of ``num_computed_tokens`` on is probed in the tier's
 table (``_policy.get``: absent MISS, not ready HIT_PENDING, else HIT), which changes
 nothing in the tier.
 
-Planted defects (tests only, ``params["mutant"]``): ``lookup_drop_last_chunk`` (the hit
-loses its last chunk), ``lookup_defer_any_pending`` (defer, instead of hitting, while the
-tier holds any key pending), ``lookup_never_return`` (a request deferred once is deferred for
-ever), ``lookup_extra_chunk`` (the hit claims one more chunk than the tier holds).
+Planted defects (tests only, ``params["mutant"]``): the ``lookup_*`` rows of
+``defects.DEFECTS``, planted in ``mutate``.
 """
+
+from .adapter import first_attr
 
 # How many steps a request may stay deferred by its lookup (docs/lookup.md, progress).
 STUCK_BOUND_STEPS = 64
-
-
-def _first(obj, *names, default=None):
-    for n in names:
-        if hasattr(obj, n):
-            return getattr(obj, n)
-    return default
 
 
 class LookupCapture:
@@ -51,18 +44,16 @@ class LookupCapture:
             return self.names[r]
         return self.bool_names.get(r if r is None else bool(r), "MISS")
 
-    def install(self):
-        mgr = self.cs.manager
-        orig = mgr.lookup
+    def subscribe(self, tap):
         cap = self
 
-        def lookup(key, *a, **k):
-            r = orig(key, *a, **k)
+        def lookup(call, key, *a, **k):
+            r = call(key, *a, **k)
             if cap.asked is not None:
                 cap.asked.append((key, r))
             return r
 
-        mgr.lookup = lookup
+        tap.around(self.cs.manager, "lookup", lookup)
 
     # -- one call ---------------------------------------------------------------------------
     def call(self, orig, request, num_computed_tokens, a, k):
@@ -71,7 +62,7 @@ class LookupCapture:
         st = getattr(cs, "_req_status", {}).get(rid)
         transfer_jobs = bool(getattr(st, "transfer_jobs", None)) if st is not None else False
         prior_boundary = getattr(st, "partial_tail_boundary", None)
-        loading = _first(cs, "_chunks_being_loaded", "_blocks_being_loaded")
+        loading = first_attr(cs, "_chunks_being_loaded", "_blocks_being_loaded", default=None)
         being_loaded = set(loading) if loading else set()
         self.asked = []
         try:
@@ -119,8 +110,8 @@ class LookupCapture:
         kv_groups = self.eng.kv_cache_config.kv_cache_groups
         for ci, (g, gs) in enumerate(zip(cfg.kv_group_configs, st.group_states)):
             gi = getattr(g, "group_idx", ci)
-            tpc = _first(g, "tokens_per_chunk", "offloaded_block_size")
-            window = _first(g, "sliding_window_size_in_chunks", "sliding_window_size_in_blocks")
+            tpc = first_attr(g, "tokens_per_chunk", "offloaded_block_size", default=None)
+            window = first_attr(g, "sliding_window_size_in_chunks", "sliding_window_size_in_blocks", default=None)
             keys = list(gs.offload_keys)
             for c, key in enumerate(keys):
                 name_of.setdefault(key, "%d:%d" % (gi, c))

@@ -1,11 +1,10 @@
 """kvbound trace's engine adapter: vLLM's real engine-core ``Scheduler`` stepping a workload.
 
-Worker side: runs in the release's deps venv with ``PYTHONPATH=<release tree>``, where
-kvbound is NOT installed (standard library and vLLM only), imported by
-``kvbound/trace/worker.py`` as part of the side package ``kvbound_trace_side``; the
-plumbing shared with conform's worker (``kvbound/conform/sidecar.py``) and
-``capture.case_of_call`` (which turns each real ``update_state_after_alloc`` call into a
-kvbound case) are loaded by path.
+Part of the side package: runs in the release's deps venv with ``PYTHONPATH=<release
+tree>``, where kvbound is NOT installed (standard library, vLLM and the side package),
+imported by ``trace_worker.py``. vLLM is booted on CPU by ``adapter.py``;
+``capture.case_of_call`` turns each real ``update_state_after_alloc`` call into a kvbound
+case.
 
 Real: ``Scheduler`` / ``AsyncScheduler``, ``KVCacheManager``, block pool, the
 single-type managers, ``OffloadingConnector`` on the scheduler AND worker side, the
@@ -15,22 +14,15 @@ Faked (``fakes.py``): the model class (registered, never instantiated), the
 model runner's output. Checked (``checks.py``): the lifecycle promises.
 """
 
-import atexit
 import dataclasses
-import json
-import os
 import random
-import shutil
-import tempfile
 
-import kvbound_sidecar as sidecar
-
-from . import checks, fakes, layouts, lookups, shadow
+from . import adapter, capture, checks, defects, fakes, lookups, shadow, sidecar, tap
 
 
 class Release:
     def __init__(self):
-        sidecar.quiet_environment()
+        adapter.quiet_environment()
         import torch
         import vllm
         from vllm.v1.core import kv_cache_utils as kcu
@@ -45,115 +37,47 @@ class Release:
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler as osched
 
-        try:
-            from vllm.utils.hashing import sha256
-        except ImportError:
-            from vllm.utils import sha256
         self.version = vllm.__version__
         self.torch, self.kcu, self.kci, self.obase, self.vout = torch, kcu, kci, obase, vout
         self.Scheduler, self.AsyncScheduler = Scheduler, AsyncScheduler
         self.Request, self.RequestStatus, self.SamplingParams = Request, RequestStatus, SamplingParams
         self.oc, self.KVConnectorRole, self.osched = oc, KVConnectorRole, osched
-        self.sha256 = sha256
-        kcu.init_none_hash(sha256)
-        self.capture = sidecar.load_conform("capture")
-        self.model_dir = self._model_dir()
-        self._register_model()
+        self.sha256 = adapter.hashing()
+        self.capture = capture
+        # three MTP modules: a speculative config of method "mtp" is multi-module
+        # (SpeculativeConfig.use_multi_module_mtp, 0.30.0 vllm/config/speculative.py:1944-1950);
+        # every segment's engine reads the directory, gone with the worker
+        self.model_dir = adapter.model_dir(max_position_embeddings=1 << 16, tie_word_embeddings=False,
+                                           num_nextn_predict_layers=3)
+        # and the EAGLE drafter a speculative config names (SpeculativeConfig inspects its class)
+        adapter.register_never_built("LlamaForCausalLM", "EagleLlamaForCausalLM")
         self.scheduler_file = osched.__file__
-
-    # -- model: a local config.json and a registered class object (no model code) ---------
-    def _model_dir(self):
-        d = tempfile.mkdtemp(prefix="kvbound-trace-model-")
-        atexit.register(shutil.rmtree, d, True)  # every segment's engine reads it; gone with the worker
-        cfg = {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
-            "num_hidden_layers": 2, "vocab_size": 65536, "max_position_embeddings": 1 << 16,
-            "rms_norm_eps": 1e-5, "torch_dtype": "float32", "tie_word_embeddings": False,
-            # three MTP modules: a speculative config of method "mtp" is multi-module
-            # (SpeculativeConfig.use_multi_module_mtp, 0.30.0 vllm/config/speculative.py:1944-1950)
-            "num_nextn_predict_layers": 3,
-        }
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(cfg, f)
-        return d
-
-    def _register_model(self):
-        from vllm import ModelRegistry
-        import torch.nn as nn
-
-        class KvboundTraceModel(nn.Module):
-            """Never instantiated: only its interface is inspected."""
-
-            def __init__(self, *, vllm_config, prefix=""):
-                super().__init__()
-
-            def embed_input_ids(self, input_ids):
-                raise NotImplementedError
-
-            def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
-                raise NotImplementedError
-
-            def compute_logits(self, hidden_states):
-                raise NotImplementedError
-
-        ModelRegistry.register_model("LlamaForCausalLM", KvboundTraceModel)
-        # the EAGLE drafter a speculative config names (SpeculativeConfig inspects its class)
-        ModelRegistry.register_model("EagleLlamaForCausalLM", KvboundTraceModel)
 
     # -- one engine --------------------------------------------------------------------
     def build(self, lay, par):
         from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
                                  ParallelConfig, SchedulerConfig, VllmConfig)
 
-        t = self.torch.float32
-        groups = []
-        page_bytes = []
-        for gi, g in enumerate(lay["groups"]):
-            b = g["tokens_per_block"]
-            kind = g["kind"]
-            if kind == "full_attention":
-                spec = self.kci.FullAttentionSpec(block_size=b, num_kv_heads=1, head_size=8, dtype=t)
-            elif kind == "sliding_window":
-                spec = sidecar.build(self.kci.SlidingWindowSpec, block_size=b, num_kv_heads=1, head_size=8,
-                              dtype=t, sliding_window=g["sliding_window"],
-                              extra_retained_tokens=g.get("extra_retained_tokens", 0))
-            elif kind == "chunked_local":
-                spec = self.kci.ChunkedLocalAttentionSpec(block_size=b, num_kv_heads=1, head_size=8,
-                                                          dtype=t, attention_chunk_size=g["attention_chunk_size"])
-            elif kind == "mamba":
-                spec = sidecar.build(self.kci.MambaSpec, block_size=b, shapes=((g.get("state", 64),),),
-                              dtypes=(t,), mamba_cache_mode="align")
-            else:
-                raise ValueError(kind)
-            gs = self.kci.KVCacheGroupSpec(["layer.%d" % gi], spec)
-            if g.get("eagle"):  # the drafter's layers: vLLM's planner tags them (kv_cache_planning)
-                if not hasattr(gs, "is_eagle_group"):
-                    raise ValueError("vllm %s has no KVCacheGroupSpec.is_eagle_group (EAGLE layouts"
-                                     " need 0.33 or later)" % self.version)
-                gs.is_eagle_group = True
-            groups.append(gs)
-            page_bytes.append(spec.page_size_bytes)
+        mutant = defects.planted(par.get("mutant"))  # tests only: a row of defects.DEFECTS
+        specs = [adapter.kv_cache_spec(g, head_size=8, state_size=g.get("state", 64)) for g in lay["groups"]]
+        eagle = {gi for gi, g in enumerate(lay["groups"]) if g.get("eagle")}
+        # the drafter's layers: vLLM's planner tags them (kv_cache_planning)
+        if eagle and "is_eagle_group" not in adapter.fields(self.kci.KVCacheGroupSpec):
+            raise ValueError("vllm %s has no KVCacheGroupSpec.is_eagle_group (EAGLE layouts"
+                             " need 0.33 or later)" % self.version)
+        page_bytes = [s.page_size_bytes for s in specs]
         nb = par["num_gpu_blocks"]
-        kv_cache_config = sidecar.build(
-            self.kci.KVCacheConfig, num_blocks=nb,
-            # 0.29 sizes the CPU tier from kv_cache_tensors[0].size (offloading/config.py)
-            kv_cache_tensors=[sidecar.build(
-                self.kci.KVCacheTensor, size=nb * sum(page_bytes),
-                shared_by=["layer.%d" % i for i in range(len(groups))],
-                layers=["layer.%d" % i for i in range(len(groups))],
-                layer_stride=nb * max(page_bytes), block_stride=sum(page_bytes))],
-            kv_cache_groups=groups)
+        kv_cache_config = adapter.kv_cache_config(specs, nb, eagle=eagle, tensors=True)
         block_size = lay["groups"][0]["tokens_per_block"]
         extra = {"cpu_bytes_to_use": par["cpu_chunks"] * sum(page_bytes) * lay.get("blocks_per_chunk", 1)
                  + 4096 * 64}
-        extra.update(layouts.chunk_size_config(lay))
+        extra.update(chunk_size_config(lay))
         if par.get("sync_load_budget_bytes"):
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
         if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
             extra["offload_prompt_only"] = bool(par["offload_prompt_only"])
         script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p", "stall_p") if par.get(k)}
-        if par.get("mutant") == "evict_at_lookup":  # planted: the tier evicts what it just answered HIT
+        if mutant == "evict_at_lookup":  # planted: the tier evicts what it just answered HIT
             script["evict_at_lookup"] = True
         if script:  # the scripted tier, through vLLM's spec factory (out-of-tree path)
             fakes.install_scripted_tier(self.obase)
@@ -237,6 +161,23 @@ class Release:
         return bs, hbs
 
 
+def chunk_size_config(lay):
+    """The ``kv_connector_extra_config`` entry that makes a chunk ``blocks_per_chunk`` GPU
+    blocks. Every release reads ``block_size``, the tokens of one offloaded chunk, when
+    all groups share one block size (0.24.0 ``v1/kv_offload/base.py:503-515``; 0.26.0
+    ``offloading/config.py:61,75-88``; 0.33.0 ``offloading/config.py:123``); only 0.26 and
+    later read ``blocks_per_chunk`` (0.26.0 ``offloading/config.py:60``): before 0.26 that
+    key is ignored and a chunk is one block. One chunk per block is every release's
+    default: no entry."""
+    bpc = lay.get("blocks_per_chunk", 1)
+    if bpc == 1:
+        return {}
+    sizes = {g["tokens_per_block"] for g in lay["groups"]}
+    if len(sizes) == 1:
+        return {"block_size": sizes.pop() * bpc}
+    return {"blocks_per_chunk": bpc}
+
+
 def _structured(vllm_config):
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -255,12 +196,12 @@ class Engine:
         # The shadow and the store checks map chunks with the layout's blocks_per_chunk: the
         # connector must run with it (a release that ignored the setting once ran bpc2 with
         # one block per chunk, and the shadow's mapping reported its stores as wrong).
-        real_bpc = rel.capture._first(self.csched.config, "blocks_per_chunk", "block_size_factor")
+        real_bpc = adapter.first_attr(self.csched.config, "blocks_per_chunk", "block_size_factor")
         if real_bpc != lay.get("blocks_per_chunk", 1):
             raise ValueError("layout %s asks for %d blocks per chunk, vllm %s's connector runs with %s"
                              % (lay.get("name"), lay.get("blocks_per_chunk", 1), rel.version, real_bpc))
         self.rng = random.Random(par.get("seed", 0))
-        self.mutant = par.get("mutant")  # tests only: a planted defect the checks must report
+        self.mutant = par.get("mutant")  # tests only: a planted defect the checks must report (defects.py)
         cls = fakes.fake_transfer_engine_class(rel.obase)
         self.transfers = cls(self.rng, par.get("max_delay", 2), par.get("fail_p", 0.0), self)
         wconn.connector_worker.worker = self.transfers
@@ -285,24 +226,29 @@ class Engine:
         # Nor on the pre-0.25 worker API (one transfer_async per job): its fake moves nothing.
         self.shadow = None if par.get("shadow") is False or (par.get("async") and self.num_spec) \
             or not hasattr(self.transfers, "submit_store") else shadow.ShadowKV(self)
-        self._wrap()
+        # Every observed vLLM method is wrapped once, by the tap; each subscriber below sits
+        # inside the ones subscribed after it (the scripted tier innermost, nearest vLLM).
+        self.tap = tap.Tap()
+        if getattr(self.csched.manager, "_kvbound_script", None):
+            fakes.script_tier(self.csched.manager, rel.obase, self.tap)
+        self._subscribe()
+        self.checks.subscribe(self.tap)
+        self.lookup_capture.subscribe(self.tap)
         if self.shadow is not None:
-            self.shadow.install()
+            self.shadow.subscribe(self.tap)
 
     # -- connector calls seen -----------------------------------------------------------
-    def _wrap(self):
+    def _subscribe(self):
         eng = self
         cs = self.csched
-        orig_uasa = cs.update_state_after_alloc
-        orig_lookup = cs.get_num_new_matched_tokens
 
-        def get_num_new_matched_tokens(request, num_computed_tokens, *a, **k):
-            res = eng.lookup_capture.call(orig_lookup, request, num_computed_tokens, a, k)
+        def get_num_new_matched_tokens(call, request, num_computed_tokens, *a, **k):
+            res = eng.lookup_capture.call(call, request, num_computed_tokens, a, k)
             eng.stats["lookups"] += 1
             eng.last_lookup[request.request_id] = (num_computed_tokens, res)
             return res
 
-        def update_state_after_alloc(request, blocks, num_external_tokens):
+        def update_state_after_alloc(call, request, blocks, num_external_tokens):
             case = None
             if num_external_tokens:
                 ctx = eng.call_context(request)  # before the call: it clears partial_tail_boundary
@@ -318,7 +264,7 @@ class Engine:
             jobs_before = set(getattr(cs, "_current_batch_load_jobs", {}) or {})
             nkeys = len(eng.loaded_keys)
             try:
-                r = orig_uasa(request, blocks, num_external_tokens)
+                r = call(request, blocks, num_external_tokens)
             except BaseException as e:
                 if case is not None:
                     eng.cases.append(dict(ctx, case=case, outcome=(
@@ -346,10 +292,8 @@ class Engine:
                 eng.cases.append(res)
             return r
 
-        cs.get_num_new_matched_tokens = get_num_new_matched_tokens
-        cs.update_state_after_alloc = update_state_after_alloc
-        self.checks.install()
-        self.lookup_capture.install()
+        self.tap.around(cs, "get_num_new_matched_tokens", get_num_new_matched_tokens)
+        self.tap.around(cs, "update_state_after_alloc", update_state_after_alloc)
 
     def call_context(self, request):
         """What the lookup answered for this request, beside the captured case."""
@@ -388,13 +332,10 @@ class Engine:
         w = self.wconn
         meta = so.kv_connector_metadata
         w.handle_preemptions(meta)
-        self.checks.check_block_copies(so)
-        if self.shadow is not None:  # the model runner's _update_states: zeroing, block copies
-            self.shadow.update_states(so)
+        self.tap.publish("update_states", so)  # the model runner's _update_states: zeroing, block copies
         w.bind_connector_metadata(meta)
         w.start_load_kv(None)
-        if self.shadow is not None:  # the forward: what it reads, then what it writes
-            self.shadow.forward(so)
+        self.tap.publish("forward", so)  # the forward: what it reads, then what it writes
         w.wait_for_save()
         if hasattr(w, "get_transfer_results"):
             tr = w.get_transfer_results(so.finished_req_ids)
@@ -473,7 +414,7 @@ class Engine:
                 self.model_runner.propose_drafts(so)
         self.checks.check_drained()
         if self.shadow is not None:
-            self.shadow.check_lost_chunks()
+            self.shadow.contract.check_lost_chunks()
             self.stats.update(self.shadow.stats)
 
     def engine_busy(self):

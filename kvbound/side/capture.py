@@ -2,10 +2,11 @@
 loads (``num_external_tokens > 0``) is written as one kvbound case line, before vLLM
 plans it, so a call that crashes the engine is on disk first.
 
-Like ``worker.py`` it imports only the standard library and vLLM, so it can be loaded
-in an engine process where kvbound is not installed: put this file on the engine's
-path and, in a ``sitecustomize.py`` there, ``import capture; capture.install_from_env()``
-with ``KVBOUND_CAPTURE=/path/cases.jsonl`` set. Replay with ``kvbound plan
+Part of the side package: it imports only the standard library, vLLM and the side package,
+so it can be loaded in an engine process where kvbound is not installed (docs/case-format.md:
+``kvbound/side/`` on the engine's path and, in a ``sitecustomize.py`` there, ``import worker``,
+then ``kvbound_side.capture.install_from_env()`` with ``KVBOUND_CAPTURE=/path/cases.jsonl``
+set); the plugin imports it as ``kvbound.side.capture``. Replay with ``kvbound plan
 --vllm-version X cases.jsonl`` or ``kvbound conform``.
 """
 
@@ -15,29 +16,9 @@ import logging
 import os
 import threading
 
-_KINDS = (  # checked in this order: a subclass before its base
-    ("ChunkedLocalAttentionSpec", "chunked_local"),
-    ("SlidingWindowSpec", "sliding_window"),
-    ("MambaSpec", "mamba"),
-    ("FullAttentionSpec", "full_attention"),
-)
+from .adapter import first_attr, kind_of
+
 _lock = threading.Lock()
-
-
-def _kind(kv_cache_spec):
-    names = {c.__name__ for c in type(kv_cache_spec).__mro__}
-    for cls_name, kind in _KINDS:
-        if cls_name in names:
-            return kind
-    raise ValueError("kvbound has no group kind for %s" % type(kv_cache_spec).__name__)
-
-
-def _first(obj, *names):
-    """The field under whichever name this release uses (0.20-0.24 vs 0.26+)."""
-    for n in names:
-        if hasattr(obj, n):
-            return getattr(obj, n)
-    raise AttributeError("none of %s on %s" % (names, type(obj).__name__))
 
 
 def _token(block):
@@ -64,8 +45,8 @@ def _tokens_per_hash(cfg):
     if hasattr(cfg, "tokens_per_hash"):
         return cfg.tokens_per_hash
     g = cfg.kv_group_configs[0]
-    return (_first(g, "tokens_per_chunk", "offloaded_block_size")
-            // _first(g, "hashes_per_chunk", "hash_block_size_factor"))
+    return (first_attr(g, "tokens_per_chunk", "offloaded_block_size")
+            // first_attr(g, "hashes_per_chunk", "hash_block_size_factor"))
 
 
 def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cache_config=None):
@@ -92,9 +73,9 @@ def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cach
         else:
             raise ValueError("KV-cache group %d: its spec is unknown (the scheduler was built before"
                              " capture was installed and no kv_cache_config was given)" % gi)
-        out = _group_fields(spec, _kind(spec))
+        out = _group_fields(spec, kind_of(spec))
         if g is not None:  # as the connector sees it (DCP-scaled where DCP is on)
-            out["tokens_per_block"] = _first(g, "tokens_per_block", "gpu_block_size")
+            out["tokens_per_block"] = first_attr(g, "tokens_per_block", "gpu_block_size")
         if eagle:
             out["is_eagle_group"] = True
         if g is None:
@@ -103,7 +84,7 @@ def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cach
         groups.append(out)
     case = {
         "name": name or "captured-%s" % request.request_id,
-        "blocks_per_chunk": _first(cfg, "blocks_per_chunk", "block_size_factor"),
+        "blocks_per_chunk": first_attr(cfg, "blocks_per_chunk", "block_size_factor"),
         "tokens_per_hash": _tokens_per_hash(cfg),
         "num_prompt_tokens": request.num_prompt_tokens,
         "num_locally_computed_tokens": status.num_locally_computed_tokens,
@@ -152,7 +133,7 @@ def describe_keys(sched, request, keys):
     where = {}
     for pos, g in enumerate(sched.config.kv_group_configs):
         gi = getattr(g, "group_idx", pos)
-        hpc = _first(g, "hashes_per_chunk", "hash_block_size_factor")
+        hpc = first_attr(g, "hashes_per_chunk", "hash_block_size_factor")
         for j in range(len(hashes) // hpc):
             where[make_offload_key(hashes[(j + 1) * hpc - 1], gi)] = [gi, j]
         for i, h in enumerate(hashes):

@@ -1,67 +1,23 @@
-"""What every worker script that runs inside a vLLM release's side venv shares.
+"""What every worker that runs inside a vLLM release's side venv shares.
 
-``kvbound/conform/worker.py`` (one ``update_state_after_alloc`` per case) and
-``kvbound/trace/worker.py`` (the engine-core scheduler on a workload) run with
-``PYTHONPATH=<release tree>`` in the deps venv, where kvbound is not installed. Each
-loads this module by path (``load_by_path``) and gets from it: the protocol loop
-(``serve``), the quiet environment vLLM is imported in, a release's dataclass built
-from the fields it has (``build``), the failing assert of an exception
-(``assert_site``), portable vLLM paths (``portable_path``) and whether an exception was
-raised by vLLM or by kvbound's own harness (``raised_in_harness``).
+``conform_worker.py`` (one ``update_state_after_alloc`` per case) and ``trace_worker.py``
+(the engine-core scheduler on a workload) run with ``PYTHONPATH=<release tree>`` in the
+deps venv, where kvbound is not installed, as part of the side package. From here: the
+protocol loop (``serve``), the failing assert of an exception (``assert_site``), portable
+vLLM paths (``portable_path``) and whether an exception was raised by vLLM or by
+kvbound's own harness (``raised_in_harness``). Booting vLLM on CPU is ``adapter.py``'s.
 
 Standard library only.
 """
 
 import ast
-import dataclasses
-import importlib.util
 import json
 import os
 import sys
 import traceback
-import types
-import warnings
 
 PROTOCOL = 1
 KVBOUND_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../kvbound
-
-
-def load_by_path(name, path):
-    """The module at ``path``, registered in ``sys.modules`` as ``name`` (kvbound itself is
-    not importable in a release's venv)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def load_conform(name):
-    """A module of kvbound/conform (``capture``, ...) by path."""
-    return load_by_path("kvbound_conform_" + name, os.path.join(KVBOUND_ROOT, "conform", name + ".py"))
-
-
-def quiet_environment():
-    """What vLLM is imported under: errors only, no hub, no warnings, and the einops stub."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    warnings.filterwarnings("ignore")
-    stub_einops()
-
-
-def stub_einops():
-    """0.29's scheduler import chain reaches vit_attn_wrappers, which imports einops
-    (pure Python, not in the import-deps lock); nothing here calls it."""
-    try:
-        import einops  # noqa: F401
-    except ImportError:
-        m = types.ModuleType("einops")
-        m.rearrange = m.repeat = m.reduce = m.einsum = m.pack = m.unpack = (
-            lambda *a, **k: (_ for _ in ()).throw(RuntimeError("einops stub")))
-        sys.modules["einops"] = m
 
 
 def send(out, obj):
@@ -93,22 +49,6 @@ def serve(make_release, handle, hello_extra=None):
         res["id"] = msg.get("id")
         send(proto, res)
     return 0
-
-
-def fields(cls):
-    if cls is None:
-        return set()
-    if dataclasses.is_dataclass(cls):
-        return {f.name for f in dataclasses.fields(cls)}
-    return set(getattr(cls, "_fields", ())) | set(getattr(cls, "__annotations__", {}))
-
-
-def build(cls, **kw):
-    """A release's dataclass from the fields it has (releases add and drop fields)."""
-    if dataclasses.is_dataclass(cls):
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in kw.items() if k in names}
-    return cls(**kw)
 
 
 def portable_path(filename):

@@ -24,12 +24,10 @@ class LifecycleChecks:
         self.evictions_seen = 0
 
     # -- tier: keys loaded were confirmed -------------------------------------------------
-    def install(self):
+    def subscribe(self, tap):
         eng, checks = self.eng, self
         cs = eng.csched
         mgr = cs.manager
-        orig_prepare_load = mgr.prepare_load
-        orig_mgr_lookup = mgr.lookup
         lr = getattr(eng.rel.obase, "LookupResult", None)
         hit = lr.HIT if lr is not None else True  # before 0.25 lookup answers True (0.24.0 base.py:162)
 
@@ -42,14 +40,14 @@ class LifecycleChecks:
             checks.forget(ev[checks.evictions_seen:])
             checks.evictions_seen = len(ev)
 
-        def lookup(key, *a, **k):
+        def lookup(call, key, *a, **k):
             sync_evictions()
-            r = orig_mgr_lookup(key, *a, **k)
+            r = call(key, *a, **k)
             if r == hit:
                 checks.confirmed.setdefault(_rid(a, k), set()).add(key)
             return r
 
-        def prepare_load(keys, *a, **k):
+        def prepare_load(call, keys, *a, **k):
             keys = list(keys)
             sync_evictions()
             eng.loaded_keys.append(keys)
@@ -59,20 +57,19 @@ class LifecycleChecks:
                 eng.violate("lifecycle:load_key_not_confirmed", rid, "%d of %d keys passed to prepare_load were"
                             " not answered HIT by this request's lookup, or were evicted since"
                             % (len(unconfirmed), len(keys)))
-            return orig_prepare_load(keys, *a, **k)
+            return call(keys, *a, **k)
 
-        mgr.prepare_load = prepare_load
-        mgr.lookup = lookup
+        tap.around(mgr, "prepare_load", prepare_load)
+        tap.around(mgr, "lookup", lookup)
         policy = getattr(mgr, "_policy", None)  # vLLM's CPU tier: its own LRU evictions too
         if policy is not None and hasattr(policy, "evict"):
-            orig_evict = policy.evict
-
-            def evict(*a, **k):
-                out = orig_evict(*a, **k)
+            def evict(call, *a, **k):
+                out = call(*a, **k)
                 checks.forget([key for key, _ in out or ()])
                 return out
-            policy.evict = evict
-        self._install_reservation()
+            tap.around(policy, "evict", evict)
+        self._subscribe_reservation(tap)
+        tap.subscribe("update_states", self.check_block_copies)
 
     def forget(self, keys):
         """Evicted keys are no longer confirmed for any request: a later prepare_load of
@@ -83,26 +80,25 @@ class LifecycleChecks:
                 s -= gone
 
     # -- allocator: allocation within reservation ------------------------------------------
-    def _install_reservation(self):
+    def _subscribe_reservation(self, tap):
         """Every allocation takes no more blocks from the pool than the admission check
         reserved (get_num_blocks_to_allocate): else a request admitted with exactly that
         many free blocks crashes get_new_blocks."""
         eng = self.eng
         kvm = eng.sched.kv_cache_manager
         coord = kvm.coordinator
-        orig_alloc, orig_count = kvm.allocate_slots, coord.get_num_blocks_to_allocate
         counted = []
 
-        def get_num_blocks_to_allocate(*a, **k):
-            n = orig_count(*a, **k)
+        def get_num_blocks_to_allocate(call, *a, **k):
+            n = call(*a, **k)
             if not k.get("apply_admission_cap"):
                 counted.append(n)
             return n
 
-        def allocate_slots(request, *a, **k):
+        def allocate_slots(call, request, *a, **k):
             del counted[:]
             free = kvm.block_pool.get_num_free_blocks()
-            out = orig_alloc(request, *a, **k)
+            out = call(request, *a, **k)
             taken = free - kvm.block_pool.get_num_free_blocks()
             if out is not None and counted and taken > counted[-1]:
                 eng.violate("lifecycle:allocation_exceeds_reservation", request.request_id,
@@ -112,8 +108,8 @@ class LifecycleChecks:
                                a[0] if a else k.get("num_new_tokens")))
             return out
 
-        kvm.allocate_slots = allocate_slots
-        coord.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+        tap.around(kvm, "allocate_slots", allocate_slots)
+        tap.around(coord, "get_num_blocks_to_allocate", get_num_blocks_to_allocate)
 
     # -- loads land in the request's own blocks ---------------------------------------------
     def owned_block_ids(self, request_id):

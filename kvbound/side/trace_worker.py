@@ -1,38 +1,17 @@
-"""kvbound trace's worker: the entry script run in a release's side venv.
+"""kvbound trace's worker: one job (a layout, its engine parameters, a workload) per message.
 
-Runs with ``PYTHONPATH=<release tree>`` in the deps venv, where kvbound is NOT
-installed: standard library and vLLM only. It loads the plumbing every side-venv worker
-shares (``kvbound/conform/sidecar.py``) by path, makes this directory the side package
-``kvbound_trace_side`` (so ``engine``, ``fakes`` and ``checks`` import each other
-relatively, here and on the host), and serves jobs.
+Part of the side package (``worker.py trace`` serves it): runs with ``PYTHONPATH=<release
+tree>`` in the deps venv, where kvbound is NOT installed: standard library, vLLM and the side
+package only.
 
 Protocol: a hello line, then one JSON job per stdin line -> one JSON result line.
 A job's outcome is ``ok``, or a vLLM exception (raised inside vLLM's code: a finding), or
 a harness fault (raised in kvbound's own fakes or adapter: never a vLLM finding).
 """
 
-import importlib.util
-import os
-import sys
 import time
-import types
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _load_sidecar():
-    path = os.path.join(HERE, "..", "conform", "sidecar.py")
-    spec = importlib.util.spec_from_file_location("kvbound_sidecar", path)
-    mod = sys.modules.setdefault("kvbound_sidecar", importlib.util.module_from_spec(spec))
-    if not hasattr(mod, "serve"):
-        spec.loader.exec_module(mod)
-    return mod
-
-
-sidecar = _load_sidecar()
-_pkg = types.ModuleType("kvbound_trace_side")
-_pkg.__path__ = [HERE]
-sys.modules.setdefault("kvbound_trace_side", _pkg)
+from . import sidecar
 
 
 def run_job(rel, job):
@@ -69,13 +48,9 @@ def handle(rel, msg):
 
 def main():
     def release():
-        from kvbound_trace_side.engine import Release
+        from .engine import Release
 
         return Release()
 
     return sidecar.serve(release, handle,
                          lambda rel: {"scheduler_file": sidecar.portable_path(rel.scheduler_file)})
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,9 @@
 """The fakes of ``kvbound trace``: what stands in for the model, the transfer engine and
 (optionally) an adversarial offload tier. Everything else the worker runs is vLLM's own.
 
-Loaded inside the release's side venv (standard library and vLLM only, imported lazily);
-importable on the host too, as ``kvbound.trace.fakes``, for unit tests of the pure parts.
+Part of the side package, loaded inside the release's side venv (standard library and vLLM
+only, imported lazily); importable on the host too, as ``kvbound.side.fakes``, for unit tests
+of the pure parts.
 
 - tokens: the seeded documents, fillers and sampled tokens every prompt is made of;
 - ``FakeTransferEngine``: the ``OffloadingWorker`` the connector's worker side submits
@@ -57,15 +58,11 @@ def install_scripted_tier(obase):
         return
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-    # 0.25 made lookup answer a LookupResult (0.25.1 v1/kv_offload/base.py:56-62); before, it
-    # answers True/False, or None for "retry later" (0.24.0 v1/kv_offload/base.py:162-176).
-    LR = getattr(obase, "LookupResult", None) or _BoolLookup
-
     class KvboundScriptedSpec(CPUOffloadingSpec):
         def get_manager(self):
             m = super().get_manager()
-            if not getattr(m, "_kvbound_script", None):
-                _script_manager(m, dict(self.extra_config.get("kvbound_script") or {}), LR)
+            if not getattr(m, "_kvbound_script", None):  # played by script_tier, through the tap
+                m._kvbound_script = dict(self.extra_config.get("kvbound_script") or {})
             return m
 
     mod = types.ModuleType(TIER_MODULE)
@@ -80,15 +77,20 @@ class _BoolLookup:
     MISS, HIT, HIT_PENDING, RETRY = False, True, None, None
 
 
-def _script_manager(m, script, LR):
+def script_tier(m, obase, tap):
+    """Play the script ``KvboundScriptedSpec`` left on its manager ``m``: its ``lookup``,
+    ``on_schedule_end`` and ``complete_store``, subscribed to ``tap`` (first: the tier's own
+    behaviour, inside every checker)."""
+    # 0.25 made lookup answer a LookupResult (0.25.1 v1/kv_offload/base.py:56-62); before, it
+    # answers True/False, or None for "retry later" (0.24.0 v1/kv_offload/base.py:162-176).
+    LR = getattr(obase, "LookupResult", None) or _BoolLookup
+    script = m._kvbound_script
     rng = random.Random(script.get("seed", 0))
     pending_p, retry_p, evict_p = (float(script.get(k, 0.0)) for k in ("pending_p", "retry_p", "evict_p"))
-    m._kvbound_script = script
     m.kvbound_evicted = []  # keys the script evicted, in order (the harness reads them)
     m.kvbound_counts = {"pending": 0, "retry": 0, "evicted": 0}
     delayed = set()  # (request id, key) answered PENDING/RETRY once already
     hit_now = []
-    orig_lookup, orig_end = m.lookup, m.on_schedule_end
     # The CPU tier counted "blocks" before 0.30 and "chunks" since (0.29.0
     # v1/kv_offload/cpu/manager.py:61,96 _num_evictable_cache_blocks/_free_block; 0.30.0
     # manager.py:61,96 _num_evictable_cache_chunks/_free_chunk), and kept no such count before
@@ -114,8 +116,8 @@ def _script_manager(m, script, LR):
             if m.events is not None:
                 m.events.append(_evict_event(m, evicted))
 
-    def lookup(key, req_context):
-        r = orig_lookup(key, req_context)
+    def lookup(call, key, req_context):
+        r = call(key, req_context)
         if r is LR.HIT:
             hit_now.append(key)
             tag = (getattr(req_context, "req_id", None), key)
@@ -133,16 +135,17 @@ def _script_manager(m, script, LR):
                     return LR.RETRY
         return r
 
-    def on_schedule_end(*context):  # no ScheduleEndContext before 0.25 (0.24.0 base.py:305)
-        orig_end(*context)
+    def on_schedule_end(call, *context):  # no ScheduleEndContext before 0.25 (0.24.0 base.py:305)
+        call(*context)
         evict([key for key in hit_now if rng.random() < evict_p])
         del hit_now[:]
 
-    m.lookup, m.on_schedule_end = lookup, on_schedule_end
-    _script_stalled_writes(m, script)
+    tap.around(m, "lookup", lookup)
+    tap.around(m, "on_schedule_end", on_schedule_end)
+    _script_stalled_writes(m, script, tap)
 
 
-def _script_stalled_writes(m, script):
+def _script_stalled_writes(m, script, tap):
     """``stall_p``: a store the transfer engine completed is, with this probability per
     key, never made readable by the tier (its write stalls: the key answers HIT_PENDING
     for as long as the engine runs). Its own seeded stream, so adding it leaves the
@@ -153,9 +156,8 @@ def _script_stalled_writes(m, script):
     if not stall_p:
         return
     rng = random.Random("stall-%s" % script.get("seed", 0))
-    orig = m.complete_store
 
-    def complete_store(keys, *a, **k):
+    def complete_store(call, keys, *a, **k):
         success = k.get("success", a[-1] if a and isinstance(a[-1], bool) else True)
         keys = list(keys)
         if success:
@@ -164,9 +166,9 @@ def _script_stalled_writes(m, script):
                 m.kvbound_stalled.extend(stalled)
                 m.kvbound_counts["stalled"] = m.kvbound_counts.get("stalled", 0) + len(stalled)
                 keys = [key for key in keys if key not in stalled]
-        return orig(keys, *a, **k)
+        return call(keys, *a, **k)
 
-    m.complete_store = complete_store
+    tap.around(m, "complete_store", complete_store)
 
 
 def _evict_event(m, keys):
@@ -190,15 +192,16 @@ def fake_transfer_engine_class(obase):
         """A job finishes ``delay`` steps after submission (0..max_delay), a load fails with
         probability ``fail_p`` (``TransferResult(success=False)``, the worker API's report).
         With shadow KV on (``eng.shadow``) it moves content: each job copies its blocks at a
-        seeded moment between submission and completion (``shadow.ShadowKV``)."""
+        seeded moment between submission and completion (``tier.TierTransfers``)."""
 
         def __init__(self, rng, max_delay, fail_p, eng):
             self.rng, self.max_delay, self.fail_p, self.eng = rng, max_delay, fail_p, eng
             self.pending = {}  # job_id -> [steps_left, success, kind]
             self.submitted = {}
 
-        def _shadow(self):
-            return getattr(self.eng, "shadow", None)
+        def _tier(self):
+            sh = getattr(self.eng, "shadow", None)
+            return None if sh is None else sh.transfers
 
         def submit_store(self, job_id, src_spec, dst_spec):
             delay = None
@@ -207,7 +210,7 @@ def fake_transfer_engine_class(obase):
                 self.pending[job_id] = [delay, True, "store"]
             self.submitted[job_id] = "store"
             self.eng.on_submit("store", job_id, src_spec)
-            sh = self._shadow()
+            sh = self._tier()
             if sh is not None:
                 sh.submit("store", job_id, src_spec, dst_spec, self.max_delay if delay is None else delay, True)
             return True
@@ -218,13 +221,13 @@ def fake_transfer_engine_class(obase):
             self.pending[job_id] = [delay, ok, "load"]
             self.submitted[job_id] = "load"
             self.eng.on_submit("load", job_id, dst_spec)
-            sh = self._shadow()
+            sh = self._tier()
             if sh is not None:
                 sh.submit("load", job_id, src_spec, dst_spec, delay, ok)
             return True
 
         def get_finished(self):
-            sh = self._shadow()
+            sh = self._tier()
             if sh is not None:
                 sh.tick()
             done = []
@@ -239,7 +242,7 @@ def fake_transfer_engine_class(obase):
             return done
 
         def wait(self, job_ids):
-            sh = self._shadow()
+            sh = self._tier()
             if sh is not None:
                 sh.flush(job_ids)
             for j in job_ids:

@@ -1,9 +1,10 @@
-"""kvbound's adapter to a real vLLM release: runs ``update_state_after_alloc`` per case.
+"""conform's worker: a real vLLM release's ``update_state_after_alloc``, one case at a time.
 
-Runs in the deps venv with ``PYTHONPATH=<release tree>``, where kvbound is NOT
-installed, so it imports only the standard library and vLLM. Protocol: a hello
-line, then one JSON case per stdin line -> one JSON result per stdout line.
-Anything vLLM prints goes to stderr, so stdout carries only the protocol.
+Part of the side package (``worker.py conform`` serves it): runs in the deps venv with
+``PYTHONPATH=<release tree>``, where kvbound is NOT installed, so it imports only the
+standard library, vLLM and the side package. Protocol: a hello line, then one JSON case
+per stdin line -> one JSON result per stdout line. Anything vLLM prints goes to stderr,
+so stdout carries only the protocol.
 
 Only the offload tier (``OffloadingManager``) is faked, and it answers from the
 case: HIT for chunk j of an offloaded group g with j below T (``cdiv(T, tpc_g)``
@@ -17,26 +18,11 @@ answer is reported beside the case's, and the case's M is what
 ``update_state_after_alloc`` receives.
 """
 
-import importlib.util
-import os
-import sys
 import traceback
-import warnings
+
+from . import adapter, sidecar
 
 NULL_BLOCK_ID = 0
-
-
-def _load_sidecar():
-    """kvbound/conform/sidecar.py, the plumbing every side-venv worker shares, by path."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sidecar.py")
-    spec = importlib.util.spec_from_file_location("kvbound_sidecar", path)
-    mod = sys.modules.setdefault("kvbound_sidecar", importlib.util.module_from_spec(spec))
-    if not hasattr(mod, "serve"):
-        spec.loader.exec_module(mod)
-    return mod
-
-
-sidecar = _load_sidecar()
 
 
 def cdiv(a, b):
@@ -47,9 +33,7 @@ class Release:
     """The release's classes, imported once; names looked up where releases differ."""
 
     def __init__(self):
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        warnings.filterwarnings("ignore")
-        import torch
+        adapter.quiet_environment()
         import vllm
         from vllm import SamplingParams
         from vllm.config import CacheConfig, DeviceConfig, ParallelConfig, VllmConfig
@@ -60,18 +44,13 @@ class Release:
         from vllm.v1.kv_offload import base, config as ocfg
         from vllm.v1.request import Request
 
-        try:
-            from vllm.utils.hashing import sha256
-        except ImportError:  # older layouts
-            from vllm.utils import sha256
         self.version = vllm.__version__
-        self.torch, self.scheduler, self.kcu, self.kci = torch, scheduler, kcu, kci
+        self.scheduler, self.kcu, self.kci = scheduler, kcu, kci
         self.base, self.ocfg = base, ocfg
         self.SamplingParams, self.Request, self.KVCacheBlocks = SamplingParams, Request, KVCacheBlocks
         self.CacheConfig, self.DeviceConfig = CacheConfig, DeviceConfig
         self.ParallelConfig, self.VllmConfig = ParallelConfig, VllmConfig
-        self.sha256 = sha256
-        kcu.init_none_hash(sha256)
+        self.sha256 = adapter.hashing()
         try:
             from vllm.distributed.kv_transfer.kv_connector.v1.offloading import config as conncfg
 
@@ -98,24 +77,7 @@ class Release:
         return self._vllm_configs[block_size, dcp]
 
     def group_spec(self, g):
-        t = self.torch.float32
-        b = g["tokens_per_block"]
-        kind = g["kind"]
-        if kind == "full_attention":
-            return self.kci.FullAttentionSpec(block_size=b, num_kv_heads=1, head_size=1, dtype=t)
-        if kind == "sliding_window":
-            kw = dict(block_size=b, num_kv_heads=1, head_size=1, dtype=t, sliding_window=g["sliding_window"])
-            if g.get(EXTRA_RETAINED):
-                kw[EXTRA_RETAINED] = g[EXTRA_RETAINED]
-            return self.kci.SlidingWindowSpec(**kw)
-        if kind == "chunked_local":
-            return self.kci.ChunkedLocalAttentionSpec(
-                block_size=b, num_kv_heads=1, head_size=1, dtype=t,
-                attention_chunk_size=g["attention_chunk_size"])
-        if kind == "mamba":
-            return sidecar.build(self.kci.MambaSpec, block_size=b, shapes=((1,),), dtypes=(t,),
-                          mamba_cache_mode=g.get(MAMBA_MODE) or "align")
-        raise ValueError("unknown group kind %r" % (kind,))
+        return adapter.kv_cache_spec(g, head_size=1, state_size=1)
 
     def missing_features(self, case):
         """Why this release cannot express the case at all (its classes lack a field the
@@ -123,11 +85,11 @@ class Release:
         kci, ocfg = self.kci, self.ocfg
         why = []
         if any(g.get(EXTRA_RETAINED) for g in case["groups"]) and \
-                EXTRA_RETAINED not in sidecar.fields(kci.SlidingWindowSpec):
+                EXTRA_RETAINED not in adapter.fields(kci.SlidingWindowSpec):
             why.append("SlidingWindowSpec has no extra_retained_tokens in this release")
-        if any(g.get(EAGLE) for g in case["groups"]) and "is_eagle_group" not in sidecar.fields(kci.KVCacheGroupSpec):
+        if any(g.get(EAGLE) for g in case["groups"]) and "is_eagle_group" not in adapter.fields(kci.KVCacheGroupSpec):
             why.append("KVCacheGroupSpec has no is_eagle_group in this release")
-        if not all(_offloaded(g) for g in case["groups"]) and "group_id" not in sidecar.fields(ocfg.OffloadingGroupConfig):
+        if not all(_offloaded(g) for g in case["groups"]) and "group_id" not in adapter.fields(ocfg.OffloadingGroupConfig):
             why.append("OffloadingGroupConfig has no group_id in this release: every KV-cache group is"
                        " offloaded and indexed by position")
         return "; ".join(why) or None
@@ -136,35 +98,29 @@ class Release:
         o = self.ocfg
         bpc = case["blocks_per_chunk"]
         groups = tuple(
-            sidecar.build(o.OffloadingGroupConfig, tokens_per_block=s.block_size,
+            adapter.build(o.OffloadingGroupConfig, tokens_per_block=s.block_size,
                    layer_names=("layer.%d" % i,), group_id=i,
                    sliding_window_size_in_chunks=self.window_in_chunks(s, s.block_size * bpc))
             for i, s in enumerate(specs) if _offloaded(case["groups"][i])
         )
-        parallel = sidecar.build(o.OffloadingParallelConfig, rank=0, world_size=1, tp_size=1, pp_size=1,
+        parallel = adapter.build(o.OffloadingParallelConfig, rank=0, world_size=1, tp_size=1, pp_size=1,
                           pcp_size=1, dcp_size=1, data_parallel_index=0, data_parallel_size=1,
                           data_parallel_rank_local=None, is_parallelism_agnostic=False)
-        return sidecar.build(
+        return adapter.build(
             o.OffloadingConfig, groups=groups, worker_kv_bytes_per_block=0,
             enable_kv_cache_events=False, extra_config=extra_config, engine_id="kvbound",
-            model=sidecar.build(o.OffloadingModelConfig, name="kvbound-conform", dtype="float32"),
-            cache=sidecar.build(o.OffloadingCacheConfig, tokens_per_hash=case["tokens_per_hash"],
+            model=adapter.build(o.OffloadingModelConfig, name="kvbound-conform", dtype="float32"),
+            cache=adapter.build(o.OffloadingCacheConfig, tokens_per_hash=case["tokens_per_hash"],
                          blocks_per_chunk=bpc),
             parallel=parallel,
         )
 
     def kv_cache_config(self, case, specs):
-        groups = [
-            sidecar.build(self.kci.KVCacheGroupSpec, layer_names=["layer.%d" % i], kv_cache_spec=s,
-                   is_eagle_group=bool(g.get(EAGLE)), enable_kv_transfer=_offloaded(g))
-            for i, (g, s) in enumerate(zip(case["groups"], specs))
-        ]
-        return sidecar.build(
-            self.kci.KVCacheConfig,
-            num_blocks=1 + max([_max_id(g["blocks"]) for g in case["groups"]] + [1]),
-            kv_cache_tensors=[], kv_cache_groups=groups,
-            cache_hit_alignment_tokens=case.get(HIT_ALIGNMENT),
-        )
+        gs = case["groups"]
+        return adapter.kv_cache_config(
+            specs, 1 + max([_max_id(g["blocks"]) for g in gs] + [1]),
+            eagle={i for i, g in enumerate(gs) if g.get(EAGLE)}, offloaded=[_offloaded(g) for g in gs],
+            cache_hit_alignment_tokens=case.get(HIT_ALIGNMENT))
 
     # -- one case ---------------------------------------------------------------
     def run_case(self, case):
@@ -180,7 +136,7 @@ class Release:
 
     def _run_case(self, case, out):
         if "lookup" in case and "groups" not in case:
-            return self._run_lookup_case(case["lookup"], out)
+            return run_lookup_case(self, case["lookup"], out)
         N, M = case["num_locally_computed_tokens"], case["num_external_tokens"]
         T = N + M
         tph = case["tokens_per_hash"]
@@ -290,70 +246,63 @@ class Release:
         return out
 
 
-    # -- one lookup case (docs/case-format.md, "Lookup cases") -------------------------------
-    def _run_lookup_case(self, lk, out):
-        """The real ``get_num_new_matched_tokens`` of a fresh request against a tier that
-        answers the case's answers per key, in the order asked; reports the hit, the
-        recorded partial-tail boundary, the keys asked and the config the release built."""
-        tph = lk["tokens_per_hash"]
-        groups = []
-        for g in lk["groups"]:
-            d = {"kind": g["kind"], "tokens_per_block": g["tokens_per_chunk"], "blocks": ["U1"]}
-            if g["kind"] == "sliding_window":
-                d["sliding_window"] = g["sliding_window"]
-                if g.get("extra_retained_tokens"):
-                    d[EXTRA_RETAINED] = g["extra_retained_tokens"]
-            if g.get("eagle"):
-                d[EAGLE] = True
-            groups.append(d)
-        shim = {"blocks_per_chunk": 1, "tokens_per_hash": tph, "groups": groups}
-        missing = self.missing_features(shim)
-        if missing:
-            out.update(outcome="unsupported", phase="features", why=missing)
-            return out
-        specs = [self.group_spec(g) for g in groups]
-        kv_cache_config = self.kv_cache_config(shim, specs)
-        manager = _lookup_tier_class(self.base)(lk["tier"])
-        spec = self.fake_spec_cls(self.offloading_config(specs, shim, {}), manager)
-        sched = self.scheduler.OffloadingConnectorScheduler(spec, self.vllm_config(specs[0].block_size),
-                                                            kv_cache_config)
-        cfg = sched.config
-        gcs = list(cfg.kv_group_configs)
-        P, num_tokens = lk["num_prompt_tokens"], lk["num_tokens"]
-        req = self.Request(
-            request_id="kvbound-lookup", prompt_token_ids=list(range(P)),
-            sampling_params=self.SamplingParams(max_tokens=max(1, num_tokens - P + 1)),
-            pooling_params=None, block_hasher=self.kcu.get_request_block_hasher(tph, self.sha256))
-        if num_tokens > P:
-            req.append_output_token_ids(list(range(P, num_tokens)))
-        tpcs = [_attr(gc, "tokens_per_chunk", "offloaded_block_size") for gc in gcs]
-        manager.name_keys(req, [(getattr(gc, "group_idx", i), tpcs[i] // tph) for i, gc in enumerate(gcs)], tph)
-        out["phase"] = "lookup"
-        if hasattr(sched, "on_new_request"):
-            sched.on_new_request(req)
-        hit, _ = sched.get_num_new_matched_tokens(req, lk["num_computed_tokens"])
-        status = getattr(sched, "_req_status", {}).get(req.request_id)
-        out.update(
-            outcome="ok", phase="done", hit=hit, queries=manager.queries,
-            partial_tail_boundary=getattr(status, "partial_tail_boundary", None),
-            real_config={
-                "lookup_groups": list(getattr(sched, "_lookup_groups", ())),
-                "windows": [_attr(gc, "sliding_window_size_in_chunks", "sliding_window_size_in_blocks")
-                            for gc in gcs],
-                "tokens_per_chunk": tpcs,
-                "mamba_align_size": getattr(sched, "_mamba_align_size", None),
-                "partial_tail_block_size": int(getattr(sched, "_partial_tail_block_size", 0) or 0)
-                if getattr(cfg, "supports_partial_tail", False) else 0,
-                "eagle_proof_margins": {str(k): v for k, v in getattr(sched, "_eagle_proof_margins", {}).items()},
-            })
+# -- one lookup case (docs/case-format.md, "Lookup cases") ---------------------------------------
+def run_lookup_case(rel, lk, out):
+    """The real ``get_num_new_matched_tokens`` of a fresh request against a tier that
+    answers the case's answers per key, in the order asked; reports the hit, the
+    recorded partial-tail boundary, the keys asked and the config the release built."""
+    tph = lk["tokens_per_hash"]
+    groups = []
+    for g in lk["groups"]:
+        d = {"kind": g["kind"], "tokens_per_block": g["tokens_per_chunk"], "blocks": ["U1"]}
+        if g["kind"] == "sliding_window":
+            d["sliding_window"] = g["sliding_window"]
+            if g.get("extra_retained_tokens"):
+                d[EXTRA_RETAINED] = g["extra_retained_tokens"]
+        if g.get("eagle"):
+            d[EAGLE] = True
+        groups.append(d)
+    shim = {"blocks_per_chunk": 1, "tokens_per_hash": tph, "groups": groups}
+    missing = rel.missing_features(shim)
+    if missing:
+        out.update(outcome="unsupported", phase="features", why=missing)
         return out
-
-
-def _attr(obj, *names):
-    for n in names:
-        if hasattr(obj, n):
-            return getattr(obj, n)
-    raise AttributeError("none of %s on %s" % (names, type(obj).__name__))
+    specs = [rel.group_spec(g) for g in groups]
+    kv_cache_config = rel.kv_cache_config(shim, specs)
+    manager = _lookup_tier_class(rel.base)(lk["tier"])
+    spec = rel.fake_spec_cls(rel.offloading_config(specs, shim, {}), manager)
+    sched = rel.scheduler.OffloadingConnectorScheduler(spec, rel.vllm_config(specs[0].block_size),
+                                                        kv_cache_config)
+    cfg = sched.config
+    gcs = list(cfg.kv_group_configs)
+    P, num_tokens = lk["num_prompt_tokens"], lk["num_tokens"]
+    req = rel.Request(
+        request_id="kvbound-lookup", prompt_token_ids=list(range(P)),
+        sampling_params=rel.SamplingParams(max_tokens=max(1, num_tokens - P + 1)),
+        pooling_params=None, block_hasher=rel.kcu.get_request_block_hasher(tph, rel.sha256))
+    if num_tokens > P:
+        req.append_output_token_ids(list(range(P, num_tokens)))
+    tpcs = [adapter.first_attr(gc, "tokens_per_chunk", "offloaded_block_size") for gc in gcs]
+    manager.name_keys(req, [(getattr(gc, "group_idx", i), tpcs[i] // tph) for i, gc in enumerate(gcs)], tph)
+    out["phase"] = "lookup"
+    if hasattr(sched, "on_new_request"):
+        sched.on_new_request(req)
+    hit, _ = sched.get_num_new_matched_tokens(req, lk["num_computed_tokens"])
+    status = getattr(sched, "_req_status", {}).get(req.request_id)
+    out.update(
+        outcome="ok", phase="done", hit=hit, queries=manager.queries,
+        partial_tail_boundary=getattr(status, "partial_tail_boundary", None),
+        real_config={
+            "lookup_groups": list(getattr(sched, "_lookup_groups", ())),
+            "windows": [adapter.first_attr(gc, "sliding_window_size_in_chunks", "sliding_window_size_in_blocks")
+                        for gc in gcs],
+            "tokens_per_chunk": tpcs,
+            "mamba_align_size": getattr(sched, "_mamba_align_size", None),
+            "partial_tail_block_size": int(getattr(sched, "_partial_tail_block_size", 0) or 0)
+            if getattr(cfg, "supports_partial_tail", False) else 0,
+            "eagle_proof_margins": {str(k): v for k, v in getattr(sched, "_eagle_proof_margins", {}).items()},
+        })
+    return out
 
 
 def _lookup_tier_class(base):
@@ -398,7 +347,6 @@ EXTRA_RETAINED = "extra_retained_tokens"
 EAGLE = "is_eagle_group"
 OFFLOADED = "offloaded"
 HIT_ALIGNMENT = "cache_hit_alignment_tokens"
-MAMBA_MODE = "mamba_cache_mode"
 DCP = "decode_context_parallel_size"
 
 
@@ -500,6 +448,3 @@ def main():
     return sidecar.serve(Release, lambda rel, msg: rel.run_case(msg["case"]),
                          lambda rel: {"scheduler_file": sidecar.portable_path(rel.scheduler.__file__)})
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The planted trace defects: the one table of the faults a test plants in the trace, beside
+``proofs/mutants.py``'s table of the spec's and the encoding's mutants.
+
+Each row names a defect, says what it plants and where (the side module that plants it), and
+the finding kinds that must catch it on ``layout`` of ``release``; a job asks for one with the
+engine parameter ``mutant`` (tests only), and the side refuses a name the table lacks
+(``planted``). Standard library only.
+"""
+
+import collections
+
+Defect = collections.namedtuple("Defect", "name plants module catches layout release")
+
+DEFECTS = (
+    Defect("dst_off_by_one", "every captured load's destination block ids one higher (a wrong load plan)",
+           "engine", ("spec-disagreement", "lifecycle:load_into_foreign_block"), "full", "0.33.0"),
+    Defect("lost_store", "a store job the fake transfer engine never completes",
+           "fakes", ("lifecycle:not_drained",), "full", "0.33.0"),
+    Defect("evict_at_lookup", "the scripted tier evicts a chunk right after answering HIT for it",
+           "fakes", ("lifecycle:load_key_not_confirmed", "vllm-exception"), "full", "0.33.0"),
+    Defect("store_past_horizon", "_calc_num_offloadable_tokens one chunk past the computed tokens",
+           "tier", ("store:foreign_source", "data:wrong_kv"), "full", "0.30.0"),
+    Defect("skip_fence", "jobs_to_flush dropped: block reuse no longer waits for its store",
+           "tier", ("store:source_rewritten",), "full", "0.30.0"),
+    Defect("load_dst_shift", "every load job's GPU destination one block off",
+           "tier", ("data:wrong_kv",), "full", "0.30.0"),
+    Defect("drop_store", "the last key of each multi-key prepare_store never offered to the tier",
+           "tier", ("store:lost_chunk",), "full", "0.30.0"),
+    Defect("lookup_drop_last_chunk", "the lookup's hit loses its last chunk",
+           "lookups", ("lookup:lost_hit",), "full", "0.33.0"),
+    Defect("lookup_defer_any_pending", "the lookup defers while the tier holds any key pending, needed or not",
+           "lookups", ("lookup:needless_deferral",), "full-scripted", "0.33.0"),
+    Defect("lookup_never_return", "a request the lookup deferred once is deferred for ever",
+           "lookups", ("liveness:stuck_request",), "full-scripted", "0.33.0"),
+    Defect("lookup_extra_chunk", "the lookup's hit claims one more chunk than the tier holds",
+           "lookups", ("lookup:false_hit",), "full", "0.33.0"),
+)
+BY_NAME = {d.name: d for d in DEFECTS}
+
+
+def planted(name):
+    """The planted defect a job's ``mutant`` names (None: none); a name the table lacks is
+    refused (``ValueError``: a harness fault, never a run without the defect)."""
+    if name is None or name in BY_NAME:
+        return name
+    raise ValueError("unknown planted defect %r: kvbound/side/defects.py DEFECTS has %s"
+                     % (name, ", ".join(BY_NAME)))

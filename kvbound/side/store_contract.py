@@ -1,0 +1,213 @@
+"""Shadow KV's store contract: what a store job may copy, and what the tier must hold.
+
+Part of the side package (standard library only; vLLM's objects come in through ``eng``).
+Each stored GPU block holds, in every slot its key covers, the KV of the key's prefix
+(``check_store``, at the moment the store's content is copied); a store's source is not
+rewritten before that copy (``guard_write``, the fence, at every write); after drain, every
+chunk the policy offloads is in the tier (``check_lost_chunks``); and every
+``_build_store_jobs`` call is recorded for the host's ``spec/store.py`` (``subscribe``).
+"""
+
+from .adapter import first_attr
+from .content import describe
+
+
+class StoreContract:
+    """``content``: the GPU side (``shadow.ContentModel``); ``tier``: the transfers
+    (``tier.TierTransfers``, set once both exist)."""
+
+    def __init__(self, eng, content, report, bpc, tier=None):
+        self.eng, self.content, self.report, self.bpc, self.tier = eng, content, report, bpc, tier
+
+    def guard_write(self, bid, what, off=0):
+        """A block that is the source of a store not yet copied (and not flushed) is not
+        rewritten, in the slots the store's key covers: else another prefix's KV (or none) is
+        stored under this prefix's key."""
+        for jid in sorted(self.tier.source_jobs.get(bid, ())):
+            job = self.tier.jobs.get(jid)
+            if job is not None and not job.copied and off < job.keys.get(bid, 0):
+                self.report.violate("store:source_rewritten", job.rid, None, bid, None,
+                             "block %d, the source of store job %d (request %s) not yet copied, was"
+                             " rewritten (%s) before the store completed or was flushed"
+                             % (bid, jid, job.rid, what or "by the forward"), job=jid)
+
+    def coverage(self, job):
+        """GPU block -> how many of its leading slots the store's keys cover."""
+        req = self.request(job.rid)
+        where = self.key_positions(req) if req is not None else {}
+        out = {}
+        for g, bid, cb, sub in job.pairs:
+            loc = where.get(self.tier.cpu_key.get(cb))
+            B = self.content.block_size[g]
+            if loc is None:
+                out[bid] = B
+                continue
+            end = loc[1]
+            tpc = B * self.bpc
+            blk_start = ((end - 1) // tpc) * tpc + sub * B
+            out[bid] = max(out.get(bid, 0), min(B, max(0, end - blk_start)))
+        return out
+
+    def check_store(self, job):
+        """Each stored GPU block holds, in every slot its key covers, the KV of the key's
+        prefix: the request's own computed content (no unwritten slot, no foreign content);
+        the key names the chunk of that block in that group."""
+        req = self.request(job.rid)
+        if req is None:
+            return
+        where = self.key_positions(req)
+        for g, bid, cb, sub in job.pairs:
+            key = self.tier.cpu_key.get(cb)
+            loc = where.get(key)
+            if loc is None or loc[0] != g:
+                self.report.violate("store:wrong_key", job.rid, g, bid, None,
+                             "store job %d (request %s) copies group %d block %d into CPU block %d whose"
+                             " key is %s, no chunk of this request in this group"
+                             % (job.job_id, job.rid, g, bid, cb, "unknown" if loc is None else
+                                "group %d's" % loc[0]), job=job.job_id)
+                continue
+            _, end = loc
+            B = self.content.block_size[g]
+            tpc = B * self.bpc
+            chunk_start = ((end - 1) // tpc) * tpc
+            blk_start = chunk_start + sub * B
+            if blk_start >= end:
+                continue
+            if self.content.kinds[g] == "mamba":
+                positions = [end - 1] if blk_start <= end - 1 < blk_start + B else []
+            else:
+                positions = range(blk_start, min(end, blk_start + B))
+            content = self.content.gpu.get(bid)
+            for p in positions:
+                want = self.content.ident(req, p)
+                got = content[p - blk_start] if content is not None else None
+                if got is None:
+                    self.report.violate("store:unwritten_source", job.rid, g, bid, p,
+                                 "store job %d (request %s) stores group %d block %d under the key of"
+                                 " tokens [0, %d): position %d was never computed (unwritten)"
+                                 % (job.job_id, job.rid, g, bid, end, p), job=job.job_id,
+                                 expected=want, found=None, table=lambda: self.content.table(req, g, p))
+                    break
+                if got[0] != g or got[1] != want:
+                    self.report.violate("store:foreign_source", job.rid, g, bid, p,
+                                 "store job %d (request %s) stores group %d block %d under the key of"
+                                 " tokens [0, %d): position %d holds %s, not this prefix's KV"
+                                 % (job.job_id, job.rid, g, bid, end, p, describe(got)),
+                                 job=job.job_id, expected=want, found=list(got), table=lambda: self.content.table(req, g, p))
+                    break
+
+    def request(self, rid):
+        if rid is None:
+            return None
+        req = self.eng.sched.requests.get(rid)
+        if req is None:
+            st = getattr(self.eng.csched, "_req_status", {}).get(rid)
+            req = getattr(st, "req", None) or self.content.seen_requests.get(rid)
+        if req is not None:
+            self.content.seen_requests[rid] = req
+        return req
+
+    def key_positions(self, req):
+        """offload key -> (group, end): the key is the hash of the request's first ``end``
+        tokens for that group (a whole chunk's key, or a partial tail's boundary key)."""
+        ob = self.eng.rel.obase
+        cap = self.eng.rel.capture
+        hashes = list(req.block_hashes)
+        tph = cap._tokens_per_hash(self.eng.csched.config)
+        out = {}
+        for pos, gc in enumerate(self.eng.csched.config.kv_group_configs):
+            gi = getattr(gc, "group_idx", pos)
+            for i, h in enumerate(hashes):
+                out.setdefault(ob.make_offload_key(h, gi), (gi, (i + 1) * tph))
+        return out
+
+    def check_lost_chunks(self):
+        """Every whole chunk of a finished (not aborted) request's full-attention, non-draft
+        groups whose KV was computed (the final sampled token never is) and that the policy
+        offloads (the prompt only, under ``offload_prompt_only``) is in the tier, unless the
+        tier evicted it, refused to allocate, or (scripted) stalled its write
+        (``store:lost_chunk``, efficiency)."""
+        eng = self.eng
+        mgr = eng.csched.manager
+        policy = getattr(mgr, "_policy", None)
+        cfg = eng.csched.config
+        if policy is None or any(g["kind"] != "full_attention" for g in eng.lay["groups"]):
+            return  # hybrids: the release's store policy skips chunks no hit can reach
+        prompt_only = getattr(cfg, "offload_prompt_only", True)
+        # Not the connector's loss: what the tier evicted (its own LRU or the script), and
+        # what the connector stored but a scripted tier never made readable (a stalled
+        # write: complete_store withheld on purpose, fakes._script_stalled_writes).
+        gone = self.tier.evicted | set(getattr(mgr, "kvbound_evicted", ())) | set(getattr(mgr, "kvbound_stalled", ()))
+        ob = eng.rel.obase
+        for rid in sorted(self.tier.finished, key=int):
+            req = self.content.seen_requests.get(rid)
+            if req is None:
+                continue
+            horizon = req.num_prompt_tokens if prompt_only else req.num_tokens - 1
+            horizon = min(horizon, self.tier.finished[rid])
+            hashes = list(req.block_hashes)
+            for pos, gc in enumerate(cfg.kv_group_configs):
+                gi = getattr(gc, "group_idx", pos)
+                if self.content.kinds[gi] != "full_attention" or eng.lay["groups"][gi].get("eagle") \
+                        or getattr(gc, "requires_cow_source", False):
+                    continue
+                hpc = first_attr(gc, "hashes_per_chunk", "hash_block_size_factor")
+                tpc = self.content.block_size[gi] * self.bpc
+                for j in range(horizon // tpc):
+                    if (j + 1) * hpc > len(hashes):
+                        break
+                    key = ob.make_offload_key(hashes[(j + 1) * hpc - 1], gi)
+                    if key in gone or key in self.tier.refused:
+                        continue
+                    blk = policy.get(key)
+                    if blk is None or not blk.is_ready:
+                        self.report.violate("store:lost_chunk", rid, gi, None, (j + 1) * tpc - 1,
+                                     "request %s finished with group %d chunk %d (tokens [%d, %d))"
+                                     " computed and offloadable, but the tier does not hold it"
+                                     % (rid, gi, j, j * tpc, (j + 1) * tpc))
+                        break
+
+    def subscribe(self, tap):
+        """Every ``_build_store_jobs`` call, per request, for group 0 when it is full
+        attention and not a drafter's: [status, num_prompt_tokens, num_tokens,
+        num_computed_tokens, num_scheduled_tokens, max_offload_tokens, allocated chunks,
+        next_stored_chunk_idx before, after, refused] (judged by spec/store.py on the host)."""
+        eng, tier = self.eng, self.tier
+        cs = eng.csched
+        if self.content.kinds[0] != "full_attention" or eng.lay["groups"][0].get("eagle") \
+                or not hasattr(cs, "_build_store_jobs"):
+            return
+        # Before 0.26 the field is next_stored_block_idx (0.25.1 offloading/scheduler.py:229),
+        # whose store horizon spec/store.py does not model: no store-call record there.
+        if "next_stored_chunk_idx" not in getattr(getattr(eng.rel.osched, "RequestGroupState", None),
+                                                  "__dataclass_fields__", {}):
+            return
+        eng.store_calls = []
+        RS = eng.rel.RequestStatus
+
+        def _build_store_jobs(call, so, *a, **k):
+            before = {}
+            for rid in list(so.num_scheduled_tokens) + list(so.finished_req_ids or ()):
+                st = getattr(cs, "_req_status", {}).get(rid)
+                if st is None or rid in before:
+                    continue
+                req = st.req
+                status = "aborted" if req.status == RS.FINISHED_ABORTED else (
+                    "finished" if req.is_finished() else "running")
+                gs = (getattr(st, "group_states", None) or (None,))[0]
+                if gs is None or not hasattr(gs, "next_stored_chunk_idx") or not hasattr(gs, "block_ids"):
+                    continue  # before 0.26 the per-group store state is not this shape: not captured
+                before[rid] = [status, req.num_prompt_tokens, req.num_tokens, req.num_computed_tokens,
+                               so.num_scheduled_tokens.get(rid, 0), getattr(st, "max_offload_tokens", None),
+                               len(gs.block_ids) // self.bpc, gs.next_stored_chunk_idx]
+            refused0 = dict(tier.refused_by)
+            out = call(so, *a, **k)
+            for rid, rec in before.items():
+                st = getattr(cs, "_req_status", {}).get(rid)
+                if st is None:
+                    continue
+                eng.store_calls.append([eng.step_no, rid] + rec + [
+                    st.group_states[0].next_stored_chunk_idx, tier.refused_by.get(rid, 0) != refused0.get(rid, 0)])
+            return out
+
+        tap.around(cs, "_build_store_jobs", _build_store_jobs)
