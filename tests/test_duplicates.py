@@ -24,12 +24,6 @@ from collections import defaultdict
 from test_layers import installed_sources
 
 MIN_LINES = 6
-# What the side package's move (kvbound/side/, issue 22 item 2) removes: each entry
-# "module ~ module" must still be found, so the change that removes one deletes its line.
-PENDING = frozenset({
-    "kvbound.conform.worker ~ kvbound.trace.worker",  # _load_sidecar, loading sidecar.py by path
-})
-
 _DECLARATIVE_NODES = (ast.Expression, ast.Constant, ast.Name, ast.Attribute, ast.Tuple, ast.List, ast.Dict,
                       ast.Set, ast.Call, ast.keyword, ast.Load, ast.UnaryOp, ast.USub, ast.JoinedStr,
                       ast.FormattedValue)
@@ -129,15 +123,9 @@ def repeats(sources: dict, min_lines: int = MIN_LINES) -> list[str]:
     return out
 
 
-def _pair(row: str) -> str:
-    a, b = row.split(" ~ ")
-    return f"{a.rsplit(':', 1)[0]} ~ {b.rsplit(':', 1)[0]}"
-
-
 def test_no_module_repeats_six_lines_of_another():
     found = repeats(installed_sources())
-    assert [r for r in found if _pair(r) not in PENDING] == [], "written twice:\n" + "\n".join(found)
-    assert PENDING <= {_pair(r) for r in found}, "PENDING names a pair no longer found: delete its entry"
+    assert found == [], "written twice:\n" + "\n".join(found)
 
 
 _FUNCTION = '''

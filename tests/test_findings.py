@@ -52,6 +52,21 @@ def test_a_worker_that_reports_an_unknown_kind_is_a_harness_fault():
     assert f.kind == "harness:exception" and "not_drained" in f.detail["error"]
 
 
+def test_the_side_worker_refuses_an_unknown_kind():
+    """The worker itself never reports an undeclared kind: the job becomes a harness fault
+    naming it, the declared violations stay, and the host reports exactly that."""
+    from kvbound.side import trace_worker
+
+    good = {"check": "lifecycle:not_drained", "step": 3, "request": None, "message": "m"}
+    res = trace_worker.refuse_unknown_kinds({"ok": True, "violations": [good, dict(good, check="not_drained")]}, 7)
+    assert res["ok"] is False and res["harness_fault"] and res["step"] == 7
+    assert "'not_drained'" in res["error"] and res["violations"] == [good]
+    kinds = {f.kind for f in R.check_result("0.33.0", "full", {"layout": {}, "params": {}, "requests": []}, res)[0]}
+    assert kinds == {"harness:exception", "lifecycle:not_drained"}
+    clean = {"ok": True, "violations": [good]}
+    assert trace_worker.refuse_unknown_kinds(dict(clean), 7) == clean
+
+
 def test_a_premise_is_a_row_of_the_premise_family():
     from kvbound.proofs.premises import PREMISES
 

@@ -23,35 +23,14 @@ import importlib
 from pathlib import Path
 
 # What runs in a release's venv (loaded there by path, where kvbound is not installed): every module
-# under SIDE_PACKAGE, and these. The one list of them.
+# under SIDE_PACKAGE, the one place for it.
 SIDE_PACKAGE = "kvbound.side"
-SIDE_MODULES = frozenset({
-    "kvbound.conform.worker", "kvbound.conform.sidecar", "kvbound.conform.capture",
-    "kvbound.trace.worker", "kvbound.trace.engine", "kvbound.trace.fakes", "kvbound.trace.shadow",
-    "kvbound.trace.checks", "kvbound.trace.lookups",
-})
 LEAF = "kvbound.errors"  # the errors every layer raises: it imports nothing of kvbound
 LAYERS = ("kvbound.spec", "kvbound.proofs", "kvbound.impl")
 # what each layer may import of kvbound besides itself and the leaf
 MAY_IMPORT = {"kvbound.spec": (), "kvbound.proofs": ("kvbound.spec",), "kvbound.impl": ("kvbound.spec",)}
-# What is still being removed: kvbound/side/ ends the engine's import of the host's layouts. Each
-# must still be found here, so the change that removes one deletes its line and nothing else hides
-# behind it.
-PENDING_CIRCLES: list = []
-PENDING_VIOLATIONS = [("kvbound.trace.engine", "kvbound.trace.layouts")]
-
 MAX_MODULE_LINES = 500
 MAX_CLASS_LINES = 250
-# What is still over a size on main, (module, "module" or "class NAME") -> the change that removes it.
-# Each must still be found, so that change deletes its lines here and nothing else hides behind them.
-PENDING_OVERSIZED = {
-    ("kvbound.conform.worker", "module"): "issue 22 item 2 (r22-side): the workers move into kvbound/side/, "
-                                          "what they copy of vLLM's boot into one adapter",
-    ("kvbound.conform.worker", "class Release"): "issue 22 item 2 (r22-side), as above",
-    ("kvbound.trace.shadow", "module"): "issue 22 item 3 (r22-side): ShadowKV becomes the content model, "
-                                        "the tier's transfers and the store contract",
-    ("kvbound.trace.shadow", "class ShadowKV"): "issue 22 item 3 (r22-side), as above",
-}
 
 
 def _within(name: str, package: str) -> bool:
@@ -123,7 +102,7 @@ def circles(graph: dict) -> list:
 
 
 def is_side(name: str) -> bool:
-    return _within(name, SIDE_PACKAGE) or name in SIDE_MODULES
+    return _within(name, SIDE_PACKAGE)
 
 
 def layer_violations(graph: dict) -> list:
@@ -146,13 +125,13 @@ def layer_violations(graph: dict) -> list:
 def test_kvbound_has_no_import_circle():
     graph = import_graph(installed_sources())
     assert {"kvbound.spec.vocab", "kvbound.proofs.premises", "kvbound.impl.plan", "kvbound.cli"} <= set(graph)
-    assert circles(graph) == PENDING_CIRCLES
+    assert circles(graph) == []
 
 
 def test_every_import_points_down_the_layers():
     graph = import_graph(installed_sources())
-    assert SIDE_MODULES <= set(graph), "a module SIDE_MODULES lists is gone: delete it there"
-    assert [(m, d) for m, d, _ in layer_violations(graph)] == PENDING_VIOLATIONS
+    assert {"kvbound.side.engine", "kvbound.side.tap", "kvbound.side.worker"} <= set(graph)
+    assert layer_violations(graph) == []
 
 
 def oversized(sources: dict) -> list:
@@ -173,7 +152,7 @@ def test_no_module_over_500_lines_and_no_class_over_250():
     sources = installed_sources()
     for package in (*LAYERS, "kvbound.commands", SIDE_PACKAGE):  # every tree is read, the side's too
         assert any(_within(name, package) and name != package for name in sources), package
-    assert [(m, what) for m, what, _ in oversized(sources)] == list(PENDING_OVERSIZED), oversized(sources)
+    assert oversized(sources) == []
 
 
 # --- the rules fail where they should ------------------------------------------------------------
@@ -189,7 +168,7 @@ def test_a_deferred_import_that_closes_a_circle_fails():
     """The circle spec had (a Case validating through cases.py, which imports the Case), planted back."""
     sources = installed_sources()
     planted = _planted(sources, "kvbound.spec.case", "from .cases import case_from_dict")
-    new = [c for c in circles(import_graph(planted)) if c not in PENDING_CIRCLES]
+    new = circles(import_graph(planted))
     assert new == [["kvbound.spec.case", "kvbound.spec.cases", "kvbound.spec.case"]]
 
 
@@ -214,14 +193,15 @@ def test_an_import_against_the_layers_fails():
         ("kvbound.proofs.world", "from kvbound.impl import plan", "kvbound.impl.plan"),
         ("kvbound.impl.plan", "from ..proofs import premises", "kvbound.proofs.premises"),
         ("kvbound.errors", "from kvbound.spec import cdiv", "kvbound.spec"),
-        ("kvbound.trace.fakes", "from kvbound.spec import cdiv", "kvbound.spec"),
-        ("kvbound.conform.sidecar", "from . import prepare", "kvbound.conform.prepare"),
+        ("kvbound.side.fakes", "from kvbound.spec import cdiv", "kvbound.spec"),
+        ("kvbound.side.sidecar", "from ..conform import prepare", "kvbound.conform.prepare"),
+        ("kvbound.side.engine", "from kvbound.trace import layouts", "kvbound.trace.layouts"),
     ]
     for module, line, target in cases:
         bad = [v for v in layer_violations(import_graph(_planted(sources, module, line))) if v not in before]
         assert [(m, d) for m, d, _ in bad] == [(module, target)], (module, line, bad)
     # a side module's own side siblings, and the layers' downward imports, are not violations
-    for module, line in [("kvbound.trace.engine", "from . import fakes"), ("kvbound.impl.plan", "from kvbound.spec import cdiv"),
+    for module, line in [("kvbound.side.engine", "from . import fakes"), ("kvbound.impl.plan", "from kvbound.spec import cdiv"),
                          ("kvbound.proofs.terms", "from kvbound.errors import CaseError")]:
         assert layer_violations(import_graph(_planted(sources, module, line))) == before
 

@@ -13,11 +13,11 @@ Defect = collections.namedtuple("Defect", "name plants module catches layout rel
 
 DEFECTS = (
     Defect("dst_off_by_one", "every captured load's destination block ids one higher (a wrong load plan)",
-           "engine", ("spec-disagreement", "lifecycle:load_into_foreign_block"), "full", "0.33.0"),
+           "engine", ("plan:spec_disagreement", "lifecycle:load_into_foreign_block"), "full", "0.33.0"),
     Defect("lost_store", "a store job the fake transfer engine never completes",
            "fakes", ("lifecycle:not_drained",), "full", "0.33.0"),
     Defect("evict_at_lookup", "the scripted tier evicts a chunk right after answering HIT for it",
-           "fakes", ("lifecycle:load_key_not_confirmed", "vllm-exception"), "full", "0.33.0"),
+           "fakes", ("lifecycle:load_key_not_confirmed", "crash:exception"), "full", "0.33.0"),
     Defect("store_past_horizon", "_calc_num_offloadable_tokens one chunk past the computed tokens",
            "tier", ("store:foreign_source", "data:wrong_kv"), "full", "0.30.0"),
     Defect("skip_fence", "jobs_to_flush dropped: block reuse no longer waits for its store",

@@ -11,7 +11,7 @@ a harness fault (raised in kvbound's own fakes or adapter: never a vLLM finding)
 
 import time
 
-from . import sidecar
+from . import findings, sidecar
 
 
 def run_job(rel, job):
@@ -34,6 +34,25 @@ def run_job(rel, job):
         res["store_calls"] = eng.store_calls
     res.update(stats=eng.stats, cases=eng.cases, violations=eng.violations,
                seconds=time.monotonic() - t0, cpu_seconds=time.process_time() - c0)
+    return refuse_unknown_kinds(res, eng.step_no)
+
+
+def refuse_unknown_kinds(res, step):
+    """A violation whose kind the findings table lacks is never reported as a finding: it is
+    kvbound's own fault (a check that names a kind nobody declared), so the job reports a
+    harness fault naming it, and the violations keep only the declared kinds."""
+    declared, refused = [], set()
+    for v in res.get("violations", ()):
+        try:
+            findings.row(v["check"])
+            declared.append(v)
+        except ValueError as e:
+            refused.add(str(e))
+    if refused:
+        res["violations"] = declared
+        if res.get("ok", True):
+            res.update(ok=False, error="ValueError: " + "; ".join(sorted(refused)), assert_site=None,
+                       traceback="", step=step, harness_fault=True)
     return res
 
 
