@@ -114,3 +114,13 @@ def test_the_findings_table_is_standard_library_only():
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert imported <= {"__future__", "dataclasses"}
+
+
+def test_every_planted_defect_is_caught_by_kinds_of_the_table():
+    """A planted trace defect names the findings that must catch it: each a row of the table, so
+    a renamed kind cannot leave a defect that nothing can report."""
+    from kvbound.side.defects import DEFECTS
+
+    for d in DEFECTS:
+        for kind in d.catches:
+            assert F.row(kind).kind in (kind, kind.split(":", 1)[0] + ":"), (d.name, kind)
