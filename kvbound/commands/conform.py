@@ -17,7 +17,7 @@ from kvbound.conform.runner import current_env, run_release
 from kvbound.draw import draw_case
 from kvbound.spec.strategies import ADVERSARIAL_FAMILIES
 from kvbound.records import ConformCase, ConformRecord
-from kvbound.spec import Case, case_to_dict, load_case_paths, plan_for_version, variant_for_version
+from kvbound.spec import Case, case_to_dict, plan_for_version, variant_for_version
 from kvbound.spec.lookup_case import LookupCase, lookup_case_to_dict
 from kvbound.spec.verdicts import CONFORM_VERDICTS
 

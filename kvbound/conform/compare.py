@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from kvbound.spec import (
-    LOAD_FIELDS, PLAN_FIELDS, AssertName, Case, GroupKind, Variant, plan_for_version, release_features,
+    LOAD_FIELDS, PLAN_FIELDS, Case, GroupKind, Variant, plan_for_version, release_features,
     variant_for_version,
 )
 from kvbound.spec.strategies import ADVERSARIAL_FAMILIES, V2_FAMILIES
