@@ -6,7 +6,8 @@ write (``--write``) or compare (``--check``) what they print.
     scripts/walkthrough.py --write             # rerun all, paste the real output
     scripts/walkthrough.py --check [--fast]    # exit 1 if any output changed
 
-Timings (``0.42 s``, ``(11 s)``, ``seconds``) are masked when comparing, nothing else.
+Timings (``0.42 s``, ``(11 s)``, ``seconds``) are masked when comparing, with the spaces that pad
+them to a column (a faster or slower machine prints a wider or narrower number); nothing else.
 ``--fast`` skips commands that run or read conform (prepared vLLM releases, ~30 s).
 Each block is one command; its stdout is pasted, then ``[exit N]``.
 """
@@ -25,6 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "walkthrough.md"
 BLOCK = re.compile(r"```console\n\$ ([^\n]*)\n(.*?)```", re.S)
 TIMING = re.compile(r"\b\d+(?:\.\d+)?(?= ?s\b)|\b\d+\.\d+\b")
+MASK = "\u27e8t\u27e9"  # what a timing becomes; no command prints it
+PADDED = re.compile(" *" + MASK + " *")
+
+
+def masked(text: str) -> str:
+    """``text`` with every timing, and the column padding around it, made one mask."""
+    return PADDED.sub(" " + MASK + " ", TIMING.sub(MASK, text))
 
 
 def run(command: str) -> str:
@@ -62,7 +70,7 @@ def main(argv=None) -> int:
         real = run(command)
         out.append(f"```console\n$ {command}\n{real}```")
         if args.check:
-            a, b = TIMING.sub("T", pasted), TIMING.sub("T", real)
+            a, b = masked(pasted), masked(real)
             if a != b:
                 failed += 1
                 print(f"CHANGED: {command}")

@@ -73,3 +73,19 @@ def test_walkthrough_output_is_what_the_commands_print_now():
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("same: ") >= 3
+
+
+def test_the_walkthrough_check_ignores_timing_widths_not_values():
+    """A slower machine prints a wider timing and pads its column less; that is no change.
+    A changed verdict or count beside it still is."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("walkthrough", ROOT / "scripts" / "walkthrough.py")
+    w = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(w)
+    fast = "boundary     proved    yes      0.19  0.30.0–0.32.0  groups 1\n"
+    slow = "boundary     proved    yes     10.19  0.30.0–0.32.0  groups 1\n"
+    assert w.masked(fast) == w.masked(slow)
+    assert w.masked("total: 9.8 s wall (71 obligations)") == w.masked("total: 11.68 s wall (71 obligations)")
+    assert w.masked(fast) != w.masked(fast.replace("proved    yes", "refuted   no "))
+    assert w.masked("71 obligations, 24 mutants") != w.masked("70 obligations, 24 mutants")
