@@ -53,7 +53,7 @@ def serve(make_release, handle, hello_extra=None):
 
 def portable_path(filename):
     """A vLLM source path relative to the release tree (``vllm/v1/core/block_pool.py``);
-    kvbound's own files relative to the kvbound package (``kvbound/trace/fakes.py``);
+    kvbound's own files relative to the kvbound package (``kvbound/side/fakes.py``);
     anything else (the standard library, site-packages) by its last two components."""
     if not filename:
         return filename
