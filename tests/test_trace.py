@@ -182,6 +182,17 @@ def test_shrink_finds_the_minimal_pair():
     assert runs == w.calls <= 60
 
 
+def test_shrinking_one_finding_leaves_the_pool_of_another_of_its_segment():
+    """Two findings of one segment share its job; the smaller pool one shrink finds is that
+    finding's own, so the next shrink (and its saved file) starts from the segment's pool."""
+    job = dict(JOB, params={"num_gpu_blocks": 64}, requests=[{"id": i, "arrive": i} for i in range(40)])
+    first = R.Finding("lifecycle:blocks_not_freed", "0.33.0", "full", {}, job)
+    second = R.Finding("lifecycle:not_drained", "0.33.0", "full", {}, job)
+    S.shrink(_FakeWorker({7, 23}), first, ShrinkOptions(budget=60))
+    assert first.segment["params"]["num_gpu_blocks"] < 64
+    assert second.segment["params"] == job["params"] == {"num_gpu_blocks": 64}
+
+
 def test_tracefile_round_trip_and_bad_file(tmp_path):
     f = R.Finding("premise:aligned", "0.33.0", "mamba", {"detail": "x"}, dict(JOB, requests=[{"id": 1}]), GOOD)
     p = TF.save(f, tmp_path, shrunk_from=9, reruns=3)

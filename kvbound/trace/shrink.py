@@ -12,13 +12,14 @@ from .runner import Finding, TraceWorker, rerun
 def shrink(w: TraceWorker, finding: Finding, options: ShrinkOptions, progress=None) -> tuple[list, int]:
     """(minimal requests, reruns used). ddmin (Zeller) over requests; then a smaller GPU
     pool (fewer requests then suffice to evict) and ddmin again. The smaller pool, when
-    one is found, is written into ``finding.segment["params"]``. At most ``options.budget``
-    reruns."""
+    one is found, is written into ``finding.segment["params"]`` (the finding's own copy of the
+    segment: the findings of one segment share its dict, and shrinking one must not change the
+    pool another starts from). At most ``options.budget`` reruns."""
     budget = options.budget
     release = finding.release
     want = finding.key()
     runs = [0]
-    seg = finding.segment
+    seg = finding.segment = dict(finding.segment)
 
     def fails(reqs, params=None) -> bool:
         if runs[0] >= budget:
