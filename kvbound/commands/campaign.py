@@ -62,7 +62,8 @@ def local_workers(args) -> int:
 def plan(args) -> tuple[list, list]:
     """(columns, shards) from the command line alone."""
     from kvbound.spec import variant_for_version
-    from kvbound.trace.campaign import Shard, expand_releases
+    from kvbound.spec.versions import expand_releases
+    from kvbound.trace.campaign import Shard
     from kvbound.trace.layouts import LAYOUTS
     from kvbound.trace.session import checkout
 

@@ -40,7 +40,7 @@ def _group_fields(spec, kind):
     return out
 
 
-def _tokens_per_hash(cfg):
+def tokens_per_hash(cfg):
     """0.28+ name it; before, a group's tokens_per_chunk / hashes_per_chunk."""
     if hasattr(cfg, "tokens_per_hash"):
         return cfg.tokens_per_hash
@@ -85,7 +85,7 @@ def case_of_call(sched, request, blocks, num_external_tokens, name=None, kv_cach
     case = {
         "name": name or "captured-%s" % request.request_id,
         "blocks_per_chunk": first_attr(cfg, "blocks_per_chunk", "block_size_factor"),
-        "tokens_per_hash": _tokens_per_hash(cfg),
+        "tokens_per_hash": tokens_per_hash(cfg),
         "num_prompt_tokens": request.num_prompt_tokens,
         "num_locally_computed_tokens": status.num_locally_computed_tokens,
         "num_external_tokens": num_external_tokens,
@@ -129,7 +129,7 @@ def describe_keys(sched, request, keys):
     from vllm.v1.kv_offload.base import make_offload_key
 
     hashes = list(request.block_hashes)
-    tph = _tokens_per_hash(sched.config)
+    tph = tokens_per_hash(sched.config)
     where = {}
     for pos, g in enumerate(sched.config.kv_group_configs):
         gi = getattr(g, "group_idx", pos)

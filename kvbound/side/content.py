@@ -19,12 +19,10 @@ to one engine. The content model (docs/trace.md, "Shadow KV"):
 - before the forward, every slot the model reads (attention: positions
   ``[get_num_skipped_tokens(c + extra_retained_tokens), c)``: a window's retained tokens are
   kept, never attended; Mamba: the state after ``c`` tokens) must hold the
-  reading request's own identity at that position, else ``data:wrong_kv``;
-- the CPU tier is a dict CPU block id -> ``blocks_per_chunk`` GPU-block contents, written by
-  store jobs and read by load jobs at a seeded moment between submission and completion,
-  following the job's specs the way vLLM's CPU worker maps them
-  (``kv_offload/cpu/gpu_worker.py`` ``transfer_async``);
-- the store contract is checked when a store's content is copied (``store:*``).
+  reading request's own identity at that position, else ``data:wrong_kv``.
+
+The CPU tier and the transfers between it and these blocks are ``tier.py``'s; what a store
+may copy is ``store_contract.py``'s.
 """
 
 from .fakes import out_tok

@@ -43,7 +43,6 @@ class Release:
         self.Request, self.RequestStatus, self.SamplingParams = Request, RequestStatus, SamplingParams
         self.oc, self.KVConnectorRole, self.osched = oc, KVConnectorRole, osched
         self.sha256 = adapter.hashing()
-        self.capture = capture
         # three MTP modules: a speculative config of method "mtp" is multi-module
         # (SpeculativeConfig.use_multi_module_mtp, 0.30.0 vllm/config/speculative.py:1944-1950);
         # every segment's engine reads the directory, gone with the worker
@@ -253,7 +252,7 @@ class Engine:
             if num_external_tokens:
                 ctx = eng.call_context(request)  # before the call: it clears partial_tail_boundary
                 try:
-                    case = eng.rel.capture.case_of_call(
+                    case = capture.case_of_call(
                         cs, request, blocks, num_external_tokens,
                         "trace-s%d-%s" % (eng.step_no, request.request_id),
                         kv_cache_config=eng.kv_cache_config)
@@ -275,7 +274,7 @@ class Engine:
                 res = dict(ctx, case=case, outcome="ok")
                 keys = eng.loaded_keys[nkeys:]
                 res["keys"] = eng.describe_keys(request, keys[-1]) if keys else []
-                load = eng.rel.capture.load_job_fields(cs, jobs_before)
+                load = capture.load_job_fields(cs, jobs_before)
                 if load is not None:
                     ids = load["dst_block_ids"]
                     if eng.mutant == "dst_off_by_one":  # planted defect: tests show the checks see it
@@ -309,7 +308,7 @@ class Engine:
 
     def describe_keys(self, request, keys):
         """prepare_load's keys as kvbound's plan names them (``capture.describe_keys``)."""
-        return self.rel.capture.describe_keys(self.csched, request, keys)
+        return capture.describe_keys(self.csched, request, keys)
 
     def violate(self, check, request_id, msg):
         self.violations.append({"check": check, "step": self.step_no, "request": request_id,

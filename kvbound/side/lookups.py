@@ -17,7 +17,8 @@ Planted defects (tests only, ``params["mutant"]``): the ``lookup_*`` rows of
 ``defects.DEFECTS``, planted in ``mutate``.
 """
 
-from .adapter import first_attr
+from .adapter import first_attr, kind_of
+from .capture import tokens_per_hash
 
 # How many steps a request may stay deferred by its lookup (docs/lookup.md, progress).
 STUCK_BOUND_STEPS = 64
@@ -101,7 +102,7 @@ class LookupCapture:
         rel = self.eng.rel
         ob = rel.obase
         st = cs._req_status[request.request_id]
-        tph = rel.capture._tokens_per_hash(cfg)
+        tph = tokens_per_hash(cfg)
         hashes = list(request.block_hashes)
         name_of = {}
         groups = []
@@ -116,9 +117,7 @@ class LookupCapture:
             for c, key in enumerate(keys):
                 name_of.setdefault(key, "%d:%d" % (gi, c))
             spec = getattr(g, "kv_cache_spec", None) or kv_groups[gi].kv_cache_spec
-            kind = type(spec).__name__
-            kind = {"SlidingWindowSpec": "sliding_window", "MambaSpec": "mamba",
-                    "ChunkedLocalAttentionSpec": "chunked_local"}.get(kind, "full_attention")
+            kind = kind_of(spec)
             groups.append({"group_idx": gi, "kind": kind, "tokens_per_chunk": tpc, "num_keys": len(keys),
                            "window": window, "sliding_window": int(getattr(spec, "sliding_window", 0) or 0),
                            "extra_retained_tokens": int(getattr(spec, "extra_retained_tokens", 0) or 0),

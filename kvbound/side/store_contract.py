@@ -9,11 +9,12 @@ chunk the policy offloads is in the tier (``check_lost_chunks``); and every
 """
 
 from .adapter import first_attr
+from .capture import tokens_per_hash
 from .content import describe
 
 
 class StoreContract:
-    """``content``: the GPU side (``shadow.ContentModel``); ``tier``: the transfers
+    """``content``: the GPU side (``content.ContentModel``); ``tier``: the transfers
     (``tier.TierTransfers``, set once both exist)."""
 
     def __init__(self, eng, content, report, bpc, tier=None):
@@ -111,9 +112,8 @@ class StoreContract:
         """offload key -> (group, end): the key is the hash of the request's first ``end``
         tokens for that group (a whole chunk's key, or a partial tail's boundary key)."""
         ob = self.eng.rel.obase
-        cap = self.eng.rel.capture
         hashes = list(req.block_hashes)
-        tph = cap._tokens_per_hash(self.eng.csched.config)
+        tph = tokens_per_hash(self.eng.csched.config)
         out = {}
         for pos, gc in enumerate(self.eng.csched.config.kv_group_configs):
             gi = getattr(gc, "group_idx", pos)

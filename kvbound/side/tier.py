@@ -43,7 +43,7 @@ def job_pairs(gpu_spec, cpu_ids, bpc):
 
 
 class TierTransfers:
-    """``content``: the GPU side (``shadow.ContentModel``); ``contract``: what a store's
+    """``content``: the GPU side (``content.ContentModel``); ``contract``: what a store's
     keys cover and the check at its copy (``store_contract.StoreContract``); ``rng`` seeds
     the moment each job copies."""
 

@@ -30,7 +30,7 @@ def run_job(rel, job):
     if counts:
         eng.stats.update(("tier_" + k, v) for k, v in counts.items())
     res["lookups"] = eng.lookup_capture.lookups
-    if getattr(eng, "store_calls", None) is not None:  # shadow.py: judged by spec/store.py on the host
+    if getattr(eng, "store_calls", None) is not None:  # store_contract.py: judged by spec/store.py on the host
         res["store_calls"] = eng.store_calls
     res.update(stats=eng.stats, cases=eng.cases, violations=eng.violations,
                seconds=time.monotonic() - t0, cpu_seconds=time.process_time() - c0)

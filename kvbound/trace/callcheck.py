@@ -3,7 +3,7 @@
 (``kvbound.plugin``, inside a serving engine): the call against the release's spec
 (``conform.compare.judge``) and against the premises of the proofs.
 
-A call is the record the trace engine and ``conform.capture`` both make: ``case`` (the
+A call is the record the trace engine and ``side.capture`` both make: ``case`` (the
 call as a kvbound case), ``outcome`` and, for ``ok``, the plan fields vLLM produced
 (``dst_block_ids``, ``group_sizes``, ``block_indices``, ``keys``), with the lookup's
 ``partial_tail_boundary`` and ``sync_load_marked``.

@@ -169,9 +169,3 @@ def merge(columns: list, results: list) -> CampaignRecord:
     return CampaignRecord(list(columns), matrix, found, by_class)
 
 
-def expand_releases(specs: list) -> list:
-    """``--vllm`` values: a release (0.29.0), a range (0.21.0..0.33.0: every release of
-    ``kvbound.spec.versions.CAMPAIGN_RELEASES`` between them, inclusive), or a comma list."""
-    from kvbound.spec.versions import expand_releases as expand
-
-    return expand(specs)

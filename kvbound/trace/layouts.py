@@ -8,9 +8,6 @@ traffic evicts and preempts, the CPU tier's capacity in chunks, batch limits, th
 transfer engine's delays, the scripted tier); and what it needs of a release (``Need``,
 a column of the release table). The worker gets ``job_layout()`` and ``params()`` as
 plain JSON. The ``--engine`` keys and their help derive from ``ENGINE_PARAMS``.
-
-The side worker still imports ``chunk_size_config`` from this file: its top level is the
-standard library only.
 """
 
 from __future__ import annotations

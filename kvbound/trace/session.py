@@ -166,6 +166,7 @@ def replay(env: ReleaseEnv, finding: R.Finding, options: ShrinkOptions | None = 
         again = [g for g in R.rerun(w, env.version, same[0], reqs) if g.key() == finding.key()]
         if not again:
             return got, None
-        return got, Kept(again[0], finding.key(), 1, n0, reruns, TF.save(again[0], out_dir, n0, reruns), 0)
+        path = TF.save(again[0], out_dir, n0, reruns) if out_dir is not None else None
+        return got, Kept(again[0], finding.key(), 1, n0, reruns, path, 0)
     finally:
         w.stop()

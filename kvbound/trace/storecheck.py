@@ -1,6 +1,6 @@
 """Host side: every captured ``_build_store_jobs`` call judged by the store spec.
 
-The worker (``shadow.py``) records, per request and call, group 0's inputs and its
+The worker (``side/store_contract.py``) records, per request and call, group 0's inputs and its
 ``next_stored_chunk_idx`` before and after; ``spec/store.py`` says where the release
 advances it. A call the tier refused (``prepare_store`` returned None: nothing advances)
 is set aside.
