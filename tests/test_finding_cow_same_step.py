@@ -47,3 +47,28 @@ def test_the_trace_checks_every_block_copy(workers):
     found, _ = R.check_result("0.33.0", "mamba", job, res)
     assert "data:copy_of_uncomputed_tokens" not in {g.kind for g in found}
     assert res["stats"].get("block_copies", 0) > 0
+
+
+CHAINED = ROOT / "docs" / "trace-findings" / "0-33-0-mamba-eagle-untagged-data-wrong-kv-chained-copy-3req.json"
+
+
+@pytest.mark.parametrize("version,chained", [("0.33.0", True), ("0.29.0", False)])
+def test_a_copy_from_a_copy_destination_of_the_same_step_carries_zeros(version, chained, workers):
+    """The chained shape (docs/findings.md): a seeding read of 171 tokens, then two requests in one
+    step; request 258 partial-hits the seed's last block and gets a private copy of it, which its
+    forward fills and the scheduler caches; request 260 hits that private block, trimmed to the
+    Mamba hit inside it, and gets a copy of the copy. vLLM runs a step's copies at once (0.33.0
+    v1/worker/utils.py:909-955), so 260's block gets the zeroed private block: the copy check
+    names the chain and shadow KV reads the zeros. On 0.29.0 the same requests reach the plain
+    same-step shape (no private copy for 258), which both checks report without a chain."""
+    from kvbound.trace import runner as R
+    from kvbound.trace import tracefile as TF
+
+    f = TF.load(CHAINED)
+    env, w = workers(version)
+    found, _ = R.check_result(version, f.layout, f.segment, w.job(dict(f.segment, max_steps=3000)))
+    copies = [g.detail["message"] for g in found if g.kind == "data:copy_of_uncomputed_tokens"]
+    reads = [g.detail.get("provenance") or "" for g in found if g.kind == "data:wrong_kv"]
+    assert copies and reads
+    assert any("itself the destination of one of this step's copies" in m for m in copies) == chained
+    assert any("itself a destination of this step's copies" in p for p in reads) == chained

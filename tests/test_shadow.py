@@ -56,6 +56,64 @@ def test_a_request_reads_a_sharing_prefix_s_kv_and_no_other():
     assert model.stats["shadow_writes"] == 12
 
 
+def _copy(src, dst):
+    return types.SimpleNamespace(src_block_id=src, dst_block_id=dst)
+
+
+def test_a_step_s_block_copies_run_at_once():
+    """The model runner gathers every source before it writes any destination (0.33.0
+    v1/worker/utils.py:909-955): in a chain 1 -> 2, 2 -> 3 of one step, block 3 gets what block
+    2 held before the step's copies (zeroed: it is new), not block 1's KV, and the request
+    reading block 3 reads data:wrong_kv whose provenance names the chain. Applied one after
+    another, as the content model did before, block 3 would hold A's KV and read clean."""
+    a = _req("1", [5, 6, 7, 8], 4)
+    b = _req("2", [5, 6, 7, 8, 9], 2)
+    c = _req("3", [5, 6, 7, 8, 9], 2)
+    violations = []
+    model = _content({"1": [1], "2": [2], "3": [3]}, [a, b, c], violations)
+    _step(model, {"1": 4})  # A computes tokens 0..3 into block 1
+    model.update_states(types.SimpleNamespace(new_block_ids_to_zero=[2, 3],
+                                              kv_cache_block_copies=[_copy(1, 2), _copy(2, 3)]))
+    assert model.gpu[2] == model.gpu[1] and 3 not in model.gpu
+    _step(model, {"2": 1, "3": 1})  # both read tokens 0..1 of their copy
+    (v,) = violations
+    assert (v["check"], v["request"], v["block_id"], v["found"]) == ("data:wrong_kv", "3", 3, None)
+    assert v["provenance"] == "copied from block 2 (itself a destination of this step's copies)"
+
+
+def _copy_step(computed, scheduled, tables, copies, zero=()):
+    """A scheduler after schedule(): one full-attention group of 4-token blocks."""
+    blocks = {rid: [types.SimpleNamespace(block_id=b, is_null=False) for b in ids] for rid, ids in tables.items()}
+    manager = types.SimpleNamespace(block_size=4, req_to_blocks=blocks)
+    sched = types.SimpleNamespace(
+        requests={rid: types.SimpleNamespace(num_computed_tokens=c + scheduled.get(rid, 0))
+                  for rid, c in computed.items()},
+        kv_cache_manager=types.SimpleNamespace(coordinator=types.SimpleNamespace(single_type_managers=[manager])))
+    so = types.SimpleNamespace(num_scheduled_tokens=scheduled, kv_cache_block_copies=copies,
+                               new_block_ids_to_zero=list(zero))
+    return sched, so
+
+
+def test_a_copy_from_a_same_step_copy_destination_carries_nothing():
+    """checks.uncomputed_copies, the chained shape: request 1 partial-hits block 9 (cached, its
+    writer gone) and gets the private copy 9 -> 5; request 2, in the same step, partial-hits
+    block 5 and gets 5 -> 6. Request 1 counts 7 tokens computed before the step, more than the
+    6 request 2 needs, yet block 5 holds none of them until the copies run, and they run at
+    once: the second copy carries zeros. Without the chain (block 5 filled a step earlier) the
+    same copy is clean."""
+    from kvbound.side.checks import _empty_source, uncomputed_copies
+
+    tables = {"1": [4, 5], "2": [4, 6]}
+    sched, so = _copy_step({"1": 7, "2": 6}, {"1": 1, "2": 2}, tables, [_copy(9, 5), _copy(5, 6)], zero=[5, 6])
+    (r,) = uncomputed_copies(sched, so)
+    assert (r["src_block_id"], r["dst_block_id"], r["reader"], r["copied_tokens"]) == (5, 6, "2", [4, 6])
+    assert r["src_copied_this_step"] and r["src_owners"] == {"1": {"computed_before_step": 7,
+                                                                    "scheduled_this_step": 1}}
+    assert "itself the destination of one of this step's copies" in _empty_source(r)
+    sched, so = _copy_step({"1": 7, "2": 6}, {"1": 1, "2": 2}, tables, [_copy(5, 6)], zero=[6])
+    assert uncomputed_copies(sched, so) == []
+
+
 def test_job_pairs_follow_the_cpu_worker_mapping():
     """transfer_async: per group, GPU blocks onto CPU sub-blocks from block_indices % bpc."""
     spec = types.SimpleNamespace(block_ids=[7, 8, 9, 4], group_sizes=[3, 1], block_indices=[1, 2])

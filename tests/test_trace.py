@@ -39,6 +39,28 @@ def test_workload_is_seeded_and_walks_block_offsets():
     assert arrivals == sorted(arrivals) and len(set(arrivals)) < len(arrivals)  # bursts
 
 
+def test_prefix_bursts_leave_the_organic_stream_and_share_a_seed():
+    """prefix_burst_p: off, the workload is what it was (the organic stream draws nothing more);
+    on, a burst is a seeding read and, a few steps later, 2..5 readers arriving in one step that
+    re-read the seed's document to nearby depths."""
+    lay = LAYOUTS["mamba-eagle-untagged"].job_layout()
+    eng = LAYOUTS["mamba-eagle-untagged"].params()
+    assert workload(200, 3, lay, dict(eng, prefix_burst_p=0.0)) == workload(200, 3, lay, eng)
+    reqs = workload(200, 3, lay, dict(eng, prefix_burst_p=0.3))
+    assert reqs == workload(200, 3, lay, dict(eng, prefix_burst_p=0.3))
+    by_step = {}
+    for r in reqs:
+        by_step.setdefault(r["arrive"], []).append(r)
+    bursts = 0
+    for rs in by_step.values():
+        docs = [r["prompt"][0] for r in rs if r["prompt"][0][0] == "doc"]
+        for d in {x[1] for x in docs}:
+            depths = [x[3] for x in docs if x[1] == d]
+            if len(depths) >= 2 and len(set(depths)) >= 2 and max(depths) - min(depths) <= 3 * 64:
+                bursts += 1
+    assert bursts >= 5
+
+
 def test_truncate_keeps_a_prefix():
     p = [["doc", 1, 0, 10], ["out", 3, 5], ["uniq", 4, 7]]
     assert truncate(p, 12) == [["doc", 1, 0, 10], ["out", 3, 2]]

@@ -143,8 +143,9 @@ class LifecycleChecks:
             self.eng.violate(
                 "data:copy_of_uncomputed_tokens", r["reader"],
                 "block copy %d -> %d (request %s, group %d, tokens [%d, %d)) runs before this"
-                " step's forward, but no holder of block %d had computed that far (%s)"
-                % (r["src_block_id"], r["dst_block_id"], r["reader"], r["group"], start, need, r["src_block_id"],
+                " step's forward, but %s (%s)"
+                % (r["src_block_id"], r["dst_block_id"], r["reader"], r["group"], start, need,
+                   _empty_source(r),
                    ", ".join("request %s: %d computed, %d scheduled"
                              % (o, v["computed_before_step"], v["scheduled_this_step"])
                              for o, v in r["src_owners"].items())))
@@ -167,6 +168,17 @@ class LifecycleChecks:
             eng.violate("lifecycle:transfer_not_finished", None, "%d jobs pending" % len(eng.transfers.pending))
 
 
+def _empty_source(r) -> str:
+    """Why an ``uncomputed_copies`` record's source carries none of the copied tokens."""
+    src = r["src_block_id"]
+    if max(v["computed_before_step"] for v in r["src_owners"].values()) < r["copied_tokens"][1]:
+        return "no holder of block %d had computed that far" % src
+    if r["src_copied_this_step"]:
+        return ("block %d is itself the destination of one of this step's copies, which run at once"
+                " (every source is read before any destination is written)" % src)
+    return "block %d is zeroed in this step, before the copies run" % src
+
+
 def uncomputed_copies(sched, so):
     """The ``kv_cache_block_copies`` of ``so`` that carry tokens nobody has computed yet.
 
@@ -174,10 +186,15 @@ def uncomputed_copies(sched, so):
     (0.33.0 v1/worker/gpu_model_runner.py:1205-1211; 0.29.0 :1229-1238): a copy can carry only
     tokens computed before this step. The reader (the request whose table holds the
     destination) needs ``[i * block_size, its hit)`` of its block ``i``; some other holder of
-    the source must have computed that far before the step. One record per copy that breaks
+    the source must have computed that far before the step, into the source itself. The
+    step's copies run at once, every source gathered before any destination is written
+    (0.33.0 v1/worker/utils.py:909-955, ``blocks[dst] = blocks[src]``): a source zeroed in
+    this step, or itself a destination of one of the step's copies (a chain), holds none of
+    its holders' tokens yet, whatever they had computed. One record per copy that breaks
     this: source and destination, reader, group, the tokens copied, each other holder of the
     source with what it had computed and what it is scheduled this step, and whether the
-    source is zeroed in this very step. Also ``scripts/repro_cow_same_step.py``'s report."""
+    source is zeroed, or a copy destination, in this very step. Also
+    ``scripts/repro_cow_same_step.py``'s report."""
     copies = getattr(so, "kv_cache_block_copies", None) or ()
     if not copies:
         return []
@@ -194,16 +211,19 @@ def uncomputed_copies(sched, so):
                 if not b.is_null:
                     holders.setdefault(b.block_id, []).append((rid, g, i))
     zeroed = set(getattr(so, "new_block_ids_to_zero", None) or ())
+    dsts = {cp.dst_block_id for cp in copies}
     out = []
     for cp in copies:
         for rid, g, i in holders.get(cp.dst_block_id, ())[:1]:
             start = i * mgrs[g].block_size
             need = min(before(rid), start + mgrs[g].block_size)
             others = sorted({o for o, _, _ in holders.get(cp.src_block_id, ()) if o != rid})
-            if others and need > start and max(before(o) for o in others) < need:
+            empty = cp.src_block_id in zeroed or cp.src_block_id in dsts  # holds nothing yet
+            if others and need > start and (empty or max(before(o) for o in others) < need):
                 out.append({"src_block_id": cp.src_block_id, "dst_block_id": cp.dst_block_id, "reader": rid,
                             "group": g, "copied_tokens": [start, need],
                             "src_owners": {o: {"computed_before_step": before(o),
                                                "scheduled_this_step": scheduled.get(o, 0)} for o in others},
-                            "src_zeroed_this_step": cp.src_block_id in zeroed})
+                            "src_zeroed_this_step": cp.src_block_id in zeroed,
+                            "src_copied_this_step": cp.src_block_id in dsts})
     return out

@@ -103,14 +103,21 @@ class ContentModel:
         return ch[p]
 
     def update_states(self, so):
-        """The model runner's ``_update_states`` (0.29 gpu_model_runner.py:1229-1238): zero
-        the newly allocated blocks, then apply the scheduler's block copies."""
+        """The model runner's ``_update_states`` (0.33.0 gpu_model_runner.py:1205-1211, 0.29.0
+        :1229-1238): zero the newly allocated blocks, then apply the scheduler's block copies
+        all at once: ``copy_kv_cache_blocks_inplace`` gathers every source, then scatters
+        (0.33.0 v1/worker/utils.py:909-955, ``blocks[dst] = blocks[src]``), so a copy whose
+        source is itself a destination of the step's copies carries that source's content
+        before the copies (zeroed, if it was allocated in this step)."""
         for bid in getattr(so, "new_block_ids_to_zero", None) or ():
             self.write_block(int(bid), None, "zeroed")
-        for cp in getattr(so, "kv_cache_block_copies", None) or ():
-            src = self.gpu.get(cp.src_block_id)
+        copies = getattr(so, "kv_cache_block_copies", None) or ()
+        sources = [self.gpu.get(cp.src_block_id) for cp in copies]  # gathered before any write
+        dsts = {cp.dst_block_id for cp in copies}
+        for cp, src in zip(copies, sources):
+            chained = " (itself a destination of this step's copies)" if cp.src_block_id in dsts else ""
             self.write_block(cp.dst_block_id, None if src is None else list(src),
-                             "copied from block %d" % cp.src_block_id)
+                             "copied from block %d%s" % (cp.src_block_id, chained))
 
     def bump(self, bid):
         self.ver[bid] = self.ver.get(bid, 0) + 1

@@ -26,6 +26,7 @@ def _flag(v: str) -> bool:
 _flag.__name__ = "true/false"
 # the --engine help groups
 _ENGINE, _TIER, _SHADOW = "engine", "script the offload tier", "shadow KV and the store path's traffic"
+_TRAFFIC = "shape the traffic"
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ ENGINE_PARAMS = (
     EngineParam("offload_prompt_only", _flag, None, _SHADOW),
     EngineParam("aligned_decode_p", float, None, _SHADOW),
     EngineParam("sync_load_budget_bytes", int),  # 0.33 sync loads
+    EngineParam("prefix_burst_p", float, None, _TRAFFIC),  # workload.workload: shared-prefix bursts
 )
 BASE = {p.name: p.base for p in ENGINE_PARAMS if p.base is not None}
 OVERRIDES = {p.name: p for p in ENGINE_PARAMS if p.flag}

@@ -53,8 +53,21 @@ def workload(n: int, seed, layout: dict, engine: dict, first_id: int = 0) -> lis
     depth = [rng.randint(1, cap) for _ in range(NUM_DOCS)]  # each document's random-walking depth
     reqs: list[dict] = []
     step = 0
+    burst_p = engine.get("prefix_burst_p") or 0.0
+    brng = random.Random(repr(seed) + "-burst") if burst_p else None  # the organic stream stays as it was
+    source, left = None, 0  # the current burst's seeding read; its readers still to come
     for i in range(n):
         rid = first_id + i
+        if brng is not None and (left or brng.random() < burst_p):
+            if not left:  # a burst starts: its seeding read now, 2..5 readers a few steps on
+                source = _burst_request(brng, None, step, rid, b, cap)
+                left = brng.randint(2, 5)
+                reqs.append(source)
+                step += brng.randint(2, 8)
+                continue
+            left -= 1
+            reqs.append(_burst_request(brng, source, step, rid, b, cap))
+            continue
         if rng.random() < 0.3:
             step += 0  # a burst: same step as the previous request
         else:
@@ -88,3 +101,22 @@ def workload(n: int, seed, layout: dict, engine: dict, first_id: int = 0) -> lis
         reqs.append({"id": rid, "arrive": step, "prompt": prompt, "max_tokens": max_tokens,
                      "abort_after": abort})
     return reqs
+
+
+def _burst_request(rng, source: dict | None, step: int, rid: int, b: int, cap: int) -> dict:
+    """``prefix_burst_p``: shared-prefix bursts. A burst is a seeding read (``source`` None: a
+    document read to a depth up to half the prompt cap, ending anywhere in a block) and, a few
+    steps later when its blocks are computed and cached, 2..5 readers arriving in one step that
+    re-read the same document from a block short of the seed's depth to two blocks past it, then a
+    few tokens of their own. Their hits end at other offsets of the same blocks, some computed
+    before the step and some by the burst itself: the traffic under which one request's hit lands
+    on a block another request of the step caches, or on another's private copy of a cached block
+    (docs/findings.md)."""
+    if source is None:
+        prompt = [["doc", rng.randrange(NUM_DOCS), 0, rng.randint(1, max(1, cap // 2))]]
+    else:
+        doc = source["prompt"][0]
+        prompt = [["doc", doc[1], 0, max(1, min(cap - 1, doc[3] + rng.randint(-b, 2 * b)))],
+                  ["uniq", rid, rng.choice((0, 1, rng.randint(1, b)))]]
+    return {"id": rid, "arrive": step, "prompt": [s for s in truncate(prompt, cap) if seg_len(s) > 0],
+            "max_tokens": rng.choice((1, 2, rng.randint(1, 16))), "abort_after": None}
