@@ -330,26 +330,64 @@ def explain_case(case: Case, variants=tuple(Variant), version: str | None = None
     return "\n".join(out)
 
 
-def draw_content(table: dict) -> str:
-    """A shadow-KV finding's block table (``kvbound/side/content.py`` ``ContentModel.table``):
-    each block of the request's group with what its slots hold against what this request
-    expects there (its own prefix's KV)."""
-    g, rid, p = table["group"], table["request"], table["position"]
-    lines = [f"   group {g} of request {rid} (block size {table['block_size']}), at position {p}:",
-             "     idx  block  tokens        holds"]
+class ContentRun(NamedTuple):
+    """Slots ``lo``..``hi - 1`` of a block, alike: ``what`` is own (this prefix's KV), foreign
+    (request ``who``'s KV from its position ``at`` on) or unwritten; ``words`` says so."""
+
+    what: str
+    lo: int
+    hi: int
+    who: object
+    at: object
+    words: str
+
+    @property
+    def ok(self) -> bool:
+        return self.what == "own"
+
+
+class ContentRow(NamedTuple):
+    """One block of a content table: its index in the request's table, id, token range
+    [a, b), runs, whether it holds the position the finding is at, and how it got there."""
+
+    index: int
+    block_id: int
+    tokens: tuple
+    runs: list
+    at_position: bool
+    via: str | None
+
+
+def content_head(table: dict) -> str:
+    return (f"group {table['group']} of request {table['request']} (block size {table['block_size']}),"
+            f" at position {table['position']}")
+
+
+def content_rows(table: dict) -> list:
+    """A shadow-KV finding's block table (``kvbound/side/content.py`` ``ContentModel.table``)
+    read as rows: text (``draw_content``) and SVG (``kvbound.svg.content_svg``) alike."""
+    p = table["position"]
+    out = []
     for row in table["rows"]:
         a, b = row["tokens"]
-        parts = []
+        runs = []
         for what, lo, hi, who, at in row["runs"]:
             span = f"{lo}" if hi == lo + 1 else f"{lo}..{hi - 1}"
-            if what == "own":
-                parts.append(f"own KV {span} ok")
-            elif what == "unwritten":
-                parts.append(f"unwritten {span} !!")
-            else:
-                parts.append(f"request {who}'s KV of position {at}.. at {span} !!")
-        mark = "  <-" if a <= p < b else ""
-        via = f"   ({row['via']})" if row.get("via") else ""
-        lines.append(f"     {row['index']:>3}  {row['block_id']:>5}  [{a},{b})".ljust(31)
-                     + " | ".join(parts) + mark + via)
+            words = (f"own KV {span} ok" if what == "own" else f"unwritten {span} !!" if what == "unwritten"
+                     else f"request {who}'s KV of position {at}.. at {span} !!")
+            runs.append(ContentRun(what, lo, hi, who, at, words))
+        out.append(ContentRow(row["index"], row["block_id"], (a, b), runs, a <= p < b, row.get("via")))
+    return out
+
+
+def draw_content(table: dict) -> str:
+    """A shadow-KV finding's block table: each block of the request's group with what its
+    slots hold against what this request expects there (its own prefix's KV)."""
+    lines = [f"   {content_head(table)}:", "     idx  block  tokens        holds"]
+    for row in content_rows(table):
+        a, b = row.tokens
+        mark = "  <-" if row.at_position else ""
+        via = f"   ({row.via})" if row.via else ""
+        lines.append(f"     {row.index:>3}  {row.block_id:>5}  [{a},{b})".ljust(31)
+                     + " | ".join(r.words for r in row.runs) + mark + via)
     return "\n".join(lines)

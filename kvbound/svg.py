@@ -1,8 +1,9 @@
 """Block tables as inline SVG for the HTML report: the picture ``draw_case`` prints.
 
 The columns, glyphs, f, k, per-variant starts and verdict lines all come from
-``kvbound.draw`` (``group_layout``, ``block_glyph``, ``_verdict``)
-so the page and the terminal can never disagree about a table. Cell kinds differ by
+``kvbound.draw`` (``group_layout``, ``block_glyph``, ``_verdict``), and a shadow-KV
+finding's slot contents from ``draw.content_rows``, so the page and the terminal can
+never disagree about a table. Cell kinds differ by
 colour *and* glyph, so the picture survives greyscale printing and colour blindness.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from html import escape
 
-from kvbound.draw import _verdict, block_glyph, group_head, group_layout, tail_mark
+from kvbound.draw import _verdict, block_glyph, content_head, content_rows, group_head, group_layout, tail_mark
 from kvbound.spec import Case, Variant, plan_load
 
 CELL, GAP = 34, 4  # cell width and spacing, px
@@ -166,3 +167,80 @@ def case_svgs(case: Case, variants=tuple(Variant), plans: dict | None = None) ->
     """One SVG per group, the same tables ``draw_case`` prints."""
     plans = plans or {Variant(v): plan_load(case, v) for v in variants}
     return [group_svg(case, gi, plans) for gi in range(len(case.groups))]
+
+
+# what a slot holds (draw.content_rows) -> (fill, stroke, text colour, meaning)
+CONTENT = {
+    "own": ("#2f9e44", "#1d6b2d", "#ffffff", "this request's own prefix KV"),
+    "foreign": ("#c92a2a", "#8a1c1c", "#ffffff", "another request's KV"),
+    "unwritten": ("#f1f3f5", "#868e96", "#495057", "never written"),
+}
+SLOTS_W = 512  # px for one block's slots
+
+
+def _run_label(run) -> str:
+    return {"own": "own", "unwritten": "unwritten"}.get(run.what, f"req {run.who} @{run.at}")
+
+
+def _swatch(x, y, what, w, h, label="") -> str:
+    fill, stroke, ink, _ = CONTENT[what]
+    dash = ' stroke-dasharray="3 2"' if what == "unwritten" else ""
+    out = f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{h}" fill="{fill}" stroke="{stroke}" stroke-width="1"{dash}/>'
+    if label and len(label) * 6.6 + 6 <= w:
+        out += _t(x + w / 2, y + h / 2 + 4, label, 11, "middle", ink)
+    return out
+
+
+def content_legend_svg() -> str:
+    parts, x = [], 0
+    for what, (_, _, _, meaning) in CONTENT.items():
+        parts.append(_swatch(x, 6, what, 28, 18))
+        parts.append(_t(x + 34, 20, f"{what}: {meaning}", 13, mono=False))
+        x += 48 + int((len(what) + len(meaning)) * 7.2)
+    return (f'<svg class="legend" xmlns="http://www.w3.org/2000/svg" width="{x}" height="28" role="img"'
+            f' aria-label="slot legend">{"".join(parts)}</svg>')
+
+
+def content_svg(table: dict) -> str:
+    """A shadow-KV finding's block table (``draw.draw_content``'s picture): one row per
+    block, its slots as runs coloured by what they hold, the finding's position marked."""
+    rows = content_rows(table)
+    B, p = table["block_size"], table["position"]
+    slot = max(1.0, min(20.0, SLOTS_W / B))
+    x_bar = 190
+    bar_w = slot * B
+    note_x = x_bar + bar_w + 12
+    head = content_head(table)
+    body = [_t(0, 14, head, 13, weight="bold", mono=False)]
+    y = 24
+    for label, x in (("idx", 0), ("block", 40), ("tokens", 96), ("slots: what each holds", x_bar)):
+        body.append(_t(x, y + 12, label, 11, fill=MUTED))
+    y += 20
+    notes = [head]
+    for r in rows:
+        a, b = r.tokens
+        body.append(f'<g class="block-row" data-block="{r.block_id}">')
+        body += [_t(0, y + 17, r.index, 12), _t(40, y + 17, r.block_id, 12), _t(96, y + 17, f"[{a},{b})", 12)]
+        for run in r.runs:
+            body.append(f"<g><title>{escape(run.words)}</title>"
+                        f"{_swatch(x_bar + (run.lo - a) * slot, y, run.what, (run.hi - run.lo) * slot, 24, _run_label(run))}</g>")
+        note = " | ".join(run.words for run in r.runs)
+        bad = not all(run.ok for run in r.runs)
+        if r.at_position:
+            px = x_bar + (p - a) * slot
+            body.append(f'<rect x="{px:.1f}" y="{y - 2}" width="{max(slot, 2):.1f}" height="28" fill="none" '
+                        f'stroke="#111" stroke-width="2"/>')
+            body.append(_caret(px + slot / 2, y + 24, "#111"))
+            note += f"   <- position {p}"
+        body.append(_t(note_x, y + 17, note, 12, fill=BAD if bad else OK, weight="bold" if bad else "normal"))
+        notes.append(note)
+        y += 30 if not r.at_position else 38
+        if r.via:
+            body.append(_t(x_bar, y + 2, f"content arrived: {r.via}", 11, fill=MUTED))
+            notes.append(" " * 24 + r.via)
+            y += 16
+        body.append("</g>")
+    width = int(note_x + max(len(n) for n in notes) * CHAR_W + 16)
+    height = int(y + 4)
+    return (f'<svg class="content" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(head)}">{"".join(body)}</svg>')
