@@ -52,11 +52,12 @@ border-radius:6px;background:#fcfcfd} figure.finding.efficiency{border-left-colo
 figure.finding figcaption{font-size:15px} .fnum{font-weight:700;color:#57606a;margin-right:6px}
 .message{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px;background:#fff5f5;border:1px solid #ffc9c9;
 border-radius:6px;padding:8px 10px;white-space:pre-wrap} .replay{user-select:all}
-.kinddoc{color:#57606a;font-size:13px;margin:4px 0} p.where{font-size:14px;margin:8px 0 4px}
+.kinddoc{color:#57606a;font-size:13px;margin:4px 0} p.where{font-size:14px;margin:8px 0 4px} p.site{font-size:13px}
 table.matrix{width:auto;min-width:50%}
 .cov{display:inline-block;width:120px;height:10px;background:#ffc9c9;border-radius:3px;vertical-align:middle}
 .cov span{display:block;height:10px;background:#2f9e44;border-radius:3px}
-td.c-good{background:#d3f9d8} td.c-fair{background:#ffec99} td.c-poor{background:#ffc9c9}
+table.coverage td.c-good{background:#d3f9d8} table.coverage td.c-fair{background:#ffec99}
+table.coverage td.c-poor{background:#ffc9c9} span.covrun{white-space:nowrap}
 .ranges{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11.5px;color:#57606a}
 """
 
@@ -129,8 +130,8 @@ def classes_section(doc: CampaignRecord, numbers: dict) -> Section:
                        numbers[f.key], f.key) for f in fs)]
             for k, fs in per_class.items() if fs]
     summary = " · ".join(f"{len(fs)} {k}" for k, fs in per_class.items() if fs) or "no finding"
-    body = _table(["class", *(f"vllm {c}" for c in doc.columns), "distinct findings"], rows) if rows \
-        else Markup("<p>No finding on any release.</p>")
+    heads = ["class", *(f"vllm {c}: finding × layout" for c in doc.columns), "distinct findings"]
+    body = _table(heads, rows) if rows else Markup("<p>No finding on any release.</p>")
     quiet = [k for k, fs in per_class.items() if not fs]
     if quiet:
         body += html('<p class="small">No finding of class {}.</p>', ", ".join(quiet))
@@ -178,17 +179,24 @@ def _drawing(ex: dict) -> Markup:
     """The finding's picture: the slots' contents, the load's tables, or nothing to draw."""
     from kvbound.errors import KvboundError
     from kvbound.spec import case_from_dict, plan_for_version
-    from kvbound.svg import content_svg
+    from kvbound.svg import content_svg, lookup_svg
 
     detail = ex.get("detail") or {}
     out = []
+    site = detail.get("assert_site")
+    if isinstance(site, dict):
+        out.append(html('<p class="site">raised at <code>{}:{}</code> in <code>{}</code>: <code>{}</code></p>', site.get("file"),
+                        site.get("line"), site.get("function"), site.get("statement") or detail.get("error")))
+    if isinstance(detail.get("lookup_case"), dict):
+        out.append(html('<div class="svgwrap">{}</div>', Markup(lookup_svg(detail))))
     table = detail.get("table")
     if isinstance(table, dict):
         if table.get("rows"):
             out.append(html('<div class="svgwrap">{}</div>', Markup(content_svg(table))))
         else:
-            out.append(html('<p class="small">request {} holds no block of group {} at this step: no table to'
-                            ' draw</p>', table.get("request"), table.get("group")))
+            out.append(html('<p class="small">request {} holds no block of group {} when this runs (its table is'
+                            ' empty); the block the message names is block {}</p>', table.get("request"),
+                            table.get("group"), detail.get("block_id", "?")))
     if ex.get("case"):
         try:
             case = case_from_dict(ex["case"], ex["case"].get("name", "?"))
@@ -199,6 +207,17 @@ def _drawing(ex: dict) -> Markup:
                 f"group {i} {g.get('kind')}: {' '.join(map(str, g.get('blocks', [])))}"
                 for i, g in enumerate(ex["case"].get("groups", [])))))
     return join(out)
+
+
+def _message(detail: dict, release: str) -> str:
+    """What the finding says: its message, the error raised, or a plan's real outcome against the spec's."""
+    if detail.get("message") or detail.get("error"):
+        return detail.get("message") or detail.get("error")
+    real, spec = detail.get("real"), detail.get("spec")
+    if not (isinstance(real, dict) and isinstance(spec, dict)):
+        return ""
+    said = lambda d: d.get("assertion") or f"ok, dst_block_ids={d.get('dst_block_ids')}"  # noqa: E731
+    return (f"vLLM {release}: {said(real)}\nthe spec: {said(spec)}\ndiffers in: {', '.join(detail.get('diff') or [])}")
 
 
 def finding_figure(f: CampaignFinding, number: int, total_columns: int, findings_dir: str) -> Markup:
@@ -213,15 +232,20 @@ def finding_figure(f: CampaignFinding, number: int, total_columns: int, findings
     where = (f"on vllm {f.first}" + (f" .. {f.last}" if f.last != f.first else "")
              + f" ({len(f.columns)} of {total_columns} release(s) traced)"
              + (f"; absent from {f.stops_at}" if f.stops_at else ""))
+    detect = getattr(f, "detect", None)  # the record's time to detect (issue 25 item 7), where measured
+    if detect:
+        where += (f"; first seen at {detect.get('point')} after {detect.get('requests')} request(s),"
+                  f" {detect.get('cpu_s')} CPU-s of traffic")
     example = (f"the example below: vllm {ex.get('release', '?')}, layout {ex.get('layout', '?')}, step"
                f" {detail.get('step', '?')}, {_shrunk(f)}")
     return html(
         '<figure class="finding{}" id="f{}" data-class="{}"><figcaption><span class="fnum">#{}</span>'
-        '<b class="mono">{}</b> {} {}</figcaption><p class="kinddoc">{}</p>{}<p class="where">{}</p>{}<p class="small">{}</p>'
+        '<b class="mono">{}</b> {} {}</figcaption><p class="kinddoc">{}</p>{}<p class="where">{}</p>{}'
+        '<p class="small">{}</p>'
         '{}{}<details><summary>the finding as JSON</summary>{}</details></figure>',
         "" if f.safety else " efficiency", number, f.finding_class, number, f.key, _badge(f.finding_class, None),
         _badge("safety" if f.safety else "efficiency", False if f.safety else None), doc,
-        html('<div class="message">{}</div>', detail.get("message") or detail.get("error") or f.key),
+        html('<div class="message">{}</div>', _message(detail, ex.get("release", "?")) or f.key),
         where, _cells_table(f, findings_dir), example, _drawing(ex), _requests(ex),
         _json_pre({k: v for k, v in ex.items() if k != "segment"}))
 
@@ -272,7 +296,8 @@ def coverage_section(coverage: dict | None, columns: list) -> Section:
             why = join(html('<div><b>{}</b>: {} line(s) <span class="ranges">{}</span></div>', UNREACHED.get(k, k),
                             _lines(un[k]), _ranges(un[k])) for k in [*UNREACHED, *sorted(set(un) - set(UNREACHED))]
                        if un.get(k))
-            rrows.append([mono(p), html('<span class="cov"><span style="width:{:.1f}%"></span></span> {:.1f}%',
+            rrows.append([mono(p), html('<span class="covrun"><span class="cov"><span style="width:{:.1f}%"></span>'
+                                        '</span> {:.1f}%</span>',
                                         _percent(f), _percent(f)),
                           f"{f['executed']} / {f['statements']}",
                           html('<span class="ranges">{}</span>', _ranges(f.get("missing") or [])) or "none",
@@ -308,7 +333,7 @@ def html_page(doc: CampaignRecord, findings_dir: str = "campaign-findings") -> s
                 Section("findings", "Distinct findings, drawn", join(figures) if figures else Markup("<p>none</p>"),
                         summary=f"{len(doc.findings)} distinct: {n_safety} safety,"
                                 f" {len(doc.findings) - n_safety} efficiency", failed=bool(n_safety)),
-                coverage_section(getattr(doc, "coverage", None), doc.columns)]
+                coverage_section(getattr(doc, "coverage", None), doc.columns)]  # the record's, where measured
     legend = html('<div>slot contents (data and store findings): {}</div>', Markup(content_legend_svg()))
     if any((f.example or {}).get("case") for f in doc.findings):
         legend += html("<div>a load's block tables (plan findings): {}</div>", Markup(legend_svg()))

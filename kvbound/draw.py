@@ -391,3 +391,34 @@ def draw_content(table: dict) -> str:
         lines.append(f"     {row.index:>3}  {row.block_id:>5}  [{a},{b})".ljust(31)
                      + " | ".join(r.words for r in row.runs) + mark + via)
     return "\n".join(lines)
+
+
+class LookupKey(NamedTuple):
+    """One offload key of a lookup finding: its name (``G:C`` or ``G:b:T``), the tier's answers
+    to it in the order asked, when the lookup asked it (1-based, in the call's order), and
+    whether the lookup's deferral hung on it."""
+
+    name: str
+    answers: tuple
+    asked: tuple
+    deferred: bool
+
+
+def lookup_rows(detail: dict) -> list:
+    """A lookup finding (its ``lookup_case`` and the real ``queries``) read as rows: per group,
+    in the order the lookup walks them (``lookup_groups``), the group's row (spec/lookup_case.py
+    ``LookupGroup`` as JSON) and its keys, chunk keys first, then boundary keys by tokens."""
+    lk = detail["lookup_case"]["lookup"]
+    asked: dict = {}
+    for i, q in enumerate((detail.get("real") or {}).get("queries") or (), 1):
+        asked.setdefault(q, []).append(i)
+    deferred = {d.split()[-1] for d in detail.get("deferred_on") or ()}
+    groups = {g["group_idx"]: g for g in lk["groups"]}
+    out = []
+    for gi in lk.get("lookup_groups") or sorted(groups):
+        names = [f"{gi}:{c}" for c in range(groups[gi]["num_keys"])]
+        names += sorted({k for k in (*lk.get("tier", {}), *asked) if k.startswith(f"{gi}:b:")},
+                        key=lambda k: int(k.rsplit(":", 1)[1]))
+        out.append((groups[gi], [LookupKey(k, tuple(lk.get("tier", {}).get(k, ())), tuple(asked.get(k, ())),
+                                           k in deferred) for k in names]))
+    return out

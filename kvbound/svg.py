@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from html import escape
 
-from kvbound.draw import _verdict, block_glyph, content_head, content_rows, group_head, group_layout, tail_mark
+from kvbound.draw import (_verdict, block_glyph, content_head, content_rows, group_head, group_layout, lookup_rows,
+                          tail_mark)
 from kvbound.spec import Case, Variant, plan_load
 
 CELL, GAP = 34, 4  # cell width and spacing, px
@@ -185,7 +186,8 @@ def _run_label(run) -> str:
 def _swatch(x, y, what, w, h, label="") -> str:
     fill, stroke, ink, _ = CONTENT[what]
     dash = ' stroke-dasharray="3 2"' if what == "unwritten" else ""
-    out = f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{h}" fill="{fill}" stroke="{stroke}" stroke-width="1"{dash}/>'
+    out = (f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{h}" fill="{fill}" stroke="{stroke}"'
+           f' stroke-width="1"{dash}/>')
     if label and len(label) * 6.6 + 6 <= w:
         out += _t(x + w / 2, y + h / 2 + 4, label, 11, "middle", ink)
     return out
@@ -216,14 +218,14 @@ def content_svg(table: dict) -> str:
     for label, x in (("idx", 0), ("block", 40), ("tokens", 96), ("slots: what each holds", x_bar)):
         body.append(_t(x, y + 12, label, 11, fill=MUTED))
     y += 20
-    notes = [head]
+    right = [len(head) * 7.6]  # how far each text reaches, px
     for r in rows:
         a, b = r.tokens
         body.append(f'<g class="block-row" data-block="{r.block_id}">')
         body += [_t(0, y + 17, r.index, 12), _t(40, y + 17, r.block_id, 12), _t(96, y + 17, f"[{a},{b})", 12)]
         for run in r.runs:
-            body.append(f"<g><title>{escape(run.words)}</title>"
-                        f"{_swatch(x_bar + (run.lo - a) * slot, y, run.what, (run.hi - run.lo) * slot, 24, _run_label(run))}</g>")
+            swatch = _swatch(x_bar + (run.lo - a) * slot, y, run.what, (run.hi - run.lo) * slot, 24, _run_label(run))
+            body.append(f"<g><title>{escape(run.words)}</title>{swatch}</g>")
         note = " | ".join(run.words for run in r.runs)
         bad = not all(run.ok for run in r.runs)
         if r.at_position:
@@ -233,14 +235,64 @@ def content_svg(table: dict) -> str:
             body.append(_caret(px + slot / 2, y + 24, "#111"))
             note += f"   <- position {p}"
         body.append(_t(note_x, y + 17, note, 12, fill=BAD if bad else OK, weight="bold" if bad else "normal"))
-        notes.append(note)
-        y += 30 if not r.at_position else 38
+        right.append(note_x + len(note) * CHAR_W)
+        y += 42 if r.at_position else 30
         if r.via:
-            body.append(_t(x_bar, y + 2, f"content arrived: {r.via}", 11, fill=MUTED))
-            notes.append(" " * 24 + r.via)
+            via = f"content arrived: {r.via}"
+            body.append(_t(x_bar, y + 2, via, 11, fill=MUTED))
+            right.append(x_bar + len(via) * 7.0)
             y += 16
         body.append("</g>")
-    width = int(note_x + max(len(n) for n in notes) * CHAR_W + 16)
+    width = int(max(right) + 16)
     height = int(y + 4)
     return (f'<svg class="content" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(head)}">{"".join(body)}</svg>')
+
+
+# a tier's answer to a key (spec/lookup_case.py Answer) -> (fill, text colour, letter)
+ANSWER = {"HIT": ("#2f9e44", "#ffffff", "H"), "HIT_PENDING": ("#f08c00", "#ffffff", "P"),
+          "RETRY": ("#7048e8", "#ffffff", "R"), "MISS": ("#dee2e6", "#495057", "M")}
+KEY_W = 30
+
+
+def lookup_legend() -> str:
+    return "  ".join(f"{letter} {answer}" for answer, (_, _, letter) in ANSWER.items()) + \
+        "  · not in the tier; numbers: the order the lookup asked; red frame: the deferral hangs on it"
+
+
+def lookup_svg(detail: dict) -> str:
+    """A lookup finding: per group, each offload key with the tier's answer, when the real
+    lookup asked it, and the keys its deferral hung on (``draw.lookup_rows``)."""
+    lk = detail["lookup_case"]["lookup"]
+    real = detail.get("real") or {}
+    hit = real.get("hit")
+    head = (f"get_num_new_matched_tokens: num_computed_tokens={lk.get('num_computed_tokens')}"
+            f" num_tokens={lk.get('num_tokens')} tokens_per_hash={lk.get('tokens_per_hash')}: vLLM answered "
+            + ("deferred (None)" if hit is None else f"{hit} tokens") + f"; the tier held {detail.get('tokens')} ready")
+    body = [_t(0, 14, head, 13, weight="bold", mono=False), _t(0, 32, lookup_legend(), 11, fill=MUTED)]
+    y, x0, widest = 44, 250, 0
+    for g, keys in lookup_rows(detail):
+        label = f"group {g['group_idx']} {g['kind']}" + (" EAGLE" if g.get("eagle") else "")
+        body.append(_t(0, y + 30, label, 12, weight="bold"))
+        body.append(_t(0, y + 44, f"{g['tokens_per_chunk']} tokens/chunk", 11, fill=MUTED))
+        for i, k in enumerate(keys):
+            x = x0 + i * (KEY_W + 3)
+            fill, ink, letter = ANSWER.get(k.answers[-1], ("#ffffff", "#495057", "?")) if k.answers \
+                else ("#ffffff", "#adb5bd", "·")
+            text = "".join(ANSWER.get(a, ("", "", "?"))[2] for a in k.answers) or letter
+            stroke, sw = (BAD, 3) if k.deferred else ("#adb5bd", 1)
+            said = ", ".join(k.answers) or "not in the tier"
+            asked = "; asked " + ", ".join(map(str, k.asked)) if k.asked else "; not asked"
+            body.append(f'<g class="lookup-key"><title>key {escape(k.name)}: {escape(said + asked)}</title>')
+            body.append(_t(x + KEY_W / 2, y + 12, k.name.split(":", 1)[1], 10, "middle", MUTED))
+            body.append(f'<rect x="{x}" y="{y + 16}" width="{KEY_W}" height="24" rx="3" fill="{fill}" '
+                        f'stroke="{stroke}" stroke-width="{sw}"/>')
+            body.append(_t(x + KEY_W / 2, y + 33, text[:3], 12, "middle", ink, "bold"))
+            if k.asked:
+                body.append(_t(x + KEY_W / 2, y + 52, ",".join(map(str, k.asked)), 9, "middle", "#222"))
+            body.append("</g>")
+        widest = max(widest, x0 + len(keys) * (KEY_W + 3))
+        y += 62
+    width = int(max(widest + 8, len(head) * 7.8, len(lookup_legend()) * 7.0))
+    return (f'<svg class="lookup" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y}" '
+            f'viewBox="0 0 {width} {y}" role="img" aria-label="{escape(head)}">{"".join(body)}</svg>')
