@@ -321,7 +321,7 @@ def coverage_section(coverage: dict | None, columns: list) -> Section:
 # --------------------------------------------------------------------------- the page
 
 
-def html_page(doc: CampaignRecord, findings_dir: str = "campaign-findings") -> str:
+def html_page(doc: CampaignRecord, findings_dir: str) -> str:
     """The page for ``doc``; replay commands name the trace files under ``findings_dir``
     (the campaign's ``--out``, as given)."""
     from kvbound.svg import content_legend_svg, legend_svg

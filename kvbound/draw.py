@@ -416,9 +416,10 @@ def lookup_rows(detail: dict) -> list:
     groups = {g["group_idx"]: g for g in lk["groups"]}
     out = []
     for gi in lk.get("lookup_groups") or sorted(groups):
-        names = [f"{gi}:{c}" for c in range(groups[gi]["num_keys"])]
-        names += sorted({k for k in (*lk.get("tier", {}), *asked) if k.startswith(f"{gi}:b:")},
-                        key=lambda k: int(k.rsplit(":", 1)[1]))
+        seen = [k for k in (*lk.get("tier", {}), *asked) if k.split(":", 1)[0] == str(gi)]
+        chunks = max([groups[gi]["num_keys"], *(int(k.split(":")[1]) + 1 for k in seen if k.count(":") == 1)])
+        names = [f"{gi}:{c}" for c in range(chunks)]
+        names += sorted({k for k in seen if k.count(":") == 2}, key=lambda k: int(k.rsplit(":", 1)[1]))
         out.append((groups[gi], [LookupKey(k, tuple(lk.get("tier", {}).get(k, ())), tuple(asked.get(k, ())),
                                            k in deferred) for k in names]))
     return out

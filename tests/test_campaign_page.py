@@ -26,6 +26,7 @@ from conftest import DATA
 DOC = DATA / "campaign" / "campaign-0.29.0-0.33.0.json"
 SCHEDULER = "vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
 MANAGER = "vllm/v1/kv_offload/cpu/manager.py"
+OUT = "campaign-findings"  # the campaign's --out, as the replay commands name it
 # the brief's coverage schema: release -> file -> statements, executed, missing, unreached by reason
 COVERAGE = {
     "0.29.0": {SCHEDULER: {"statements": 400, "executed": 300, "missing": [[10, 19], [50, 50]],
@@ -91,7 +92,7 @@ class Dom(HTMLParser):
 
 def test_every_finding_is_drawn_with_its_tables_replay_and_size():
     doc = _doc()
-    page = html_page(doc, "campaign-findings")
+    page = html_page(doc, OUT)
     dom = Dom(page)
     assert [f["id"] for f in dom.figures] == [f"f{i}" for i in range(1, len(doc.findings) + 1)]
     assert len(doc.findings) == 18
@@ -106,7 +107,7 @@ def test_every_finding_is_drawn_with_its_tables_replay_and_size():
         if f.example.get("case"):  # the load's block tables
             assert dom.count("svg", "group", fig) == len(f.example["case"]["groups"])
         for cell in f.cells:  # each cell's replay command and shrunk size
-            assert f"kvbound trace --replay campaign-findings/{cell[4]}" in page
+            assert f"kvbound trace --replay {OUT}/{cell[4]}" in page
     wrong_kv = next(i for i, f in enumerate(doc.findings, 1) if f.kind == "data:wrong_kv")
     assert dom.count("g", "block-row", f"f{wrong_kv}") == 4
     # no raw JSON as the main view: every JSON dump is folded inside a details
@@ -115,7 +116,7 @@ def test_every_finding_is_drawn_with_its_tables_replay_and_size():
 
 def test_the_matrix_colours_each_cell_and_links_its_findings():
     doc = _doc()
-    dom = Dom(html_page(doc))
+    dom = Dom(html_page(doc, OUT))
     cells = [(c, a) for t, c, a, _ in dom.elements if t == "td" and any(k.startswith("m-") for k in c)]
     assert len(cells) == sum(len(col) for col in doc.matrix.values()) == 40
     kinds = {k for c, _ in cells for k in c}
@@ -127,9 +128,9 @@ def test_the_matrix_colours_each_cell_and_links_its_findings():
 def test_same_document_same_bytes_and_the_other_pages_keep_their_header():
     from kvbound.report import render_page
 
-    assert html_page(_doc(COVERAGE)) == html_page(_doc(COVERAGE))
+    assert html_page(_doc(COVERAGE), OUT) == html_page(_doc(COVERAGE), OUT)
     assert "KV-offload load boundary" in render_page([])
-    assert "KV-offload load boundary" not in html_page(_doc())
+    assert "KV-offload load boundary" not in html_page(_doc(), OUT)
 
 
 def test_coverage_per_release_and_file_and_its_absence():
@@ -140,13 +141,13 @@ def test_coverage_per_release_and_file_and_its_absence():
     assert "GPU-only</b>: 10 line(s)" in body and "10-19" in body and "not reachable on this release</b>: 2" in body
     assert sec.failed and "lowest 60% manager.py on 0.33.0" in sec.summary
     assert coverage_section(None, ["0.33.0"]).summary == "coverage not measured"
-    assert "coverage not measured" in html_page(_doc())
+    assert "coverage not measured" in html_page(_doc(), OUT)
 
 
 def test_text_from_the_document_reaches_the_page_escaped():
     doc = _doc()
     doc.findings[0].example["detail"]["message"] = "<script>alert(1)</script>"
-    page = html_page(doc)
+    page = html_page(doc, OUT)
     assert "<script>" not in page and "&lt;script&gt;alert(1)" in page
 
 
@@ -157,7 +158,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def test_the_page_renders_headless_with_every_finding_drawn(tmp_path):
     doc = _doc(COVERAGE)
     page = tmp_path / "campaign.html"
-    page.write_text(html_page(doc))
+    page.write_text(html_page(doc, OUT))
     with tempfile.TemporaryDirectory() as profile:
         r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                             "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -182,5 +183,5 @@ def test_the_page_renders_headless_with_every_finding_drawn(tmp_path):
 def test_time_to_detect_is_shown_where_the_document_has_it():
     doc = _doc()
     doc.findings[2].detect = {"point": "full-store-all", "requests": 113, "cpu_s": 4.2}  # the record's item-7 field
-    page = html_page(doc)
+    page = html_page(doc, OUT)
     assert page.count("first seen at") == 1 and "first seen at full-store-all after 113 request(s), 4.2 CPU-s" in page
