@@ -330,26 +330,96 @@ def explain_case(case: Case, variants=tuple(Variant), version: str | None = None
     return "\n".join(out)
 
 
-def draw_content(table: dict) -> str:
-    """A shadow-KV finding's block table (``kvbound/side/content.py`` ``ContentModel.table``):
-    each block of the request's group with what its slots hold against what this request
-    expects there (its own prefix's KV)."""
-    g, rid, p = table["group"], table["request"], table["position"]
-    lines = [f"   group {g} of request {rid} (block size {table['block_size']}), at position {p}:",
-             "     idx  block  tokens        holds"]
+class ContentRun(NamedTuple):
+    """Slots ``lo``..``hi - 1`` of a block, alike: ``what`` is own (this prefix's KV), foreign
+    (request ``who``'s KV from its position ``at`` on) or unwritten; ``words`` says so."""
+
+    what: str
+    lo: int
+    hi: int
+    who: object
+    at: object
+    words: str
+
+    @property
+    def ok(self) -> bool:
+        return self.what == "own"
+
+
+class ContentRow(NamedTuple):
+    """One block of a content table: its index in the request's table, id, token range
+    [a, b), runs, whether it holds the position the finding is at, and how it got there."""
+
+    index: int
+    block_id: int
+    tokens: tuple
+    runs: list
+    at_position: bool
+    via: str | None
+
+
+def content_head(table: dict) -> str:
+    return (f"group {table['group']} of request {table['request']} (block size {table['block_size']}),"
+            f" at position {table['position']}")
+
+
+def content_rows(table: dict) -> list:
+    """A shadow-KV finding's block table (``kvbound/side/content.py`` ``ContentModel.table``)
+    read as rows: text (``draw_content``) and SVG (``kvbound.svg.content_svg``) alike."""
+    p = table["position"]
+    out = []
     for row in table["rows"]:
         a, b = row["tokens"]
-        parts = []
+        runs = []
         for what, lo, hi, who, at in row["runs"]:
             span = f"{lo}" if hi == lo + 1 else f"{lo}..{hi - 1}"
-            if what == "own":
-                parts.append(f"own KV {span} ok")
-            elif what == "unwritten":
-                parts.append(f"unwritten {span} !!")
-            else:
-                parts.append(f"request {who}'s KV of position {at}.. at {span} !!")
-        mark = "  <-" if a <= p < b else ""
-        via = f"   ({row['via']})" if row.get("via") else ""
-        lines.append(f"     {row['index']:>3}  {row['block_id']:>5}  [{a},{b})".ljust(31)
-                     + " | ".join(parts) + mark + via)
+            words = (f"own KV {span} ok" if what == "own" else f"unwritten {span} !!" if what == "unwritten"
+                     else f"request {who}'s KV of position {at}.. at {span} !!")
+            runs.append(ContentRun(what, lo, hi, who, at, words))
+        out.append(ContentRow(row["index"], row["block_id"], (a, b), runs, a <= p < b, row.get("via")))
+    return out
+
+
+def draw_content(table: dict) -> str:
+    """A shadow-KV finding's block table: each block of the request's group with what its
+    slots hold against what this request expects there (its own prefix's KV)."""
+    lines = [f"   {content_head(table)}:", "     idx  block  tokens        holds"]
+    for row in content_rows(table):
+        a, b = row.tokens
+        mark = "  <-" if row.at_position else ""
+        via = f"   ({row.via})" if row.via else ""
+        lines.append(f"     {row.index:>3}  {row.block_id:>5}  [{a},{b})".ljust(31)
+                     + " | ".join(r.words for r in row.runs) + mark + via)
     return "\n".join(lines)
+
+
+class LookupKey(NamedTuple):
+    """One offload key of a lookup finding: its name (``G:C`` or ``G:b:T``), the tier's answers
+    to it in the order asked, when the lookup asked it (1-based, in the call's order), and
+    whether the lookup's deferral hung on it."""
+
+    name: str
+    answers: tuple
+    asked: tuple
+    deferred: bool
+
+
+def lookup_rows(detail: dict) -> list:
+    """A lookup finding (its ``lookup_case`` and the real ``queries``) read as rows: per group,
+    in the order the lookup walks them (``lookup_groups``), the group's row (spec/lookup_case.py
+    ``LookupGroup`` as JSON) and its keys, chunk keys first, then boundary keys by tokens."""
+    lk = detail["lookup_case"]["lookup"]
+    asked: dict = {}
+    for i, q in enumerate((detail.get("real") or {}).get("queries") or (), 1):
+        asked.setdefault(q, []).append(i)
+    deferred = {d.split()[-1] for d in detail.get("deferred_on") or ()}
+    groups = {g["group_idx"]: g for g in lk["groups"]}
+    out = []
+    for gi in lk.get("lookup_groups") or sorted(groups):
+        seen = [k for k in (*lk.get("tier", {}), *asked) if k.split(":", 1)[0] == str(gi)]
+        chunks = max([groups[gi]["num_keys"], *(int(k.split(":")[1]) + 1 for k in seen if k.count(":") == 1)])
+        names = [f"{gi}:{c}" for c in range(chunks)]
+        names += sorted({k for k in seen if k.count(":") == 2}, key=lambda k: int(k.rsplit(":", 1)[1]))
+        out.append((groups[gi], [LookupKey(k, tuple(lk.get("tier", {}).get(k, ())), tuple(asked.get(k, ())),
+                                           k in deferred) for k in names]))
+    return out

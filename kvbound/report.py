@@ -169,7 +169,11 @@ ul.outcomes{font-size:13px;margin:6px 0;padding-left:18px} details summary{curso
 """
 
 
-def render_page(sections: list, title: str = "kvbound report") -> str:
+def render_page(sections: list, title: str = "kvbound report", about: Markup | None = None,
+                legend: Markup | None = None, css: str = "") -> str:
+    """The page: title, a line saying what the page judges (``about``; default: the load
+    boundary the prove / diff / conform report is about), the legend (default: the block
+    glyphs), one card per section, the sections. ``css`` adds rules of the caller's own."""
     cards = join(
         html('<div class="card"><a href="#{}"><b>{}</b>{}</a></div>', s.anchor, s.title,
              Markup('<span class="bad">unreadable input</span>') if s.error
@@ -187,10 +191,11 @@ def render_page(sections: list, title: str = "kvbound report") -> str:
     return str(html(
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title><style>{css}</style>'
         "</head><body><main><h1>{title}</h1>"
-        '<div class="small">kvbound {version} · vLLM KV-offload load boundary ({function})</div>'
+        '<div class="small">kvbound {version} · {about}</div>'
         '<div class="legendbox">{legend}</div><div class="overview">{cards}</div>{body}</main></body></html>\n',
-        title=title, css=Markup(CSS), version=__version__, function=mono("update_state_after_alloc"),
-        legend=Markup(legend_svg()), cards=cards, body=join(body),
+        title=title, css=Markup(CSS + css), version=__version__,
+        about=html("vLLM KV-offload load boundary ({})", mono("update_state_after_alloc")) if about is None else about,
+        legend=Markup(legend_svg()) if legend is None else legend, cards=cards, body=join(body),
     ))
 
 

@@ -1,8 +1,9 @@
 """Block tables as inline SVG for the HTML report: the picture ``draw_case`` prints.
 
 The columns, glyphs, f, k, per-variant starts and verdict lines all come from
-``kvbound.draw`` (``group_layout``, ``block_glyph``, ``_verdict``)
-so the page and the terminal can never disagree about a table. Cell kinds differ by
+``kvbound.draw`` (``group_layout``, ``block_glyph``, ``_verdict``), and a shadow-KV
+finding's slot contents from ``draw.content_rows``, so the page and the terminal can
+never disagree about a table. Cell kinds differ by
 colour *and* glyph, so the picture survives greyscale printing and colour blindness.
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from html import escape
 
-from kvbound.draw import _verdict, block_glyph, group_head, group_layout, tail_mark
+from kvbound.draw import (_verdict, block_glyph, content_head, content_rows, group_head, group_layout, lookup_rows,
+                          tail_mark)
 from kvbound.spec import Case, Variant, plan_load
 
 CELL, GAP = 34, 4  # cell width and spacing, px
@@ -166,3 +168,131 @@ def case_svgs(case: Case, variants=tuple(Variant), plans: dict | None = None) ->
     """One SVG per group, the same tables ``draw_case`` prints."""
     plans = plans or {Variant(v): plan_load(case, v) for v in variants}
     return [group_svg(case, gi, plans) for gi in range(len(case.groups))]
+
+
+# what a slot holds (draw.content_rows) -> (fill, stroke, text colour, meaning)
+CONTENT = {
+    "own": ("#2f9e44", "#1d6b2d", "#ffffff", "this request's own prefix KV"),
+    "foreign": ("#c92a2a", "#8a1c1c", "#ffffff", "another request's KV"),
+    "unwritten": ("#f1f3f5", "#868e96", "#495057", "never written"),
+}
+SLOTS_W = 512  # px for one block's slots
+
+
+def _run_label(run) -> str:
+    return {"own": "own", "unwritten": "unwritten"}.get(run.what, f"req {run.who} @{run.at}")
+
+
+def _swatch(x, y, what, w, h, label="") -> str:
+    fill, stroke, ink, _ = CONTENT[what]
+    dash = ' stroke-dasharray="3 2"' if what == "unwritten" else ""
+    out = (f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{h}" fill="{fill}" stroke="{stroke}"'
+           f' stroke-width="1"{dash}/>')
+    if label and len(label) * 6.6 + 6 <= w:
+        out += _t(x + w / 2, y + h / 2 + 4, label, 11, "middle", ink)
+    return out
+
+
+def content_legend_svg() -> str:
+    parts, x = [], 0
+    for what, (_, _, _, meaning) in CONTENT.items():
+        parts.append(_swatch(x, 6, what, 28, 18))
+        parts.append(_t(x + 34, 20, f"{what}: {meaning}", 13, mono=False))
+        x += 48 + int((len(what) + len(meaning)) * 7.2)
+    return (f'<svg class="legend" xmlns="http://www.w3.org/2000/svg" width="{x}" height="28" role="img"'
+            f' aria-label="slot legend">{"".join(parts)}</svg>')
+
+
+def content_svg(table: dict) -> str:
+    """A shadow-KV finding's block table (``draw.draw_content``'s picture): one row per
+    block, its slots as runs coloured by what they hold, the finding's position marked."""
+    rows = content_rows(table)
+    B, p = table["block_size"], table["position"]
+    slot = max(1.0, min(20.0, SLOTS_W / B))
+    x_bar = 190
+    bar_w = slot * B
+    note_x = x_bar + bar_w + 12
+    head = content_head(table)
+    body = [_t(0, 14, head, 13, weight="bold", mono=False)]
+    y = 24
+    for label, x in (("idx", 0), ("block", 40), ("tokens", 96), ("slots: what each holds", x_bar)):
+        body.append(_t(x, y + 12, label, 11, fill=MUTED))
+    y += 20
+    right = [len(head) * 7.6]  # how far each text reaches, px
+    for r in rows:
+        a, b = r.tokens
+        body.append(f'<g class="block-row" data-block="{r.block_id}">')
+        body += [_t(0, y + 17, r.index, 12), _t(40, y + 17, r.block_id, 12), _t(96, y + 17, f"[{a},{b})", 12)]
+        for run in r.runs:
+            swatch = _swatch(x_bar + (run.lo - a) * slot, y, run.what, (run.hi - run.lo) * slot, 24, _run_label(run))
+            body.append(f"<g><title>{escape(run.words)}</title>{swatch}</g>")
+        note = " | ".join(run.words for run in r.runs)
+        bad = not all(run.ok for run in r.runs)
+        if r.at_position:
+            px = x_bar + (p - a) * slot
+            body.append(f'<rect x="{px:.1f}" y="{y - 2}" width="{max(slot, 2):.1f}" height="28" fill="none" '
+                        f'stroke="#111" stroke-width="2"/>')
+            body.append(_caret(px + slot / 2, y + 24, "#111"))
+            note += f"   <- position {p}"
+        body.append(_t(note_x, y + 17, note, 12, fill=BAD if bad else OK, weight="bold" if bad else "normal"))
+        right.append(note_x + len(note) * CHAR_W)
+        y += 42 if r.at_position else 30
+        if r.via:
+            via = f"content arrived: {r.via}"
+            body.append(_t(x_bar, y + 2, via, 11, fill=MUTED))
+            right.append(x_bar + len(via) * 7.0)
+            y += 16
+        body.append("</g>")
+    width = int(max(right) + 16)
+    height = int(y + 4)
+    return (f'<svg class="content" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(head)}">{"".join(body)}</svg>')
+
+
+# a tier's answer to a key (spec/lookup_case.py Answer) -> (fill, text colour, letter)
+ANSWER = {"HIT": ("#2f9e44", "#ffffff", "H"), "HIT_PENDING": ("#f08c00", "#ffffff", "P"),
+          "RETRY": ("#7048e8", "#ffffff", "R"), "MISS": ("#dee2e6", "#495057", "M")}
+KEY_W = 30
+
+
+def lookup_legend() -> str:
+    return "  ".join(f"{letter} {answer}" for answer, (_, _, letter) in ANSWER.items()) + \
+        "  · not in the tier; numbers: the order the lookup asked; red frame: the deferral hangs on it"
+
+
+def lookup_svg(detail: dict) -> str:
+    """A lookup finding: per group, each offload key with the tier's answer, when the real
+    lookup asked it, and the keys its deferral hung on (``draw.lookup_rows``)."""
+    lk = detail["lookup_case"]["lookup"]
+    real = detail.get("real") or {}
+    hit = real.get("hit")
+    head = (f"get_num_new_matched_tokens: num_computed_tokens={lk.get('num_computed_tokens')}"
+            f" num_tokens={lk.get('num_tokens')} tokens_per_hash={lk.get('tokens_per_hash')}: vLLM answered "
+            + ("deferred (None)" if hit is None else f"{hit} tokens") + f"; the tier held {detail.get('tokens')} ready")
+    body = [_t(0, 14, head, 13, weight="bold", mono=False), _t(0, 32, lookup_legend(), 11, fill=MUTED)]
+    y, x0, widest = 44, 250, 0
+    for g, keys in lookup_rows(detail):
+        label = f"group {g['group_idx']} {g['kind']}" + (" EAGLE" if g.get("eagle") else "")
+        body.append(_t(0, y + 30, label, 12, weight="bold"))
+        body.append(_t(0, y + 44, f"{g['tokens_per_chunk']} tokens/chunk", 11, fill=MUTED))
+        for i, k in enumerate(keys):
+            x = x0 + i * (KEY_W + 3)
+            fill, ink, letter = ANSWER.get(k.answers[-1], ("#ffffff", "#495057", "?")) if k.answers \
+                else ("#ffffff", "#adb5bd", "·")
+            text = "".join(ANSWER.get(a, ("", "", "?"))[2] for a in k.answers) or letter
+            stroke, sw = (BAD, 3) if k.deferred else ("#adb5bd", 1)
+            said = ", ".join(k.answers) or "not in the tier"
+            asked = "; asked " + ", ".join(map(str, k.asked)) if k.asked else "; not asked"
+            body.append(f'<g class="lookup-key"><title>key {escape(k.name)}: {escape(said + asked)}</title>')
+            body.append(_t(x + KEY_W / 2, y + 12, k.name.split(":", 1)[1], 10, "middle", MUTED))
+            body.append(f'<rect x="{x}" y="{y + 16}" width="{KEY_W}" height="24" rx="3" fill="{fill}" '
+                        f'stroke="{stroke}" stroke-width="{sw}"/>')
+            body.append(_t(x + KEY_W / 2, y + 33, text[:3], 12, "middle", ink, "bold"))
+            if k.asked:
+                body.append(_t(x + KEY_W / 2, y + 52, ",".join(map(str, k.asked)), 9, "middle", "#222"))
+            body.append("</g>")
+        widest = max(widest, x0 + len(keys) * (KEY_W + 3))
+        y += 62
+    width = int(max(widest + 8, len(head) * 7.8, len(lookup_legend()) * 7.0))
+    return (f'<svg class="lookup" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y}" '
+            f'viewBox="0 0 {width} {y}" role="img" aria-label="{escape(head)}">{"".join(body)}</svg>')

@@ -148,7 +148,9 @@ def run(args) -> int:
         Path(args.timings).write_text(json.dumps({"seconds": round(wall, 1), "shards": [
             {"column": r["shard"]["column"], **r["timings"]} for r in results]}, indent=1) + "\n")
     if args.html:
-        Path(args.html).write_text(html_page(doc))
+        from kvbound.campaign_page import html_page
+
+        Path(args.html).write_text(html_page(doc, args.out))
     if any(f.finding_class == "harness" for f in doc.findings) or any(
             cell["outcome"] == "worker_failed" for col in doc.matrix.values() for cell in col.values()):
         return EXIT_INPUT
@@ -224,37 +226,3 @@ def render(doc: CampaignRecord) -> str:
             lines.append(f"  [{f.finding_class}{'' if f.safety else ', efficiency'}] {f.key}: {f.first}"
                          f" .. {f.last} ({len(f.columns)} release(s)){stop}; layouts {where}")
     return "\n".join(lines)
-
-
-def html_page(doc: CampaignRecord) -> str:
-    from markupsafe import Markup
-
-    from kvbound.report import Section, _json_pre, _table, drawn_case, html, join, mono, render_page
-    from kvbound.spec import case_from_dict, plan_for_version
-
-    cols = doc.columns
-    layouts = sorted({l for c in doc.matrix.values() for l in c})
-    matrix = _table(["layout", *cols], [[mono(l), *(_cell_text(doc.matrix.get(c, {}).get(l)) for c in cols)]
-                                        for l in layouts])
-    classes = _table(["class", *cols], [[k, *(str(doc.by_class.get(c, {}).get(k, 0)) for c in cols)]
-                                        for k in sorted({k for v in doc.by_class.values() for k in v})])
-    items = []
-    for f in doc.findings:
-        ex = f.example or {}
-        drawing = Markup("")
-        if ex.get("case"):
-            try:
-                case = case_from_dict(ex["case"], ex["case"].get("name", "?"))
-                p = plan_for_version(case, ex["release"])
-                drawing = drawn_case(case, {p.variant: p})
-            except KvboundError:  # a case this kvbound cannot plan is shown as JSON only
-                drawing = Markup("")
-        items.append(html("<h3>{}</h3><p>{} · {} .. {}{} · layouts {}</p>{}{}", f.key, f.finding_class, f.first,
-                          f.last, f"; absent from {f.stops_at}" if f.stops_at else "",
-                          ", ".join(sorted({c[1] for c in f.cells})), drawing,
-                          _json_pre({k: v for k, v in ex.items() if k not in ("segment",)})))
-    sections = [Section("matrix", "Releases x layouts", matrix, summary=f"{len(cols)} columns"),
-                Section("classes", "Findings by class", classes),
-                Section("findings", "Distinct findings", join(items) if items else Markup("<p>none</p>"),
-                        summary=f"{len(doc.findings)} distinct", failed=bool(doc.findings))]
-    return render_page(sections, title="kvbound campaign")
