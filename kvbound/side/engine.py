@@ -17,7 +17,7 @@ model runner's output. Checked (``checks.py``): the lifecycle promises.
 import dataclasses
 import random
 
-from . import adapter, capture, checks, defects, fakes, lookups, shadow, sidecar, tap
+from . import adapter, capture, checks, defects, fakes, lookups, pd_connector, shadow, sidecar, tap
 
 
 class Release:
@@ -58,7 +58,9 @@ class Release:
                                  ParallelConfig, SchedulerConfig, VllmConfig)
 
         mutant = defects.planted(par.get("mutant"))  # tests only: a row of defects.DEFECTS
-        specs = [adapter.kv_cache_spec(g, head_size=8, state_size=g.get("state", 64)) for g in lay["groups"]]
+        mamba_mode = lay.get("mamba_cache_mode", "align")  # CacheConfig.mamba_cache_mode of a Mamba layout
+        specs = [adapter.kv_cache_spec(dict(g, mamba_cache_mode=mamba_mode) if g["kind"] == "mamba" else g,
+                                       head_size=8, state_size=g.get("state", 64)) for g in lay["groups"]]
         eagle = {gi for gi, g in enumerate(lay["groups"]) if g.get("eagle")}
         # the drafter's layers: vLLM's planner tags them (kv_cache_planning)
         if eagle and "is_eagle_group" not in adapter.fields(self.kci.KVCacheGroupSpec):
@@ -87,7 +89,7 @@ class Release:
                                    enforce_eager=True)
         cc = {"block_size": block_size, "enable_prefix_caching": True}
         if any(g["kind"] == "mamba" for g in lay["groups"]):
-            cc["mamba_cache_mode"] = "align"
+            cc["mamba_cache_mode"] = mamba_mode
         if lay.get("prefix_match_unit"):
             cc["prefix_match_unit"] = lay["prefix_match_unit"]
         cache_config = CacheConfig(**cc)
@@ -117,8 +119,7 @@ class Release:
             **spec_kw,
             model_config=model_config, cache_config=cache_config, scheduler_config=sched_cfg,
             parallel_config=ParallelConfig(), device_config=DeviceConfig(device="cpu"),
-            kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
-                                                kv_connector_extra_config=extra),
+            kv_transfer_config=KVTransferConfig(**composed(lay, par, extra, mutant)),
         )
         cache_config.num_gpu_blocks = nb
         self._tag_retained_tokens(kv_cache_config, vllm_config)
@@ -127,7 +128,7 @@ class Release:
         sched = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                     structured_output_manager=_structured(vllm_config), block_size=bs,
                     **({"hash_block_size": hbs} if hbs is not None else {}))
-        wconn = self.oc.OffloadingConnector(vllm_config, self.KVConnectorRole.WORKER, kv_cache_config)
+        wconn = type(sched.connector)(vllm_config, self.KVConnectorRole.WORKER, kv_cache_config)
         return Engine(self, lay, par, vllm_config, kv_cache_config, sched, wconn, hbs or bs)
 
     def _tag_retained_tokens(self, kv_cache_config, vllm_config):
@@ -158,6 +159,34 @@ class Release:
         if align is not None and hasattr(kv_cache_config, "cache_hit_alignment_tokens"):
             kv_cache_config.cache_hit_alignment_tokens = align(kv_cache_config, vllm_config, bs, hbs)
         return bs, hbs
+
+
+OFFLOADING = "OffloadingConnector"
+
+
+def composed(lay, par, extra, mutant):
+    """The ``KVTransferConfig`` fields: the OffloadingConnector alone (``composition`` absent), or
+    (``multi-pd``) inside vLLM's ``MultiConnector`` after a P/D consumer (``pd_connector.py``), as
+    P/D deployments order them (the loader named first serves a request's load when it hits:
+    0.33.0 kv_connector/v1/multi_connector.py:451-470; every connector stores and gets every
+    request's blocks, :484-494, 0.21.0 - 0.26.0 an empty block list, 0.21.0 :383-390)."""
+    offload = dict(kv_connector=OFFLOADING, kv_role="kv_both", kv_connector_extra_config=extra)
+    if lay.get("composition") is None:
+        return offload
+    if lay["composition"] != "multi-pd":
+        raise ValueError("unknown composition %r" % (lay["composition"],))
+    pd_connector.install()
+    pd = dict(kv_connector=pd_connector.PD_CONNECTOR, kv_role="kv_both",
+              kv_connector_module_path=pd_connector.PD_MODULE,
+              kv_connector_extra_config={"pd_p": par.get("pd_p", 0.0), "pd_delay": par.get("pd_delay", 3),
+                                         "seed": par.get("seed", 0), "mutant": mutant})
+    return dict(kv_connector="MultiConnector", kv_role="kv_both",
+                kv_connector_extra_config={"connectors": [pd, offload]})
+
+
+def sub_connector(conn, name):
+    """The connector of class ``name`` in ``conn`` (itself, or one of a MultiConnector's)."""
+    return next((c for c in getattr(conn, "_connectors", None) or [conn] if type(c).__name__ == name), None)
 
 
 def chunk_size_config(lay):
@@ -191,7 +220,12 @@ class Engine:
         self.rel, self.lay, self.par = rel, lay, par
         self.vllm_config, self.kv_cache_config = vllm_config, kv_cache_config
         self.sched, self.wconn = sched, wconn
-        self.csched = sched.connector.connector_scheduler
+        self.csched = sub_connector(sched.connector, OFFLOADING).connector_scheduler
+        # composition: the P/D consumer beside it (pd_connector.py), both sides
+        self.pd_sched = sub_connector(sched.connector, pd_connector.PD_CONNECTOR)
+        self.pd_worker = sub_connector(wconn, pd_connector.PD_CONNECTOR)
+        if self.pd_worker is not None:
+            self.pd_worker.engine = self
         # The shadow and the store checks map chunks with the layout's blocks_per_chunk: the
         # connector must run with it (a release that ignored the setting once ran bpc2 with
         # one block per chunk, and the shadow's mapping reported its stores as wrong).
@@ -203,7 +237,7 @@ class Engine:
         self.mutant = par.get("mutant")  # tests only: a planted defect the checks must report (defects.py)
         cls = fakes.fake_transfer_engine_class(rel.obase)
         self.transfers = cls(self.rng, par.get("max_delay", 2), par.get("fail_p", 0.0), self)
-        wconn.connector_worker.worker = self.transfers
+        sub_connector(wconn, OFFLOADING).connector_worker.worker = self.transfers
         self.hasher = rel.kcu.get_request_block_hasher(hash_block_size, rel.sha256)
         self.cases = []
         self.violations = []
@@ -314,6 +348,13 @@ class Engine:
         self.violations.append({"check": check, "step": self.step_no, "request": request_id,
                                 "message": msg})
 
+    def on_external_load(self, rid, start, end, block_ids):
+        """The P/D consumer wrote tokens [start, end) of request ``rid`` into ``block_ids`` (per
+        group): the KV a prefill node computed for them."""
+        req = self.sched.requests.get(rid)
+        if self.shadow is not None and req is not None:
+            self.shadow.content.write_external(req, block_ids, start, end, "P/D load of request %s" % rid)
+
     def on_submit(self, kind, job_id, spec):
         if kind == "store":
             self.stats["stores"] += 1
@@ -389,6 +430,7 @@ class Engine:
                 # and transfer completions (none pending), so it never drains: say so now
                 # rather than after max_steps (a shrink reruns it many times).
                 if (so.total_num_scheduled_tokens == 0 and not self.transfers.pending
+                        and not (self.pd_worker is not None and self.pd_worker.inflight)
                         and s > last_arrival and not aborts):
                     stalled += 1
                     if stalled >= STALL_STEPS:
@@ -412,6 +454,8 @@ class Engine:
             if self.num_spec and not is_async:
                 self.model_runner.propose_drafts(so)
         self.checks.check_drained()
+        if self.pd_worker is not None:
+            self.stats.update(pd_hits=self.pd_sched.hits, pd_loads=self.pd_worker.loads)
         if self.shadow is not None:
             self.shadow.contract.check_lost_chunks()
             self.stats.update(self.shadow.stats)
