@@ -57,6 +57,8 @@ ARRIVALS: dict[str, tuple[str, str]] = {
     "multi_connector": ("0.21.0", "MultiConnector(KVConnectorBase_V1, SupportsHMA) takes an out-of-tree child by "
                                   "kv_connector_module_path (0.21.0 kv_connector/v1/multi_connector.py:128, "
                                   "vllm/config/kv_transfer.py:63; the first tree kvbound prepares)"),
+    "tiering_fs": ("0.22.0", "TieringOffloadingSpec and its file-system tier, registered in the spec factory "
+                             "(0.22.1 v1/kv_offload/tiering/spec.py, tiering/fs/manager.py; 0.21.0 has no tiering/)"),
     "schedule_end_hook": ("0.23.0", "OffloadingManager.on_schedule_end (0.23.0 v1/kv_offload/base.py:260)"),
     "offload_prompt_only": ("0.23.0", "kv_connector_extra_config offload_prompt_only (0.23.0 v1/kv_offload/base.py:397; "
                                       "no 0.22.1 file names it)"),

@@ -77,7 +77,11 @@ class Release:
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
         if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
             extra["offload_prompt_only"] = bool(par["offload_prompt_only"])
+        if lay.get("offload_spec") is not None:  # the spec factory's registry (v1/kv_offload/factory.py:55-69)
+            extra.update(tiering_config(lay))
         script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p", "stall_p") if par.get(k)}
+        if script and lay.get("offload_spec") is not None:
+            raise ValueError("the scripted tier is a CPU spec: layout %s runs %s" % (lay.get("name"), lay["offload_spec"]))
         if mutant == "evict_at_lookup":  # planted: the tier evicts what it just answered HIT
             script["evict_at_lookup"] = True
         if script:  # the scripted tier, through vLLM's spec factory (out-of-tree path)
@@ -184,6 +188,22 @@ def composed(lay, par, extra, mutant):
                 kv_connector_extra_config={"connectors": [pd, offload]})
 
 
+def tiering_config(lay):
+    """``kv_connector_extra_config`` of ``offload_spec`` ``tiering-fs``: vLLM's
+    ``TieringOffloadingSpec`` (a CPU primary tier) with its file-system secondary tier on a new
+    temporary directory, as the spec documents it (0.33.0 v1/kv_offload/tiering/spec.py:1-33:
+    ``secondary_tiers`` [{"type": "fs", ...}], ``root_dir`` tiering/fs/manager.py:102-113); one
+    I/O thread each way, and no tier-poll thread (``tier_poll_interval_s`` 0: the tiers are
+    served once per step, spec.py:364-368)."""
+    import tempfile
+
+    if lay["offload_spec"] != "tiering-fs":
+        raise ValueError("unknown offload_spec %r" % (lay["offload_spec"],))
+    root = tempfile.mkdtemp(prefix="kvbound-fs-tier-")
+    return {"spec_name": "TieringOffloadingSpec", "tier_poll_interval_s": 0,
+            "secondary_tiers": [{"type": "fs", "root_dir": root, "n_read_threads": 1, "n_write_threads": 1}]}
+
+
 def sub_connector(conn, name):
     """The connector of class ``name`` in ``conn`` (itself, or one of a MultiConnector's)."""
     return next((c for c in getattr(conn, "_connectors", None) or [conn] if type(c).__name__ == name), None)
@@ -264,6 +284,8 @@ class Engine:
         self.tap = tap.Tap()
         if getattr(self.csched.manager, "_kvbound_script", None):
             fakes.script_tier(self.csched.manager, rel.obase, self.tap)
+        if getattr(self.csched.manager, "secondary_tiers", None):
+            fakes.settle_tiers(self.csched.manager, self.tap)
         self._subscribe()
         self.checks.subscribe(self.tap)
         self.lookup_capture.subscribe(self.tap)
@@ -459,6 +481,16 @@ class Engine:
         if self.shadow is not None:
             self.shadow.contract.check_lost_chunks()
             self.stats.update(self.shadow.stats)
+
+    def close(self):
+        """What outlives a run: a tiering spec's shared-memory region, its tiers' threads and
+        their directory (TieringOffloadingManager.shutdown, 0.33.0 tiering/manager.py:1251)."""
+        if getattr(self.csched.manager, "secondary_tiers", None):
+            import shutil
+
+            self.csched.manager.shutdown()
+            for tier in self.vllm_config.kv_transfer_config.kv_connector_extra_config["secondary_tiers"]:
+                shutil.rmtree(tier["root_dir"], ignore_errors=True)
 
     def engine_busy(self):
         """The engine core's own loop condition (``has_requests``: unfinished requests,

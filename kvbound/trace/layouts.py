@@ -121,6 +121,8 @@ MAMBA_CACHE_ALL = Need("mamba_cache_all", "CacheConfig.mamba_cache_mode \"all\" 
 MULTI_CONNECTOR = Need("multi_connector", "the OffloadingConnector inside vLLM's MultiConnector beside an"
                        " out-of-tree HMA connector needs MultiConnector(SupportsHMA) and kv_connector_module_path"
                        " (0.21.0 kv_connector/v1/multi_connector.py:128, vllm/config/kv_transfer.py:63)")
+TIERING_FS = Need("tiering_fs", "TieringOffloadingSpec with a file-system tier arrived in 0.22 (and kvbound settles its threads at on_schedule_end, schedule_end_hook)"
+                  " (0.22.1 v1/kv_offload/tiering/spec.py, tiering/fs/manager.py; 0.21.0 has no tiering/)")
 _MAMBA = (MAMBA_EXTERNAL_KV,)
 _MAMBA16 = _MAMBA + (PREFIX_MATCH_UNIT,)
 
@@ -138,6 +140,8 @@ class Layout:
     mamba_cache_mode: str | None = None  # CacheConfig.mamba_cache_mode of a Mamba layout; None: "align"
     composition: str | None = None  # None: the OffloadingConnector alone; "multi-pd": in a MultiConnector
     # after a P/D consumer (side/pd_connector.py)
+    offload_spec: str | None = None  # None: CPUOffloadingSpec; "tiering-fs": TieringOffloadingSpec with its
+    # file-system tier on a temporary directory
 
     def __post_init__(self):
         unknown = set(self.engine) - {p.name for p in ENGINE_PARAMS}
@@ -155,6 +159,8 @@ class Layout:
             d["mamba_cache_mode"] = self.mamba_cache_mode
         if self.composition is not None:
             d["composition"] = self.composition
+        if self.offload_spec is not None:
+            d["offload_spec"] = self.offload_spec
         return dict(d, name=self.name)
 
     def params(self) -> dict:
@@ -247,6 +253,10 @@ _ROWS = (
            composition="multi-pd"),
     Layout("swa-multi-pd", "The same composition beside a sliding window of 4 chunks.",
            (_g(FA, 16), _g(SWA, 16, sliding_window=64)), dict(pd_p=0.3), (MULTI_CONNECTOR,), composition="multi-pd"),
+    Layout("full-tiering-fs", "Offload spec and tier: vLLM's TieringOffloadingSpec (a CPU primary tier of 32 chunks)"
+           " with its real file-system secondary tier on a temporary directory: stores cascade to files, lookups of"
+           " keys the primary evicted answer RETRY while the tier promotes them back (tiering/manager.py:590-740).",
+           (_g(FA, 16),), dict(cpu_chunks=32), (TIERING_FS, SCHEDULE_END_HOOK), offload_spec="tiering-fs"),
     Layout("bpc2", "Two GPU blocks per offloaded chunk.", (_g(FA, 16), _g(SWA, 16, sliding_window=64)),
            blocks_per_chunk=2),
 )
