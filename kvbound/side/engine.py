@@ -17,7 +17,7 @@ model runner's output. Checked (``checks.py``): the lifecycle promises.
 import dataclasses
 import random
 
-from . import adapter, capture, checks, defects, fakes, lookups, pd_connector, shadow, sidecar, tap
+from . import adapter, capture, checks, compose, defects, fakes, lookups, shadow, sidecar, tap
 
 
 class Release:
@@ -78,7 +78,7 @@ class Release:
         if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
             extra["offload_prompt_only"] = bool(par["offload_prompt_only"])
         if lay.get("offload_spec") is not None:  # the spec factory's registry (v1/kv_offload/factory.py:55-69)
-            extra.update(tiering_config(lay))
+            extra.update(compose.tiering_config(lay))
         script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p", "stall_p") if par.get(k)}
         if script and lay.get("offload_spec") is not None:
             raise ValueError("the scripted tier is a CPU spec: layout %s runs %s" % (lay.get("name"), lay["offload_spec"]))
@@ -123,7 +123,7 @@ class Release:
             **spec_kw,
             model_config=model_config, cache_config=cache_config, scheduler_config=sched_cfg,
             parallel_config=ParallelConfig(), device_config=DeviceConfig(device="cpu"),
-            kv_transfer_config=KVTransferConfig(**composed(lay, par, extra, mutant)),
+            kv_transfer_config=KVTransferConfig(**compose.composed(lay, par, extra, mutant)),
         )
         cache_config.num_gpu_blocks = nb
         self._tag_retained_tokens(kv_cache_config, vllm_config)
@@ -165,50 +165,6 @@ class Release:
         return bs, hbs
 
 
-OFFLOADING = "OffloadingConnector"
-
-
-def composed(lay, par, extra, mutant):
-    """The ``KVTransferConfig`` fields: the OffloadingConnector alone (``composition`` absent), or
-    (``multi-pd``) inside vLLM's ``MultiConnector`` after a P/D consumer (``pd_connector.py``), as
-    P/D deployments order them (the loader named first serves a request's load when it hits:
-    0.33.0 kv_connector/v1/multi_connector.py:451-470; every connector stores and gets every
-    request's blocks, :484-494, 0.21.0 - 0.26.0 an empty block list, 0.21.0 :383-390)."""
-    offload = dict(kv_connector=OFFLOADING, kv_role="kv_both", kv_connector_extra_config=extra)
-    if lay.get("composition") is None:
-        return offload
-    if lay["composition"] != "multi-pd":
-        raise ValueError("unknown composition %r" % (lay["composition"],))
-    pd_connector.install()
-    pd = dict(kv_connector=pd_connector.PD_CONNECTOR, kv_role="kv_both",
-              kv_connector_module_path=pd_connector.PD_MODULE,
-              kv_connector_extra_config={"pd_p": par.get("pd_p", 0.0), "pd_delay": par.get("pd_delay", 3),
-                                         "seed": par.get("seed", 0), "mutant": mutant})
-    return dict(kv_connector="MultiConnector", kv_role="kv_both",
-                kv_connector_extra_config={"connectors": [pd, offload]})
-
-
-def tiering_config(lay):
-    """``kv_connector_extra_config`` of ``offload_spec`` ``tiering-fs``: vLLM's
-    ``TieringOffloadingSpec`` (a CPU primary tier) with its file-system secondary tier on a new
-    temporary directory, as the spec documents it (0.33.0 v1/kv_offload/tiering/spec.py:1-33:
-    ``secondary_tiers`` [{"type": "fs", ...}], ``root_dir`` tiering/fs/manager.py:102-113); one
-    I/O thread each way, and no tier-poll thread (``tier_poll_interval_s`` 0: the tiers are
-    served once per step, spec.py:364-368)."""
-    import tempfile
-
-    if lay["offload_spec"] != "tiering-fs":
-        raise ValueError("unknown offload_spec %r" % (lay["offload_spec"],))
-    root = tempfile.mkdtemp(prefix="kvbound-fs-tier-")
-    return {"spec_name": "TieringOffloadingSpec", "tier_poll_interval_s": 0,
-            "secondary_tiers": [{"type": "fs", "root_dir": root, "n_read_threads": 1, "n_write_threads": 1}]}
-
-
-def sub_connector(conn, name):
-    """The connector of class ``name`` in ``conn`` (itself, or one of a MultiConnector's)."""
-    return next((c for c in getattr(conn, "_connectors", None) or [conn] if type(c).__name__ == name), None)
-
-
 def chunk_size_config(lay):
     """The ``kv_connector_extra_config`` entry that makes a chunk ``blocks_per_chunk`` GPU
     blocks. Every release reads ``block_size``, the tokens of one offloaded chunk, when
@@ -240,12 +196,8 @@ class Engine:
         self.rel, self.lay, self.par = rel, lay, par
         self.vllm_config, self.kv_cache_config = vllm_config, kv_cache_config
         self.sched, self.wconn = sched, wconn
-        self.csched = sub_connector(sched.connector, OFFLOADING).connector_scheduler
-        # composition: the P/D consumer beside it (pd_connector.py), both sides
-        self.pd_sched = sub_connector(sched.connector, pd_connector.PD_CONNECTOR)
-        self.pd_worker = sub_connector(wconn, pd_connector.PD_CONNECTOR)
-        if self.pd_worker is not None:
-            self.pd_worker.engine = self
+        self.csched = compose.sub_connector(sched.connector, compose.OFFLOADING).connector_scheduler
+        self.pd_sched, self.pd_worker = compose.pd_sides(self)  # composition: the P/D consumer beside it
         # The shadow and the store checks map chunks with the layout's blocks_per_chunk: the
         # connector must run with it (a release that ignored the setting once ran bpc2 with
         # one block per chunk, and the shadow's mapping reported its stores as wrong).
@@ -257,7 +209,7 @@ class Engine:
         self.mutant = par.get("mutant")  # tests only: a planted defect the checks must report (defects.py)
         cls = fakes.fake_transfer_engine_class(rel.obase)
         self.transfers = cls(self.rng, par.get("max_delay", 2), par.get("fail_p", 0.0), self)
-        sub_connector(wconn, OFFLOADING).connector_worker.worker = self.transfers
+        compose.sub_connector(wconn, compose.OFFLOADING).connector_worker.worker = self.transfers
         self.hasher = rel.kcu.get_request_block_hasher(hash_block_size, rel.sha256)
         self.cases = []
         self.violations = []
@@ -370,13 +322,6 @@ class Engine:
         self.violations.append({"check": check, "step": self.step_no, "request": request_id,
                                 "message": msg})
 
-    def on_external_load(self, rid, start, end, block_ids):
-        """The P/D consumer wrote tokens [start, end) of request ``rid`` into ``block_ids`` (per
-        group): the KV a prefill node computed for them."""
-        req = self.sched.requests.get(rid)
-        if self.shadow is not None and req is not None:
-            self.shadow.content.write_external(req, block_ids, start, end, "P/D load of request %s" % rid)
-
     def on_submit(self, kind, job_id, spec):
         if kind == "store":
             self.stats["stores"] += 1
@@ -476,21 +421,10 @@ class Engine:
             if self.num_spec and not is_async:
                 self.model_runner.propose_drafts(so)
         self.checks.check_drained()
-        if self.pd_worker is not None:
-            self.stats.update(pd_hits=self.pd_sched.hits, pd_loads=self.pd_worker.loads)
+        compose.count(self)
         if self.shadow is not None:
             self.shadow.contract.check_lost_chunks()
             self.stats.update(self.shadow.stats)
-
-    def close(self):
-        """What outlives a run: a tiering spec's shared-memory region, its tiers' threads and
-        their directory (TieringOffloadingManager.shutdown, 0.33.0 tiering/manager.py:1251)."""
-        if getattr(self.csched.manager, "secondary_tiers", None):
-            import shutil
-
-            self.csched.manager.shutdown()
-            for tier in self.vllm_config.kv_transfer_config.kv_connector_extra_config["secondary_tiers"]:
-                shutil.rmtree(tier["root_dir"], ignore_errors=True)
 
     def engine_busy(self):
         """The engine core's own loop condition (``has_requests``: unfinished requests,

@@ -15,7 +15,7 @@ loaded asynchronously):
   the blocks the request got; ``build_connector_meta`` hands the step's loads to the worker;
 - worker side: ``start_load_kv`` starts each load; it finishes 1..``pd_delay`` steps later
   (``get_finished`` reports it in ``finished_recving``), and writes its blocks at a seeded moment
-  between start and finish, through the harness (``Engine.on_external_load``: the shadow KV
+  between start and finish, through the harness (``compose.external_load``: the shadow KV
   gets the KV a prefill node computed for those positions, in the blocks the metadata names).
 
 Planted (tests only, ``defects.py``): ``pd_finish_before_write``, a load reported finished one
@@ -49,7 +49,7 @@ def install():
             cfg = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
             self.pd_p, self.seed = float(cfg.get("pd_p", 0.0)), cfg.get("seed", 0)
             self.pd_delay, self.mutant = max(1, int(cfg.get("pd_delay", 3))), cfg.get("mutant")
-            self.engine = None  # the harness (Engine), set once the engine is built
+            self.on_load = None  # the harness's writer (compose.external_load), set once the engine is built
             self.served = set()  # request ids answered once (scheduler side)
             self.asked = {}  # request id -> the lookup's num_computed_tokens
             self.to_load = {}  # request id -> (start, end, block ids): this step's loads
@@ -105,7 +105,7 @@ def install():
                 job = self.inflight[rid]
                 if job["write_in"] is not None and job["write_in"] <= 0:
                     job["write_in"] = None
-                    self.engine.on_external_load(rid, *job["load"])
+                    self.on_load(rid, *job["load"])
 
         def wait_for_layer_load(self, layer_name):
             pass
