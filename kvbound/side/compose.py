@@ -17,7 +17,7 @@ def composed(lay, par, extra, mutant):
     (``multi-pd``) inside vLLM's ``MultiConnector`` after a P/D consumer (``pd_connector.py``), as
     P/D deployments order them (the loader named first serves a request's load when it hits:
     0.33.0 kv_connector/v1/multi_connector.py:451-470; every connector stores and gets every
-    request's blocks, :484-494, 0.21.0 - 0.26.0 an empty block list, 0.21.0 :383-390)."""
+    request's blocks, :484-494; 0.21.0 - 0.25.1 an empty block list, 0.25.1 :406-413)."""
     offload = dict(kv_connector=OFFLOADING, kv_role="kv_both", kv_connector_extra_config=extra)
     if lay.get("composition") is None:
         return offload
