@@ -54,6 +54,11 @@ ARRIVALS: dict[str, tuple[str, str]] = {
     # what an engine of the release can be built with (kvbound trace's layouts need them)
     "mamba_external_kv": ("0.23.0", "Mamba takes connector tokens: 0.22.1 v1/core/sched/scheduler.py:286 `assert "
                                     "num_external_computed_tokens == 0` in _mamba_block_aligned_split is gone"),
+    "multi_connector": ("0.21.0", "MultiConnector(KVConnectorBase_V1, SupportsHMA) takes an out-of-tree child by "
+                                  "kv_connector_module_path (0.21.0 kv_connector/v1/multi_connector.py:128, "
+                                  "vllm/config/kv_transfer.py:63; the first tree kvbound prepares)"),
+    "tiering_fs": ("0.22.0", "TieringOffloadingSpec and its file-system tier, registered in the spec factory "
+                             "(0.22.1 v1/kv_offload/tiering/spec.py, tiering/fs/manager.py; 0.21.0 has no tiering/)"),
     "schedule_end_hook": ("0.23.0", "OffloadingManager.on_schedule_end (0.23.0 v1/kv_offload/base.py:260)"),
     "offload_prompt_only": ("0.23.0", "kv_connector_extra_config offload_prompt_only (0.23.0 v1/kv_offload/base.py:397; "
                                       "no 0.22.1 file names it)"),
@@ -124,6 +129,14 @@ STEPS: dict[str, tuple] = {
         ("0.20.0", False, "no such step"),
         ("0.30.0", True, "a running request's checkpoint step keeps the uncapped count"),
         ("0.31.0", False, "the cap is a min"),
+    ),
+    # what an engine of the release can be built with: CacheConfig.mamba_cache_mode "all" (a Mamba state
+    # cached at every block boundary; kvbound trace's mamba-all layouts)
+    "mamba_cache_all": (
+        ("0.20.0", True, "MambaCacheMode = Literal[\"all\", \"align\", \"none\"] (0.21.0 vllm/config/cache.py:36, "
+                         "the first tree kvbound prepares; deprecated with a warning in 0.30.0 cache.py:323-330)"),
+        ("0.32.0", False, "MambaCacheMode = Literal[\"align\", \"none\"] (0.32.0 vllm/config/cache.py:63): \"all\" "
+                          "is gone"),
     ),
     "allocator_spec_blocks_with_checkpoint": (
         ("0.20.0", False, "no such step"),

@@ -166,6 +166,8 @@ class LifecycleChecks:
                 eng.violate("lifecycle:connector_state_left", None, "%s holds %d entries after drain" % (name, len(v)))
         if eng.transfers.pending:
             eng.violate("lifecycle:transfer_not_finished", None, "%d jobs pending" % len(eng.transfers.pending))
+        if getattr(eng, "pd_worker", None) is not None and eng.pd_worker.inflight:
+            eng.violate("lifecycle:transfer_not_finished", None, "%d P/D loads in flight" % len(eng.pd_worker.inflight))
 
 
 def _empty_source(r) -> str:

@@ -75,6 +75,10 @@ class ContentModel:
     def __init__(self, managers, kinds, sched, report, stats, guard=None):
         self.managers, self.kinds, self.sched, self.report, self.stats = list(managers), kinds, sched, report, stats
         self.block_size = [m.block_size for m in self.managers]
+        # Mamba groups in mamba_cache_mode "all": the forward also writes the state at every block end
+        # it crosses (0.29.0 v1/kv_cache_interface.py:884-887: one state block per block of tokens)
+        self.all_states = {g for g, m in enumerate(self.managers)
+                           if getattr(getattr(m, "kv_cache_spec", None), "mamba_cache_mode", None) == "all"}
         self.guard = guard or (lambda bid, what, off=0: None)
         self.gpu = {}  # GPU block id -> [slot] (None: unwritten)
         self.gpu_via = {}  # GPU block id -> how its content last arrived, when not computed in place
@@ -215,11 +219,14 @@ class ContentModel:
                 # the state after the step's last token; under spec decode also after each
                 # verified position (the runner keeps one state per draft, so the accepted
                 # one is there whichever it is)
-                for p in range(max(start, end - 1 - len(drafts)), end):
+                last = end - 1 - len(drafts)
+                B = self.block_size[g]
+                ends = range(start + (B - 1 - start) % B, last, B) if g in self.all_states else ()
+                for p in (*ends, *range(max(start, last), end)):
                     bid, off = self.slot_of(g, req, p)
                     if bid:
                         content = self.gpu.get(bid)
-                        if content is None or p == end - 1 - len(drafts):
+                        if content is None or p == last or p in ends:
                             self.guard(bid, "by the forward of request %s" % req.request_id)
                             content = [None] * self.block_size[g]
                             self.write_block(bid, content, None)
@@ -243,6 +250,25 @@ class ContentModel:
                     self.bump(bid)
                 content[off] = (g, self.draft_ident(req, p, nt, drafts), req.request_id, p)
                 self.stats["shadow_writes"] += 1
+
+    def write_external(self, req, block_ids, start, end, via):
+        """Another connector's load wrote tokens [start, end) of ``req`` into ``block_ids`` (per
+        group, the request's table when the load was set up): the KV its prefix has there, as a
+        prefill node computed it (a Mamba group: the state after the last token)."""
+        for g, kind in enumerate(self.kinds):
+            ids, B = block_ids[g], self.block_size[g]
+            for p in ([end - 1] if kind == "mamba" else range(start, end)):
+                bid = ids[p // B] if p // B < len(ids) else 0
+                if not bid:
+                    continue
+                if p == start or p % B == 0 or kind == "mamba":  # a block's first write: its fence
+                    if kind == "mamba" or bid not in self.gpu:
+                        self.write_block(bid, [None] * B, via)
+                    else:
+                        self.guard(bid, via, p % B)
+                        self.bump(bid)
+                        self.gpu_via[bid] = via
+                self.gpu[bid][p % B] = (g, self.ident(req, p), req.request_id, p)
 
     def draft_ident(self, req, p, ds, drafts):
         """The identity the forward computes at ``p``: real tokens, then the scheduled draft

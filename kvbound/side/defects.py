@@ -32,6 +32,10 @@ DEFECTS = (
            "lookups", ("lookup:needless_deferral",), "full-scripted", "0.33.0"),
     Defect("lookup_never_return", "a request the lookup deferred once is deferred for ever",
            "lookups", ("liveness:stuck_request",), "full-scripted", "0.33.0"),
+    Defect("pd_finish_before_write", "the P/D consumer beside the OffloadingConnector reports a load finished a"
+           " step before it writes its blocks", "pd_connector", ("data:wrong_kv",), "full-multi-pd", "0.33.0"),
+    Defect("promote_reversed_keys", "the file-system tier promotes a multi-key job's files in reverse order (each"
+           " chunk gets another key's file)", "tier", ("data:wrong_kv",), "full-tiering-fs", "0.33.0"),
     Defect("lookup_extra_chunk", "the lookup's hit claims one more chunk than the tier holds",
            "lookups", ("lookup:false_hit",), "full", "0.33.0"),
 )

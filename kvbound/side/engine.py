@@ -17,7 +17,7 @@ model runner's output. Checked (``checks.py``): the lifecycle promises.
 import dataclasses
 import random
 
-from . import adapter, capture, checks, defects, fakes, lookups, shadow, sidecar, tap
+from . import adapter, capture, checks, compose, defects, fakes, lookups, shadow, sidecar, tap
 
 
 class Release:
@@ -58,7 +58,9 @@ class Release:
                                  ParallelConfig, SchedulerConfig, VllmConfig)
 
         mutant = defects.planted(par.get("mutant"))  # tests only: a row of defects.DEFECTS
-        specs = [adapter.kv_cache_spec(g, head_size=8, state_size=g.get("state", 64)) for g in lay["groups"]]
+        mamba_mode = lay.get("mamba_cache_mode", "align")  # CacheConfig.mamba_cache_mode of a Mamba layout
+        specs = [adapter.kv_cache_spec(dict(g, mamba_cache_mode=mamba_mode) if g["kind"] == "mamba" else g,
+                                       head_size=8, state_size=g.get("state", 64)) for g in lay["groups"]]
         eagle = {gi for gi, g in enumerate(lay["groups"]) if g.get("eagle")}
         # the drafter's layers: vLLM's planner tags them (kv_cache_planning)
         if eagle and "is_eagle_group" not in adapter.fields(self.kci.KVCacheGroupSpec):
@@ -75,7 +77,11 @@ class Release:
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
         if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
             extra["offload_prompt_only"] = bool(par["offload_prompt_only"])
+        if lay.get("offload_spec") is not None:  # the spec factory's registry (v1/kv_offload/factory.py:55-69)
+            extra.update(compose.tiering_config(lay))
         script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p", "stall_p") if par.get(k)}
+        if script and lay.get("offload_spec") is not None:
+            raise ValueError("the scripted tier is a CPU spec: layout %s runs %s" % (lay.get("name"), lay["offload_spec"]))
         if mutant == "evict_at_lookup":  # planted: the tier evicts what it just answered HIT
             script["evict_at_lookup"] = True
         if script:  # the scripted tier, through vLLM's spec factory (out-of-tree path)
@@ -87,7 +93,7 @@ class Release:
                                    enforce_eager=True)
         cc = {"block_size": block_size, "enable_prefix_caching": True}
         if any(g["kind"] == "mamba" for g in lay["groups"]):
-            cc["mamba_cache_mode"] = "align"
+            cc["mamba_cache_mode"] = mamba_mode
         if lay.get("prefix_match_unit"):
             cc["prefix_match_unit"] = lay["prefix_match_unit"]
         cache_config = CacheConfig(**cc)
@@ -117,8 +123,7 @@ class Release:
             **spec_kw,
             model_config=model_config, cache_config=cache_config, scheduler_config=sched_cfg,
             parallel_config=ParallelConfig(), device_config=DeviceConfig(device="cpu"),
-            kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
-                                                kv_connector_extra_config=extra),
+            kv_transfer_config=KVTransferConfig(**compose.composed(lay, par, extra, mutant)),
         )
         cache_config.num_gpu_blocks = nb
         self._tag_retained_tokens(kv_cache_config, vllm_config)
@@ -127,7 +132,7 @@ class Release:
         sched = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                     structured_output_manager=_structured(vllm_config), block_size=bs,
                     **({"hash_block_size": hbs} if hbs is not None else {}))
-        wconn = self.oc.OffloadingConnector(vllm_config, self.KVConnectorRole.WORKER, kv_cache_config)
+        wconn = type(sched.connector)(vllm_config, self.KVConnectorRole.WORKER, kv_cache_config)
         return Engine(self, lay, par, vllm_config, kv_cache_config, sched, wconn, hbs or bs)
 
     def _tag_retained_tokens(self, kv_cache_config, vllm_config):
@@ -191,7 +196,8 @@ class Engine:
         self.rel, self.lay, self.par = rel, lay, par
         self.vllm_config, self.kv_cache_config = vllm_config, kv_cache_config
         self.sched, self.wconn = sched, wconn
-        self.csched = sched.connector.connector_scheduler
+        self.csched = compose.sub_connector(sched.connector, compose.OFFLOADING).connector_scheduler
+        self.pd_sched, self.pd_worker = compose.pd_sides(self)  # composition: the P/D consumer beside it
         # The shadow and the store checks map chunks with the layout's blocks_per_chunk: the
         # connector must run with it (a release that ignored the setting once ran bpc2 with
         # one block per chunk, and the shadow's mapping reported its stores as wrong).
@@ -203,7 +209,7 @@ class Engine:
         self.mutant = par.get("mutant")  # tests only: a planted defect the checks must report (defects.py)
         cls = fakes.fake_transfer_engine_class(rel.obase)
         self.transfers = cls(self.rng, par.get("max_delay", 2), par.get("fail_p", 0.0), self)
-        wconn.connector_worker.worker = self.transfers
+        compose.sub_connector(wconn, compose.OFFLOADING).connector_worker.worker = self.transfers
         self.hasher = rel.kcu.get_request_block_hasher(hash_block_size, rel.sha256)
         self.cases = []
         self.violations = []
@@ -230,6 +236,8 @@ class Engine:
         self.tap = tap.Tap()
         if getattr(self.csched.manager, "_kvbound_script", None):
             fakes.script_tier(self.csched.manager, rel.obase, self.tap)
+        if getattr(self.csched.manager, "secondary_tiers", None):
+            fakes.settle_tiers(self.csched.manager, self.tap)
         self._subscribe()
         self.checks.subscribe(self.tap)
         self.lookup_capture.subscribe(self.tap)
@@ -389,6 +397,7 @@ class Engine:
                 # and transfer completions (none pending), so it never drains: say so now
                 # rather than after max_steps (a shrink reruns it many times).
                 if (so.total_num_scheduled_tokens == 0 and not self.transfers.pending
+                        and not (self.pd_worker is not None and self.pd_worker.inflight)
                         and s > last_arrival and not aborts):
                     stalled += 1
                     if stalled >= STALL_STEPS:
@@ -412,6 +421,7 @@ class Engine:
             if self.num_spec and not is_async:
                 self.model_runner.propose_drafts(so)
         self.checks.check_drained()
+        compose.count(self)
         if self.shadow is not None:
             self.shadow.contract.check_lost_chunks()
             self.stats.update(self.shadow.stats)

@@ -171,6 +171,42 @@ def _script_stalled_writes(m, script, tap):
     tap.around(m, "complete_store", complete_store)
 
 
+def settle_tiers(m, tap):
+    """A ``TieringOffloadingManager`` (``m``) on the engine's step clock: its secondary tiers do
+    their I/O on threads (the file-system tier's pool, 0.33.0 v1/kv_offload/tiering/fs/manager.py:
+    190-194; its lookups, tiering/async_lookup.py:120-126), so at each schedule end, after the
+    manager has submitted the step's promotions and cascades and flushed the lookups
+    (tiering/manager.py:1083-1107), wait for every job and every lookup batch to finish, and
+    hand a tier's finished jobs over in job order (the pool reports them in completion order,
+    fs/thread_pool.py:130-136): the same command then runs the same schedule. The reads and
+    writes themselves are the tier's own, on a temporary directory."""
+
+    def on_schedule_end(call, *context):
+        call(*context)
+        for tier in m.secondary_tiers:
+            tier.drain_jobs()  # the pool's wait_idle (fs/manager.py:330-332)
+            lm = getattr(tier, "_lookup_manager", None)
+            if lm is not None and any(st.phase.name == "IN_FLIGHT" for st in lm._lookup_state.values()):
+                _wait(lambda: lm._pending_results.qsize() > 0, "the %s tier's lookup batch" % tier.tier_type)
+
+    def get_finished_jobs(call):
+        return sorted(call(), key=lambda r: r.job_id)
+
+    tap.around(m, "on_schedule_end", on_schedule_end)
+    for tier in m.secondary_tiers:
+        tap.around(tier, "get_finished_jobs", get_finished_jobs)
+
+
+def _wait(ready, what, timeout_s=60.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError("kvbound: %s did not finish within %d s" % (what, timeout_s))
+        time.sleep(0.0005)
+
+
 def _evict_event(m, keys):
     from vllm.v1.kv_offload.base import OffloadingEvent
 

@@ -112,6 +112,8 @@ class TierTransfers:
             content.verified.pop(rid, None)
             return call(request, *a, **k)
 
+        for tier in getattr(mgr, "secondary_tiers", None) or ():  # a tiering spec (0.33.0 tiering/manager.py)
+            self._subscribe_secondary(tap, tier, eng.mutant)
         tap.around(mgr, "prepare_store", prepare_store)
         tap.around(cs, "build_connector_meta", build_connector_meta)
         tap.around(cs, "request_finished", request_finished)
@@ -122,6 +124,39 @@ class TierTransfers:
                 n = call(req_status, num_computed_tokens)
                 return min(n + tpb, req_status.req.num_tokens)  # planted: one chunk past computed
             tap.around(cs, "_calc_num_offloadable_tokens", _calc_num_offloadable_tokens)
+
+    def _subscribe_secondary(self, tap, tier, mutant=None):
+        """A secondary tier's jobs (tiering/base.py ``TransferJob``: keys and primary chunk ids):
+        a cascade copies each primary chunk's content into the tier under its key, a promotion
+        copies a key's content back into a newly allocated primary chunk. The harness settles
+        the tier's threads every step (``fakes.settle_tiers``), so each copies as it is
+        submitted."""
+        sh = self
+        sh.mutant = mutant
+        files = self.files = getattr(self, "files", {})  # key -> (content, how it arrived)
+
+        def submit_store(call, job):
+            for key, cid in zip(job.keys, job.chunk_ids):
+                blk = sh.cpu.get(int(cid))
+                files[key] = (None if blk is None else [None if c is None else list(c) for c in blk],
+                              "the %s tier's copy of CPU block %d (%s)" % (tier.tier_type, int(cid),
+                                                                       sh.cpu_via.get(int(cid), "no store")))
+            return call(job)
+
+        def submit_load(call, job):
+            if sh.mutant == "promote_reversed_keys" and len(job.keys) > 1:  # planted: another key's file
+                import dataclasses
+
+                job = dataclasses.replace(job, keys=list(job.keys)[::-1])
+            for key, cid in zip(job.keys, job.chunk_ids):
+                blk, via = files.get(key, (None, "nothing the %s tier was given" % tier.tier_type))
+                sh.cpu[int(cid)] = None if blk is None else [None if c is None else list(c) for c in blk]
+                sh.cpu_via[int(cid)] = "promoted from " + via
+                sh.cpu_key[int(cid)] = key
+            return call(job)
+
+        tap.around(tier, "submit_store", submit_store)
+        tap.around(tier, "submit_load", submit_load)
 
     def submit(self, kind, job_id, src, dst, delay, ok):
         if kind == "store":

@@ -11,7 +11,7 @@ a harness fault (raised in kvbound's own fakes or adapter: never a vLLM finding)
 
 import time
 
-from . import findings, sidecar
+from . import compose, findings, sidecar
 
 
 def run_job(rel, job):
@@ -26,6 +26,8 @@ def run_job(rel, job):
                "traceback": sidecar.portable_traceback(e), "step": eng.step_no}
         if sidecar.raised_in_harness(e):
             res["harness_fault"] = True
+    finally:
+        compose.close(eng)
     counts = getattr(eng.csched.manager, "kvbound_counts", None)
     if counts:
         eng.stats.update(("tier_" + k, v) for k, v in counts.items())

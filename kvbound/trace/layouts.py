@@ -54,6 +54,8 @@ ENGINE_PARAMS = (
     EngineParam("offload_prompt_only", _flag, None, _SHADOW),
     EngineParam("aligned_decode_p", float, None, _SHADOW),
     EngineParam("sync_load_budget_bytes", int),  # 0.33 sync loads
+    EngineParam("pd_p", float, None, _ENGINE),  # composition multi-pd: the share of requests the P/D consumer serves
+    EngineParam("pd_delay", int, None, _ENGINE),  # ... and the most steps one of its loads takes (default 3)
     EngineParam("prefix_burst_p", float, None, _TRAFFIC),  # workload.workload: shared-prefix bursts
 )
 BASE = {p.name: p.base for p in ENGINE_PARAMS if p.base is not None}
@@ -115,6 +117,14 @@ EXTRA_RETAINED_TOKENS = Need("extra_retained_tokens", "a window that retains tok
                              " v1/kv_cache_interface.py; earlier specs refuse the keyword)")
 SYNC_LOADS = Need("sync_loads", "sync loads (kv_connector_extra_config sync_load_budget_bytes) arrived in"
                   " 0.33 (0.33.0 offloading/scheduler.py:168,323)")
+MAMBA_CACHE_ALL = Need("mamba_cache_all", "CacheConfig.mamba_cache_mode \"all\" (a Mamba state cached at every"
+                       " block boundary) is gone from 0.32 (0.32.0 vllm/config/cache.py:63 MambaCacheMode ="
+                       " Literal[\"align\", \"none\"])")
+MULTI_CONNECTOR = Need("multi_connector", "the OffloadingConnector inside vLLM's MultiConnector beside an"
+                       " out-of-tree HMA connector needs MultiConnector(SupportsHMA) and kv_connector_module_path"
+                       " (0.21.0 kv_connector/v1/multi_connector.py:128, vllm/config/kv_transfer.py:63)")
+TIERING_FS = Need("tiering_fs", "TieringOffloadingSpec with a file-system tier arrived in 0.22 (and kvbound settles its threads at on_schedule_end, schedule_end_hook)"
+                  " (0.22.1 v1/kv_offload/tiering/spec.py, tiering/fs/manager.py; 0.21.0 has no tiering/)")
 _MAMBA = (MAMBA_EXTERNAL_KV,)
 _MAMBA16 = _MAMBA + (PREFIX_MATCH_UNIT,)
 
@@ -129,6 +139,11 @@ class Layout:
     blocks_per_chunk: int = 1
     prefix_match_unit: int | None = None
     speculative: dict | None = None
+    mamba_cache_mode: str | None = None  # CacheConfig.mamba_cache_mode of a Mamba layout; None: "align"
+    composition: str | None = None  # None: the OffloadingConnector alone; "multi-pd": in a MultiConnector
+    # after a P/D consumer (side/pd_connector.py)
+    offload_spec: str | None = None  # None: CPUOffloadingSpec; "tiering-fs": TieringOffloadingSpec with its
+    # file-system tier on a temporary directory
 
     def __post_init__(self):
         unknown = set(self.engine) - {p.name for p in ENGINE_PARAMS}
@@ -142,6 +157,12 @@ class Layout:
             d["prefix_match_unit"] = self.prefix_match_unit
         if self.speculative is not None:
             d["speculative"] = dict(self.speculative)
+        if self.mamba_cache_mode is not None:
+            d["mamba_cache_mode"] = self.mamba_cache_mode
+        if self.composition is not None:
+            d["composition"] = self.composition
+        if self.offload_spec is not None:
+            d["offload_spec"] = self.offload_spec
         return dict(d, name=self.name)
 
     def params(self) -> dict:
@@ -222,6 +243,22 @@ _ROWS = (
            " premise window-skipped-null meet extra_retained_tokens on real tables.",
            (_g(FA, 16), _g(SWA, 16, sliding_window=64)), needs=(EXTRA_RETAINED_TOKENS,),
            speculative={"method": "mtp", "num_speculative_tokens": 3}),
+    Layout("mamba-all", "The Mamba hybrid hashed per block in CacheConfig.mamba_cache_mode \"all\": every block of"
+           " the Mamba group caches the state at its end (0.29.0 v1/kv_cache_interface.py:884-887), so a hit may"
+           " end at any block and the connector offloads every state block (no copy-on-write source; 0.29.0"
+           " offloading/scheduler.py:162-165,263-266).",
+           (_g(FA, 64), _g(MAMBA, 64)), _MAMBA_ENGINE, _MAMBA + (MAMBA_CACHE_ALL,), mamba_cache_mode="all"),
+    Layout("full-multi-pd", "Composition: the OffloadingConnector inside vLLM's MultiConnector after a P/D consumer"
+           " (pd_connector.py) that serves 30% of requests their whole prompt asynchronously, 1-3 steps, as a decode"
+           " node pulls a prefill node's KV; the rest fall through to the offload tier, and both connectors see"
+           " every request's blocks and stores.", (_g(FA, 16),), dict(pd_p=0.3), (MULTI_CONNECTOR,),
+           composition="multi-pd"),
+    Layout("swa-multi-pd", "The same composition beside a sliding window of 4 chunks.",
+           (_g(FA, 16), _g(SWA, 16, sliding_window=64)), dict(pd_p=0.3), (MULTI_CONNECTOR,), composition="multi-pd"),
+    Layout("full-tiering-fs", "Offload spec and tier: vLLM's TieringOffloadingSpec (a CPU primary tier of 32 chunks)"
+           " with its real file-system secondary tier on a temporary directory: stores cascade to files, lookups of"
+           " keys the primary evicted answer RETRY while the tier promotes them back (tiering/manager.py:590-740).",
+           (_g(FA, 16),), dict(cpu_chunks=32), (TIERING_FS, SCHEDULE_END_HOOK), offload_spec="tiering-fs"),
     Layout("bpc2", "Two GPU blocks per offloaded chunk.", (_g(FA, 16), _g(SWA, 16, sliding_window=64)),
            blocks_per_chunk=2),
 )

@@ -1,0 +1,87 @@
+"""The connector's composition and its offload spec, as a layout asks for them (issue 25 item 1's
+axes "composition" and "offload spec and tier").
+
+Part of the side package (standard library; vLLM's objects come in as arguments): the
+``KVTransferConfig`` fields of a layout (``composed``), the extra config of a tiering spec
+(``tiering_config``), the sub-connectors of a ``MultiConnector`` (``sub_connector``, ``pd_sides``),
+and what outlives a run (``close``).
+"""
+
+from . import pd_connector
+
+OFFLOADING = "OffloadingConnector"
+
+
+def composed(lay, par, extra, mutant):
+    """The ``KVTransferConfig`` fields: the OffloadingConnector alone (``composition`` absent), or
+    (``multi-pd``) inside vLLM's ``MultiConnector`` after a P/D consumer (``pd_connector.py``), as
+    P/D deployments order them (the loader named first serves a request's load when it hits:
+    0.33.0 kv_connector/v1/multi_connector.py:451-470; every connector stores and gets every
+    request's blocks, :484-494; 0.21.0 - 0.25.1 an empty block list, 0.25.1 :406-413)."""
+    offload = dict(kv_connector=OFFLOADING, kv_role="kv_both", kv_connector_extra_config=extra)
+    if lay.get("composition") is None:
+        return offload
+    if lay["composition"] != "multi-pd":
+        raise ValueError("unknown composition %r" % (lay["composition"],))
+    pd_connector.install()
+    pd = dict(kv_connector=pd_connector.PD_CONNECTOR, kv_role="kv_both",
+              kv_connector_module_path=pd_connector.PD_MODULE,
+              kv_connector_extra_config={"pd_p": par.get("pd_p", 0.0), "pd_delay": par.get("pd_delay", 3),
+                                         "seed": par.get("seed", 0), "mutant": mutant})
+    return dict(kv_connector="MultiConnector", kv_role="kv_both",
+                kv_connector_extra_config={"connectors": [pd, offload]})
+
+
+def tiering_config(lay):
+    """``kv_connector_extra_config`` of ``offload_spec`` ``tiering-fs``: vLLM's
+    ``TieringOffloadingSpec`` (a CPU primary tier) with its file-system secondary tier on a new
+    temporary directory, as the spec documents it (0.33.0 v1/kv_offload/tiering/spec.py:1-33:
+    ``secondary_tiers`` [{"type": "fs", ...}], ``root_dir`` tiering/fs/manager.py:102-113); one
+    I/O thread each way, and no tier-poll thread (``tier_poll_interval_s`` 0: the tiers are
+    served once per step, spec.py:364-368)."""
+    import tempfile
+
+    if lay["offload_spec"] != "tiering-fs":
+        raise ValueError("unknown offload_spec %r" % (lay["offload_spec"],))
+    root = tempfile.mkdtemp(prefix="kvbound-fs-tier-")
+    return {"spec_name": "TieringOffloadingSpec", "tier_poll_interval_s": 0,
+            "secondary_tiers": [{"type": "fs", "root_dir": root, "n_read_threads": 1, "n_write_threads": 1}]}
+
+
+def sub_connector(conn, name):
+    """The connector of class ``name`` in ``conn`` (itself, or one of a MultiConnector's)."""
+    return next((c for c in getattr(conn, "_connectors", None) or [conn] if type(c).__name__ == name), None)
+
+
+def pd_sides(eng):
+    """(scheduler side, worker side) of the P/D consumer beside the OffloadingConnector, or
+    (None, None); the worker side writes its loads through ``external_load``."""
+    ps, pw = sub_connector(eng.sched.connector, pd_connector.PD_CONNECTOR), sub_connector(eng.wconn, pd_connector.PD_CONNECTOR)
+    if pw is not None:
+        pw.on_load = lambda rid, start, end, ids: external_load(eng, rid, start, end, ids)
+    return ps, pw
+
+
+def external_load(eng, rid, start, end, block_ids):
+    """The P/D consumer wrote tokens [start, end) of request ``rid`` into ``block_ids`` (per
+    group): the shadow KV gets the KV a prefill node computed for them."""
+    req = eng.sched.requests.get(rid)
+    if eng.shadow is not None and req is not None:
+        eng.shadow.content.write_external(req, block_ids, start, end, "P/D load of request %s" % rid)
+
+
+def count(eng):
+    """The P/D consumer's hits and loads, beside the engine's counters."""
+    if eng.pd_worker is not None:
+        eng.stats.update(pd_hits=eng.pd_sched.hits, pd_loads=eng.pd_worker.loads)
+
+
+def close(eng):
+    """What outlives a run: a tiering spec's shared-memory region, its tiers' threads and their
+    directory (TieringOffloadingManager.shutdown, 0.33.0 v1/kv_offload/tiering/manager.py:1251)."""
+    if getattr(eng.csched.manager, "secondary_tiers", None):
+        import shutil
+
+        eng.csched.manager.shutdown()
+        for tier in eng.vllm_config.kv_transfer_config.kv_connector_extra_config["secondary_tiers"]:
+            shutil.rmtree(tier["root_dir"], ignore_errors=True)

@@ -1,0 +1,60 @@
+"""The configuration axes of issue 25 item 1 that compose the connector: composition (inside vLLM's
+MultiConnector after a P/D consumer), offload spec and tier (TieringOffloadingSpec with its real
+file-system tier), the Mamba cache mode; each found by a planted defect on a real release and
+clean on the same point without it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvbound.side.defects import BY_NAME
+from kvbound.trace import runner as R
+from kvbound.trace.layouts import LAYOUTS, layout_support
+
+NEW = {"full-multi-pd": "composition", "swa-multi-pd": "composition", "full-tiering-fs": "offload_spec",
+       "mamba-all": "mamba_cache_mode"}
+
+
+def test_the_new_axes_leave_every_other_layouts_job_as_it_was():
+    for name, lay in LAYOUTS.items():
+        job = lay.job_layout()
+        fields = {"composition", "offload_spec", "mamba_cache_mode"} & set(job)
+        assert fields == ({NEW[name]} if name in NEW else set()), name
+        assert ("pd_p" in lay.params()) == (lay.composition is not None), name
+
+
+@pytest.mark.parametrize("layout,version,why", [
+    ("mamba-all", "0.32.0", "vllm/config/cache.py:63"),
+    ("full-tiering-fs", "0.21.0", "tiering"),
+    ("full-tiering-fs", "0.22.1", "on_schedule_end"),
+])
+def test_a_release_without_the_axis_value_is_one_line(layout, version, why):
+    line = layout_support(layout, version)
+    assert line and why in line and "\n" not in line
+
+
+def test_each_axis_value_runs_where_the_table_says():
+    assert layout_support("mamba-all", "0.23.0") is None and layout_support("mamba-all", "0.31.0") is None
+    assert layout_support("full-tiering-fs", "0.23.0") is None and layout_support("full-multi-pd", "0.21.0") is None
+
+
+def _run(w, version, layout, mutant=None, n=80):
+    job = R.make_job(layout, (5, "axis"), n, 0, "sync", {"mutant": mutant} if mutant else None)
+    job["max_steps"] = 3000
+    res = w.job(job)
+    found, _ = R.check_result(version, layout, job, res)
+    return res, {f.kind for f in found}
+
+
+@pytest.mark.parametrize("layout,version,defect,counter", [
+    ("full-multi-pd", "0.33.0", "pd_finish_before_write", "pd_loads"),
+    ("full-tiering-fs", "0.33.0", "promote_reversed_keys", "loads"),
+    ("mamba-all", "0.31.0", "load_dst_shift", "loads"),
+])
+def test_an_axis_finds_its_planted_defect_and_its_clean_point_none(layout, version, defect, counter, workers):
+    env, w = workers(version)
+    res, kinds = _run(w, version, layout)
+    assert kinds == set(), kinds
+    assert res["stats"][counter] > 0
+    _, kinds = _run(w, version, layout, defect)
+    assert set(BY_NAME[defect].catches) <= kinds
