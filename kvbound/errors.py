@@ -74,7 +74,7 @@ class TraceError(KvboundError, RuntimeError):
 
 
 class LayoutUnsupported(TraceError):
-    """The release lacks what a trace layout needs (``kvbound.trace.layouts.layout_support``):
+    """The release lacks what a trace layout needs (``kvbound.trace.space.support``):
     the layout is skipped with this one line, and the run goes on."""
 
 

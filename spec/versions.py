@@ -57,8 +57,11 @@ ARRIVALS: dict[str, tuple[str, str]] = {
     "multi_connector": ("0.21.0", "MultiConnector(KVConnectorBase_V1, SupportsHMA) takes an out-of-tree child by "
                                   "kv_connector_module_path (0.21.0 kv_connector/v1/multi_connector.py:128, "
                                   "vllm/config/kv_transfer.py:63; the first tree kvbound prepares)"),
-    "tiering_fs": ("0.22.0", "TieringOffloadingSpec and its file-system tier, registered in the spec factory "
-                             "(0.22.1 v1/kv_offload/tiering/spec.py, tiering/fs/manager.py; 0.21.0 has no tiering/)"),
+    "tiering_fs": ("0.30.0", "TieringOffloadingSpec's secondary-tier jobs name the primary chunks they copy, "
+                             "TransferJob(keys, chunk_ids) (0.30.0 v1/kv_offload/tiering/base.py:60-67), which is "
+                             "what shadow KV follows a file-system tier's copies by; the spec and its file-system "
+                             "tier exist from 0.22.1 (tiering/spec.py, tiering/fs/manager.py), but 0.28.0-0.29.0 "
+                             "jobs carry no chunk ids and 0.22.1-0.27.0 have no TransferJob"),
     "schedule_end_hook": ("0.23.0", "OffloadingManager.on_schedule_end (0.23.0 v1/kv_offload/base.py:260)"),
     "offload_prompt_only": ("0.23.0", "kv_connector_extra_config offload_prompt_only (0.23.0 v1/kv_offload/base.py:397; "
                                       "no 0.22.1 file names it)"),

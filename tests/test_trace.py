@@ -154,19 +154,19 @@ def test_each_need_of_a_layout_is_a_release_table_column():
     ("swa-sync", "0.32.0", "sync_load_budget_bytes"),
 ])
 def test_a_layout_the_release_cannot_run_is_one_line_with_the_vllm_lines(layout, version, why):
-    from kvbound.trace.layouts import layout_support
+    from kvbound.trace.space import support
 
-    line = layout_support(layout, version)
+    line = support(layout, version)
     assert line and why in line and "\n" not in line and line.startswith(f"vllm {version} cannot run")
 
 
 def test_every_layout_runs_on_033_and_the_first_supporting_release_of_each_need():
-    from kvbound.trace.layouts import layout_support
+    from kvbound.trace.space import support
 
-    assert all(layout_support(name, "0.33.0") is None for name in LAYOUTS if name != "mamba-all")  # "all" left in 0.32
-    assert layout_support("mamba-block", "0.23.0") is None and layout_support("mamba", "0.26.0") is None
-    assert layout_support("chunked", "0.28.0") is None and layout_support("eagle", "0.29.0") is None
-    assert [n for n in LAYOUTS if layout_support(n, "0.21.0") is None] == ["full", "swa", "full-multi-pd",
+    assert all(support(name, "0.33.0") is None for name in LAYOUTS if name != "mamba-all")  # "all" left in 0.32
+    assert support("mamba-block", "0.23.0") is None and support("mamba", "0.26.0") is None
+    assert support("chunked", "0.28.0") is None and support("eagle", "0.29.0") is None
+    assert [n for n in LAYOUTS if support(n, "0.21.0") is None] == ["full", "swa", "full-multi-pd",
                                                                           "swa-multi-pd", "bpc2"]
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from kvbound.side.defects import BY_NAME
 from kvbound.trace import runner as R
-from kvbound.trace.layouts import LAYOUTS, layout_support
+from kvbound.trace.layouts import LAYOUTS
+from kvbound.trace.space import support
 
 NEW = {"full-multi-pd": "composition", "swa-multi-pd": "composition", "full-tiering-fs": "offload_spec",
        "mamba-all": "mamba_cache_mode"}
@@ -26,16 +27,17 @@ def test_the_new_axes_leave_every_other_layouts_job_as_it_was():
 @pytest.mark.parametrize("layout,version,why", [
     ("mamba-all", "0.32.0", "vllm/config/cache.py:63"),
     ("full-tiering-fs", "0.21.0", "tiering"),
+    ("full-tiering-fs", "0.29.0", "chunk_ids"),
     ("full-tiering-fs", "0.22.1", "on_schedule_end"),
 ])
 def test_a_release_without_the_axis_value_is_one_line(layout, version, why):
-    line = layout_support(layout, version)
+    line = support(layout, version)
     assert line and why in line and "\n" not in line
 
 
 def test_each_axis_value_runs_where_the_table_says():
-    assert layout_support("mamba-all", "0.23.0") is None and layout_support("mamba-all", "0.31.0") is None
-    assert layout_support("full-tiering-fs", "0.23.0") is None and layout_support("full-multi-pd", "0.21.0") is None
+    assert support("mamba-all", "0.23.0") is None and support("mamba-all", "0.31.0") is None
+    assert support("full-tiering-fs", "0.30.0") is None and support("full-multi-pd", "0.21.0") is None
 
 
 def _run(w, version, layout, mutant=None, n=80):

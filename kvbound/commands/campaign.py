@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, KvboundError, PrepareError, ReportInputError, UsageError
+from kvbound.trace import space
 from kvbound.options import CAMPAIGN_PLAN, CAMPAIGN_SHRINK, RunOptions, ShrinkOptions, TraceOptions
 from kvbound.records import CampaignRecord
 
@@ -50,6 +51,7 @@ def register(sub):
     p.add_argument("--html", metavar="FILE", help="the matrix and the findings drawn, one HTML page")
     p.add_argument("--baseline", metavar="FILE", help="an earlier campaign's JSON: exit 1 only on a finding"
                    " (key, release) it does not hold, and name the ones it holds that are gone (for CI)")
+    space.add_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -72,7 +74,7 @@ def plan(args) -> tuple[list, list]:
     releases = expand_releases(args.vllm)
     for v in releases:
         variant_for_version(v)  # UnsupportedVersion: one line, exit 2
-    layouts = tuple(dict.fromkeys(args.layout)) or tuple(LAYOUTS)
+    layouts = tuple(space.chosen(args))
     columns = list(releases)
     src_col = None
     if args.vllm_src:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kvbound.conform.prepare import ReleaseEnv
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, PrepareError, TraceError, UsageError
+from kvbound.trace import space
 from kvbound.options import TRACE_PLAN, TRACE_SHRINK, RunOptions, ShrinkOptions, TraceOptions
 from kvbound.records import TraceRecord
 from kvbound.spec import case_from_dict, plan_for_version, variant_for_version
@@ -57,6 +58,7 @@ def register(sub):
     p.add_argument("--replay", metavar="F", help="rerun a trace file's requests and say if its finding reproduces")
     p.add_argument("--reshrink", action="store_true",
                    help="with --replay: shrink the reproduced finding further and save it under --out")
+    space.add_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -106,7 +108,7 @@ def run(args) -> int:
         return replay(args)
     if (args.requests is not None and args.requests < 1) or args.segment < 1:
         raise UsageError("--requests and --segment must be >= 1")
-    layouts = list(dict.fromkeys(args.layout)) or list(LAYOUTS)
+    layouts = space.chosen(args)
     n = args.requests if args.requests is not None else \
         replace(TRACE_PLAN, budget_s=args.budget).requests_per_layout(len(layouts))
     overrides = tuple(parse_override(it) for it in args.engine)

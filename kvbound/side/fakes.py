@@ -186,7 +186,7 @@ def settle_tiers(m, tap):
         for tier in m.secondary_tiers:
             tier.drain_jobs()  # the pool's wait_idle (fs/manager.py:330-332)
             lm = getattr(tier, "_lookup_manager", None)
-            if lm is not None and any(st.phase.name == "IN_FLIGHT" for st in lm._lookup_state.values()):
+            if lm is not None and any(_in_flight(st) for st in lm._lookup_state.values()):
                 _wait(lambda: lm._pending_results.qsize() > 0, "the %s tier's lookup batch" % tier.tier_type)
 
     def get_finished_jobs(call):
@@ -195,6 +195,15 @@ def settle_tiers(m, tap):
     tap.around(m, "on_schedule_end", on_schedule_end)
     for tier in m.secondary_tiers:
         tap.around(tier, "get_finished_jobs", get_finished_jobs)
+
+
+def _in_flight(state):
+    """A lookup probe submitted to the tier's thread and not yet answered: 0.30 gave each probe a
+    ``LookupPhase`` (0.30.0 v1/kv_offload/tiering/async_lookup.py:53, ``IN_FLIGHT``); before, a
+    probe without a result is in flight once ``flush`` has submitted the batch (0.29.0
+    async_lookup.py:47-50,147-158). Probed by feature."""
+    phase = getattr(state, "phase", None)
+    return phase.name == "IN_FLIGHT" if phase is not None else state.result is None
 
 
 def _wait(ready, what, timeout_s=60.0):

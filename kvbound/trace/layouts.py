@@ -123,8 +123,9 @@ MAMBA_CACHE_ALL = Need("mamba_cache_all", "CacheConfig.mamba_cache_mode \"all\" 
 MULTI_CONNECTOR = Need("multi_connector", "the OffloadingConnector inside vLLM's MultiConnector beside an"
                        " out-of-tree HMA connector needs MultiConnector(SupportsHMA) and kv_connector_module_path"
                        " (0.21.0 kv_connector/v1/multi_connector.py:128, vllm/config/kv_transfer.py:63)")
-TIERING_FS = Need("tiering_fs", "TieringOffloadingSpec with a file-system tier arrived in 0.22 (and kvbound settles its threads at on_schedule_end, schedule_end_hook)"
-                  " (0.22.1 v1/kv_offload/tiering/spec.py, tiering/fs/manager.py; 0.21.0 has no tiering/)")
+TIERING_FS = Need("tiering_fs", "shadow KV follows a file-system tier's copies by the primary chunk ids its"
+                  " jobs carry, TransferJob(keys, chunk_ids), which arrived in 0.30 (0.30.0"
+                  " v1/kv_offload/tiering/base.py:60-67; the tiering spec itself exists from 0.22.1, tiering/spec.py)")
 _MAMBA = (MAMBA_EXTERNAL_KV,)
 _MAMBA16 = _MAMBA + (PREFIX_MATCH_UNIT,)
 
@@ -274,15 +275,3 @@ def max_prompt_tokens(layout: dict, engine: dict) -> int:
     b = max(block_sizes(layout))
     n_groups = len(layout["groups"])
     return max(b, (engine["num_gpu_blocks"] - 1) // n_groups * b // 2)
-
-
-def layout_support(layout_name: str, version: str) -> str | None:
-    """None when vLLM ``version`` can run ``layout_name``; else one line saying why not,
-    with the vLLM lines (read from the release table's row for ``version``)."""
-    from kvbound.spec import release_features
-
-    feats = release_features(version)
-    missing = [need.why for need in LAYOUTS[layout_name].needs if not getattr(feats, need.column)]
-    if not missing:
-        return None
-    return f"vllm {version} cannot run layout {layout_name}: " + "; ".join(missing)

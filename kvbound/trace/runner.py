@@ -23,7 +23,7 @@ from kvbound.options import WORKERS
 from kvbound.side import findings
 
 from .callcheck import check_call
-from .layouts import LAYOUTS, layout_support
+from .space import resolve, support
 from .workload import workload
 
 STAT_KEYS = ("requests", "steps", "lookups", "loads", "partial_hits", "partial_tails", "stores",
@@ -113,8 +113,9 @@ class LayoutSummary:
 
 
 def make_job(layout_name: str, seed, n: int, first_id: int, sched: str, overrides=None) -> dict:
-    layout = LAYOUTS[layout_name].job_layout()
-    params = dict(LAYOUTS[layout_name].params(), **(overrides or {}))
+    point = resolve(layout_name)
+    layout = point.job_layout()
+    params = dict(point.params(), **(overrides or {}))
     params["seed"] = repr(seed)
     params["async"] = sched == "async"
     return {"layout": layout, "params": params,
@@ -194,7 +195,7 @@ def run_trace(env: ReleaseEnv, layouts, n_requests: int, seed: int = 0, segment:
     summaries, findings = [], []
     try:
         for name in layouts:
-            why = layout_support(name, env.version)
+            why = support(name, env.version)
             if why is not None:  # the caller says it in one line and goes on with the next layout
                 raise LayoutUnsupported(why)
             s = LayoutSummary(name)

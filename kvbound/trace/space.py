@@ -1,0 +1,214 @@
+"""The configuration space ``kvbound trace`` and ``kvbound campaign`` explore.
+
+A *point* is a named layout (its model: groups, block sizes, hash unit, drafter; and its
+settings) with a value on every axis, plus the seed its traffic is drawn from. A named layout
+(``layouts.LAYOUTS``) is the point whose axes all keep the layout's own values, so a point is
+spelled ``<layout>`` or ``<layout>@<axis>=<value>,...`` (axes in ``AXES`` order, only those
+moved off the layout's value): ``mamba-eagle-untagged@prefix_burst_p=0.5``. That name is what
+a campaign cell, a finding and its trace file carry; ``resolve`` turns it back into the
+``Layout`` record the worker builds, so every point replays from its name.
+
+Each axis declares its values and, per value, what it needs of a release (a ``Need``: a column
+of the one release table, with the vLLM lines) and of the layout (``applies``): a point a
+release cannot run is one line saying why (``support``), never a traceback.
+
+``--axis K=V1,V2`` pins (one value) or widens (several) an axis on the command line: the run
+then covers every base layout times every combination (``points``); ``--explore N`` adds N
+points drawn from the whole space with the run's seed (``explore``), with no clock involved,
+so the same command gives the same points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from dataclasses import dataclass
+
+from . import layouts as L
+
+MAMBA_KINDS = (L.MAMBA,)
+SCRIPT_KEYS = ("pending_p", "retry_p", "evict_p", "stall_p")  # the scripted tier's (side/engine.py Release.build)
+
+
+def _has_mamba(lay: L.Layout) -> bool:
+    return any(g["kind"] in MAMBA_KINDS for g in lay.groups)
+
+
+def _always(lay: L.Layout) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One axis: its values as the command line spells them, where a value goes (a ``Layout``
+    field, or ``engine`` for an engine setting of ``layouts.ENGINE_PARAMS``), what each value
+    needs of a release, and which layouts it applies to."""
+
+    name: str
+    values: tuple  # strings, the first one each layout's default unless it sets its own
+    doc: str
+    target: str  # "field" (a Layout field) or "engine" (an ENGINE_PARAMS setting)
+    needs: dict = dataclasses.field(default_factory=dict)  # value -> (Need, ...)
+    applies: object = _always  # Layout -> bool
+    applies_doc: str = ""
+
+    def parse(self, text: str):
+        if self.target == "engine":
+            return L.OVERRIDES[self.name].parse(text) if self.name in L.OVERRIDES else float(text)
+        return int(text) if text.isdigit() else text
+
+    def value_of(self, lay: L.Layout) -> str:
+        """The layout's own value on this axis, as the command line spells it."""
+        v = lay.params().get(self.name) if self.target == "engine" else getattr(lay, self.name)
+        if v is None:
+            return self.values[0]
+        return str(v).lower() if isinstance(v, bool) else str(v)
+
+    def apply(self, lay: L.Layout, text: str) -> L.Layout:
+        value = self.parse(text)
+        if self.target == "engine":
+            return dataclasses.replace(lay, engine=dict(lay.engine, **{self.name: value}),
+                                       needs=lay.needs + self.needs.get(text, ()))
+        field_value = None if text == self.values[0] and self.name in _NONE_DEFAULT else value
+        return dataclasses.replace(lay, needs=lay.needs + self.needs.get(text, ()), **{self.name: field_value})
+
+
+_NONE_DEFAULT = ("mamba_cache_mode", "composition", "offload_spec")  # Layout fields whose None is the first value
+
+AXES = (
+    Axis("blocks_per_chunk", ("1", "2", "4"), "GPU blocks per offloaded chunk", "field"),
+    Axis("mamba_cache_mode", ("align", "all"), "CacheConfig.mamba_cache_mode", "field",
+         {"all": (L.MAMBA_CACHE_ALL,)}, _has_mamba, "Mamba layouts only"),
+    Axis("composition", ("alone", "multi-pd"), "the OffloadingConnector alone, or in a MultiConnector after a"
+         " P/D consumer (side/pd_connector.py)", "field", {"multi-pd": (L.MULTI_CONNECTOR,)}),
+    Axis("offload_spec", ("cpu", "tiering-fs"), "CPUOffloadingSpec, or TieringOffloadingSpec with its file-system"
+         " tier", "field", {"tiering-fs": (L.TIERING_FS, L.SCHEDULE_END_HOOK)}),
+    Axis("offload_prompt_only", ("true", "false"), "offload the prompt only, or decoded tokens too", "engine",
+         {"false": (L.OFFLOAD_PROMPT_ONLY,)}),
+    Axis("prefix_burst_p", ("0.0", "0.3", "0.5"), "the share of requests that start a shared-prefix burst",
+         "engine"),
+    Axis("abort_p", ("0.04", "0.0", "0.2"), "the share of requests aborted 0..8 steps after arrival", "engine"),
+    Axis("evict_p", ("0.0", "0.1", "0.3"), "the scripted tier evicts chunks a lookup just confirmed", "engine",
+         {v: (L.SCHEDULE_END_HOOK,) for v in ("0.1", "0.3")}),
+    Axis("stall_p", ("0.0", "0.05"), "the scripted tier's writes that never complete", "engine",
+         {"0.05": (L.SCHEDULE_END_HOOK,)}),
+)
+BY_NAME = {a.name: a for a in AXES}
+
+
+def _usage(msg: str):
+    from kvbound.errors import UsageError
+
+    return UsageError(msg)
+
+
+def parse_axis(item: str) -> tuple:
+    """One ``--axis K=V1,V2``: (axis, (values...)), or a UsageError naming the axis or value
+    and what is allowed."""
+    k, sep, v = item.partition("=")
+    if not sep or k not in BY_NAME:
+        raise _usage(f"--axis {item!r}: expected K=V[,V...] with K one of {', '.join(BY_NAME)}")
+    values = tuple(dict.fromkeys(x.strip().lower() for x in v.split(",") if x.strip()))
+    bad = [x for x in values if x not in BY_NAME[k].values]
+    if bad or not values:
+        raise _usage(f"--axis {item!r}: {k} takes {', '.join(BY_NAME[k].values)}")
+    return k, values
+
+
+def point_name(base: str, moved: dict) -> str:
+    """The point's name: the layout, then the axes moved off the layout's own values."""
+    lay = L.LAYOUTS[base]
+    parts = [f"{a.name}={moved[a.name]}" for a in AXES if a.name in moved and moved[a.name] != a.value_of(lay)]
+    return base + ("@" + ",".join(parts) if parts else "")
+
+
+def split(name: str) -> tuple:
+    """(layout, {axis: value}) of a point's name; a UsageError names what is wrong."""
+    base, _, rest = name.partition("@")
+    if base not in L.LAYOUTS:
+        raise _usage(f"point {name!r}: layout {base!r} is not one of {', '.join(sorted(L.LAYOUTS))}")
+    moved = {}
+    for item in filter(None, rest.split(",")):
+        k, sep, v = item.partition("=")
+        if not sep or k not in BY_NAME or v not in BY_NAME[k].values:
+            allowed = f"{k} takes {', '.join(BY_NAME[k].values)}" if k in BY_NAME else f"K one of {', '.join(BY_NAME)}"
+            raise _usage(f"point {name!r}: {item!r} is not an axis value K=V ({allowed})")
+        moved[k] = v
+    return base, moved
+
+
+def resolve(name: str) -> L.Layout:
+    """The ``Layout`` record a point's name stands for (a named layout: itself)."""
+    base, moved = split(name)
+    lay = L.LAYOUTS[base]
+    for a in AXES:
+        if a.name in moved and moved[a.name] != a.value_of(L.LAYOUTS[base]):
+            lay = a.apply(lay, moved[a.name])
+    return dataclasses.replace(lay, name=point_name(base, moved))
+
+
+def support(name: str, version: str) -> str | None:
+    """None when vLLM ``version`` can run the point ``name``; else one line saying why not: an
+    axis value its layout cannot take, or what the release lacks (the release table's row for
+    ``version``, with the vLLM lines)."""
+    from kvbound.spec import release_features
+
+    base, moved = split(name)
+    for a in AXES:
+        if a.name in moved and moved[a.name] != a.value_of(L.LAYOUTS[base]) and not a.applies(L.LAYOUTS[base]):
+            return f"point {name}: {a.name} applies to {a.applies_doc}"
+    lay = resolve(name)
+    if lay.offload_spec is not None and any(lay.params().get(k) for k in SCRIPT_KEYS):
+        return f"point {name}: the scripted tier ({', '.join(SCRIPT_KEYS)}) is a CPU spec, not {lay.offload_spec}"
+    feats = release_features(version)
+    missing = list(dict.fromkeys(need.why for need in resolve(name).needs if not getattr(feats, need.column)))
+    if not missing:
+        return None
+    return f"vllm {version} cannot run layout {name}: " + "; ".join(missing)
+
+
+def points(bases, pinned: dict) -> list:
+    """Every base layout times every combination of the pinned axes' values (``--axis``), as
+    point names, in order: bases first, then the axes in ``AXES`` order."""
+    axes = [a for a in AXES if a.name in pinned]
+    out = []
+    for base in bases:
+        for combo in itertools.product(*(pinned[a.name] for a in axes)):
+            out.append(point_name(base, {a.name: v for a, v in zip(axes, combo)}))
+    return list(dict.fromkeys(out))
+
+
+def explore(bases, n: int, seed) -> list:
+    """``n`` points drawn from the whole space with ``seed``: a base layout, then on each axis
+    that applies to it one of its values (the layout's own value half the time)."""
+    rng = random.Random(f"explore-{seed!r}")
+    out = []
+    for _ in range(n):
+        base = rng.choice(list(bases))
+        lay = L.LAYOUTS[base]
+        moved = {a.name: rng.choice(a.values) for a in AXES if a.applies(lay) and rng.random() < 0.5}
+        out.append(point_name(base, moved))
+    return list(dict.fromkeys(out))
+
+
+def add_arguments(p) -> None:
+    """The space's options of ``kvbound trace`` and ``kvbound campaign``."""
+    p.add_argument("--axis", action="append", default=[], metavar="K=V[,V]",
+                   help="pin (one value) or widen (several) an axis over every layout run: "
+                        + "; ".join(f"{a.name} ({'|'.join(a.values)})" for a in AXES) + " (docs/trace.md)")
+    p.add_argument("--point", action="append", default=[], metavar="NAME",
+                   help="run a point by name, as a finding names it: LAYOUT[@K=V,...]; repeatable")
+    p.add_argument("--explore", type=int, default=0, metavar="N",
+                   help="add N points drawn from the whole space with the run's seed")
+
+
+def chosen(args) -> list:
+    """The points a command line names: each --layout (every layout, unless only --point is
+    given) times the --axis values, then each --point, then --explore's draws."""
+    if args.explore < 0:
+        raise _usage("--explore must be >= 0")
+    pinned = dict(parse_axis(item) for item in args.axis)
+    named = [point_name(*split(name)) for name in args.point]
+    bases = list(dict.fromkeys(args.layout)) or ([] if named and not pinned else list(L.LAYOUTS))
+    return list(dict.fromkeys(points(bases, pinned) + named + explore(L.LAYOUTS, args.explore, args.seed)))
