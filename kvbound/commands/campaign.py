@@ -25,7 +25,8 @@ def register(sub):
         "matrix of releases x layouts, each distinct finding once with the releases that have it (first, "
         "last) and where it stops, findings by class (crash, plan, data, store, lookup, liveness, "
         "lifecycle, premise, harness). Shards (a release and its layouts) run in a local process pool, or "
-        "on a Ray cluster with --ray. The same command gives the same JSON, byte for byte. Exit 1 on a "
+        "on a Ray cluster with --ray. The same command gives the same JSON, byte for byte, but for each finding's "
+        "detect.cpu_s (the CPU time of the traffic before it was first seen, a measurement). Exit 1 on a "
         "finding, 2 on a harness fault or a release that cannot be prepared.",
     )
     p.add_argument("--vllm", action="append", default=[], metavar="X",

@@ -5,13 +5,15 @@ layouts and the trace options (``kvbound.options.TraceOptions``). A shard is one
 session (``session.run_release``: one worker process, its layouts, each distinct finding
 shrunk and kept) and returns plain JSON. Shards run in a local process pool, or on a Ray
 cluster (``ray_shards``); both run the same ``run_shard`` on the same shard JSON, so the
-merged document (``merge``) is the same, byte for byte, wherever it ran.
+merged document (``merge``) is the same, byte for byte, wherever it ran, but for each finding's
+``detect.cpu_s``, a measurement (``kvbound.records.reproducible`` leaves it out).
 
 Reproducible: the shard plan is computed from the command line alone. ``--budget`` is
 turned into requests per layout by a fixed planning rate (``kvbound.options.PlanOptions``),
 not by a clock, so two runs of one command trace the same requests; the worker runs
 with a fixed ``PYTHONHASHSEED`` (``kvbound.options.WORKERS.hash_seed``). Wall-clock
-figures never enter the document; they go to ``timings`` beside it.
+figures never enter the document; they go to ``timings`` beside it. With ``--coverage`` each
+shard also returns the union of its jobs' connector coverage (``kvbound/trace/coverage.py``).
 """
 
 from __future__ import annotations
