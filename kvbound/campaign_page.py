@@ -232,7 +232,7 @@ def finding_figure(f: CampaignFinding, number: int, total_columns: int, findings
     where = (f"on vllm {f.first}" + (f" .. {f.last}" if f.last != f.first else "")
              + f" ({len(f.columns)} of {total_columns} release(s) traced)"
              + (f"; absent from {f.stops_at}" if f.stops_at else ""))
-    detect = getattr(f, "detect", None)  # the record's time to detect (issue 25 item 7), where measured
+    detect = f.detect  # the traffic before it was first seen, where measured
     if detect:
         where += (f"; first seen at {detect.get('point')} after {detect.get('requests')} request(s),"
                   f" {detect.get('cpu_s')} CPU-s of traffic")
@@ -333,7 +333,7 @@ def html_page(doc: CampaignRecord, findings_dir: str) -> str:
                 Section("findings", "Distinct findings, drawn", join(figures) if figures else Markup("<p>none</p>"),
                         summary=f"{len(doc.findings)} distinct: {n_safety} safety,"
                                 f" {len(doc.findings) - n_safety} efficiency", failed=bool(n_safety)),
-                coverage_section(getattr(doc, "coverage", None), doc.columns)]  # the record's, where measured
+                coverage_section(doc.coverage, doc.columns)]
     legend = html('<div>slot contents (data and store findings): {}</div>', Markup(content_legend_svg()))
     if any((f.example or {}).get("case") for f in doc.findings):
         legend += html("<div>a load's block tables (plan findings): {}</div>", Markup(legend_svg()))

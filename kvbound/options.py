@@ -63,6 +63,7 @@ class RunOptions:
     scheduler: str = "both"  # sync, async, or alternate segments
     stop_on_first: bool = False  # stop a layout at its first finding
     overrides: tuple = ()  # ((key, value), ...): engine settings of every layout (--engine)
+    coverage: bool = False  # measure the connector code's line coverage (kvbound/side/cover.py)
 
 
 @dataclass(frozen=True)
@@ -83,3 +84,7 @@ class TraceOptions:
 # campaign is many, planned for an hour, each finding shrunk less.
 TRACE_PLAN, CAMPAIGN_PLAN = PlanOptions(budget_s=300.0), PlanOptions(budget_s=3600.0)
 TRACE_SHRINK, CAMPAIGN_SHRINK = ShrinkOptions(budget=150), ShrinkOptions(budget=60)
+# Line coverage of the connector code (--coverage): off by default, as it costs more than the 30 %
+# of the traffic rate a default may (measured: docs/benchmarks.md "Coverage"; any trace function
+# slows every frame of CPython 3.11, the side venv's Python)
+CAMPAIGN_COVERAGE = False

@@ -340,9 +340,13 @@ class TraceRecord:
     layouts: list  # per layout: its stats, captured_calls, spec_agree, not_judged, findings
     skipped: list  # [{layout, why}]
     findings: list  # [{kind, class, safety, layout, detail, file}]
+    coverage: dict | None = None  # --coverage: relpath -> CampaignRecord's per-file form
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["coverage"] is None:
+            del d["coverage"]
+        return d
 
 
 @dataclass
@@ -359,10 +363,16 @@ class CampaignFinding:
     stops_at: str | None  # the first later column whose run of its layouts was clean
     cells: list  # [column, layout, count, requests after shrinking, file]
     example: dict | None
+    # when it was first seen: {"point": "<column>, layout L, seed S, segment I", "requests": the
+    # point's requests before that step, "cpu_s": the worker's CPU seconds of that traffic (a
+    # measurement, left out by ``reproducible``)}; None in documents older than it
+    detect: dict | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["class"] = d.pop("finding_class")
+        if d["detect"] is None:
+            del d["detect"]
         return d
 
     @classmethod
@@ -371,7 +381,8 @@ class CampaignFinding:
                    finding_class=need(d, "class", where, str), safety=need(d, "safety", where, bool),
                    columns=_list(d, "columns", where), first=need(d, "first", where, str),
                    last=need(d, "last", where, str), stops_at=need(d, "stops_at", where, _OPT_STR),
-                   cells=_list(d, "cells", where), example=need(d, "example", where, _OPT_DICT))
+                   cells=_list(d, "cells", where), example=need(d, "example", where, _OPT_DICT),
+                   detect=_optional(d, "detect", where, _OPT_DICT, None))
 
 
 @dataclass
@@ -383,10 +394,16 @@ class CampaignRecord:
     matrix: dict  # column -> layout -> {outcome, why | stats and counters, findings: [key]}
     findings: list[CampaignFinding]
     by_class: dict  # column -> class -> distinct findings
+    # column -> relpath -> {statements, executed, missing, unreached} (kvbound/trace/coverage.py
+    # Coverage.document); None: not measured (--no-coverage)
+    coverage: dict | None = None
 
     def to_json(self) -> dict:
-        return {"format": CAMPAIGN_FORMAT, "columns": self.columns, "matrix": self.matrix,
-                "findings": [f.to_json() for f in self.findings], "by_class": self.by_class}
+        d = {"format": CAMPAIGN_FORMAT, "columns": self.columns, "matrix": self.matrix,
+             "findings": [f.to_json() for f in self.findings], "by_class": self.by_class}
+        if self.coverage is not None:
+            d["coverage"] = self.coverage
+        return d
 
     @classmethod
     def from_json(cls, d, where: str = "campaign JSON") -> CampaignRecord:
@@ -398,4 +415,19 @@ class CampaignRecord:
         return cls(columns=_list(d, "columns", where), matrix=matrix,
                    findings=[CampaignFinding.from_json(f, f"{where}.findings[{i}]")
                              for i, f in enumerate(_list(d, "findings", where))],
-                   by_class=need(d, "by_class", where, dict))
+                   by_class=need(d, "by_class", where, dict),
+                   coverage=_optional(d, "coverage", where, _OPT_DICT, None))
+
+
+MEASURED = ("cpu_s",)  # the fields of a campaign document's findings' detect that measure, not count
+
+
+def reproducible(doc: dict) -> dict:
+    """A campaign document (``CampaignRecord.to_json``) less its measurements (each finding's
+    ``detect.cpu_s``: CPU time, which no two runs share): what two runs of one command hold
+    byte for byte, wherever they ran."""
+    out = dict(doc, findings=[dict(f) for f in doc.get("findings", ())])
+    for f in out["findings"]:
+        if isinstance(f.get("detect"), dict):
+            f["detect"] = {k: v for k, v in f["detect"].items() if k not in MEASURED}
+    return out

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The campaign's time in the local process pool and on a 2-node Ray cluster on this machine
 # (two raylets of 1 CPU each: `ray start --head` plus `ray start --address`), the same shards,
-# in one run: the wall of each, their ratio and whether the two JSON documents are identical.
+# in one run: the wall of each, their ratio and whether the two JSON documents are identical
+# (but for each finding's detect.cpu_s, a measurement: kvbound.records.reproducible).
 #   scripts/bench_campaign_ray.sh [campaign args...]   (default: the full matrix 0.21.0..0.33.0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,12 +24,13 @@ nodes=$("$BIN/python" -c 'import ray; ray.init(address="auto", log_to_driver=Fal
 t2=$(date +%s.%N)
 "$BIN/kvbound" campaign "${ARGS[@]}" --ray auto --quiet --json "$OUT/ray.json" --out "$OUT/rf" >/dev/null || true
 t3=$(date +%s.%N)
-python3 - "$t0" "$t1" "$t2" "$t3" "$nodes" "$OUT" "${ARGS[*]}" <<'PY'
+"$BIN/python" - "$t0" "$t1" "$t2" "$t3" "$nodes" "$OUT" "${ARGS[*]}" <<'PY'
 import json, sys
+from kvbound.records import reproducible
 t0, t1, t2, t3 = map(float, sys.argv[1:5])
 nodes, out, args = sys.argv[5], sys.argv[6], sys.argv[7]
-local, ray = open(f"{out}/local.json").read(), open(f"{out}/ray.json").read()
-cells = sum(len(v) for v in json.loads(local)["matrix"].values())  # release -> layout -> cell
+local, ray = (reproducible(json.load(open(f"{out}/{n}.json"))) for n in ("local", "ray"))
+cells = sum(len(v) for v in local["matrix"].values())  # release -> layout -> cell
 print(f"kvbound campaign {args}")
 print(f"  local pool, 2 workers:          {t1 - t0:7.1f} s")
 print(f"  Ray cluster, {nodes} nodes x 1 CPU:   {t3 - t2:7.1f} s (cluster start not counted)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -10,8 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, KvboundError, PrepareError, ReportInputError, UsageError
+from kvbound.options import CAMPAIGN_COVERAGE, CAMPAIGN_PLAN, CAMPAIGN_SHRINK, RunOptions, ShrinkOptions, TraceOptions
 from kvbound.trace import space
-from kvbound.options import CAMPAIGN_PLAN, CAMPAIGN_SHRINK, RunOptions, ShrinkOptions, TraceOptions
 from kvbound.records import CampaignRecord
 
 
@@ -25,7 +26,8 @@ def register(sub):
         "matrix of releases x layouts, each distinct finding once with the releases that have it (first, "
         "last) and where it stops, findings by class (crash, plan, data, store, lookup, liveness, "
         "lifecycle, premise, harness). Shards (a release and its layouts) run in a local process pool, or "
-        "on a Ray cluster with --ray. The same command gives the same JSON, byte for byte. Exit 1 on a "
+        "on a Ray cluster with --ray. The same command gives the same JSON, byte for byte, but for each finding's "
+        "detect.cpu_s (the CPU time of the traffic before it was first seen, a measurement). Exit 1 on a "
         "finding, 2 on a harness fault or a release that cannot be prepared.",
     )
     p.add_argument("--vllm", action="append", default=[], metavar="X",
@@ -45,6 +47,10 @@ def register(sub):
                    " address, or local (a fresh local instance of --workers CPUs)")
     p.add_argument("--shrink-budget", type=int, default=CAMPAIGN_SHRINK.budget, metavar="R",
                    help="reruns per distinct finding")
+    p.add_argument("--coverage", action=argparse.BooleanOptionalAction, default=CAMPAIGN_COVERAGE,
+                   help="measure the line coverage of each release's connector code (coverage.py in the worker;"
+                        " the document's 'coverage', per file and release). Default off: it costs about 2/3 of"
+                        " the traffic rate on Python 3.11 (docs/benchmarks.md)")
     p.add_argument("--out", default="campaign-findings", metavar="DIR", help="where trace files go")
     p.add_argument("--json", metavar="FILE", help="the campaign document (deterministic)")
     p.add_argument("--timings", metavar="FILE", help="wall-clock figures per shard and layout (not reproducible)")
@@ -92,7 +98,7 @@ def plan(args) -> tuple[list, list]:
         plan_options = CAMPAIGN_PLAN if args.budget is None else replace(CAMPAIGN_PLAN, budget_s=args.budget)
         n = plan_options.requests_per_layout(len(columns) * len(layouts),
                                              workers if not args.ray else (args.workers or 2))
-    options = TraceOptions(RunOptions(n, args.seed), ShrinkOptions(args.shrink_budget))
+    options = TraceOptions(RunOptions(n, args.seed, coverage=args.coverage), ShrinkOptions(args.shrink_budget))
     shards = [Shard(v, layouts, options, column=v) for v in releases]
     if src_col:
         shards.append(Shard(releases[-1], layouts, options, src=str(src.resolve()), column=src_col))
@@ -227,4 +233,20 @@ def render(doc: CampaignRecord) -> str:
             stop = f"; absent from {f.stops_at}" if f.stops_at else ""
             lines.append(f"  [{f.finding_class}{'' if f.safety else ', efficiency'}] {f.key}: {f.first}"
                          f" .. {f.last} ({len(f.columns)} release(s)){stop}; layouts {where}")
+        lines += _time_to_detect(doc)
+    if doc.coverage:
+        from kvbound.trace.coverage import render as coverage_lines
+
+        lines += coverage_lines(doc.coverage)
     return "\n".join(lines)
+
+
+def _time_to_detect(doc: CampaignRecord) -> list:
+    """The median over the distinct findings of the traffic before each was first seen."""
+    from statistics import median
+
+    seen = [f.detect for f in doc.findings if f.detect]
+    if not seen:
+        return []
+    return [f"  time to detect (median of {len(seen)}): {median(d['requests'] for d in seen):g} requests,"
+            f" {median(d['cpu_s'] for d in seen):.2f} CPU-s of traffic"]

@@ -4,6 +4,7 @@ checked at every connector call."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -49,6 +50,9 @@ def register(sub):
                    help="Scheduler, AsyncScheduler, or alternate segments (default)")
     p.add_argument("--engine", action="append", default=[], metavar="K=V", help=engine_help())
     p.add_argument("--stop-on-first", action="store_true", help="stop a layout at its first finding")
+    p.add_argument("--coverage", action=argparse.BooleanOptionalAction, default=False,
+                   help="measure the line coverage of the release's connector code (coverage.py in the worker),"
+                        " print it per file and add it to --json (default off: docs/benchmarks.md)")
     p.add_argument("--no-shrink", action="store_true", help="save findings unshrunk")
     p.add_argument("--shrink-budget", type=int, default=TRACE_SHRINK.budget, metavar="R", help="reruns per shrink")
     p.add_argument("--out", default="trace-findings", metavar="DIR", help="where trace files go")
@@ -112,7 +116,8 @@ def run(args) -> int:
     n = args.requests if args.requests is not None else \
         replace(TRACE_PLAN, budget_s=args.budget).requests_per_layout(len(layouts))
     overrides = tuple(parse_override(it) for it in args.engine)
-    options = TraceOptions(RunOptions(n, args.seed, args.segment, args.scheduler, args.stop_on_first, overrides),
+    options = TraceOptions(RunOptions(n, args.seed, args.segment, args.scheduler, args.stop_on_first, overrides,
+                                      args.coverage),
                            ShrinkOptions(0 if args.no_shrink else args.shrink_budget))
     try:
         env = _env(args)
@@ -139,6 +144,11 @@ def run(args) -> int:
         print(f"\n== {n_found} finding(s), {len(kept)} distinct ==")
     for k in kept:
         print(describe(k.finding, str(k.path), k.shrunk_from))
+    covered = {env.version: res.coverage.document()} if res.coverage is not None else None
+    if covered:
+        from kvbound.trace.coverage import render as coverage_lines
+
+        print("\n".join(coverage_lines(covered)))
     total_req = sum(s.stats["requests"] for s in summaries)
     print(f"\n{total_req} requests in {wall:.1f} s ({total_req / max(wall, 1e-9):,.0f} requests/s on one"
           f" worker process), {n_found} finding(s)")
@@ -146,7 +156,8 @@ def run(args) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         doc = TraceRecord(env.version, args.seed, n, [_summary_json(s) for s in summaries], skipped, [
             {"kind": k.finding.kind, "class": k.finding.finding_class, "safety": k.finding.safety,
-             "layout": k.finding.layout, "detail": _short(k.finding.detail), "file": str(k.path)} for k in kept])
+             "layout": k.finding.layout, "detail": _short(k.finding.detail), "file": str(k.path)} for k in kept],
+            covered and covered[env.version])
         Path(args.json).write_text(json.dumps(doc.to_json(), indent=1) + "\n")
     if args.timings:
         Path(args.timings).write_text(json.dumps({"seconds": round(wall, 2), "layouts": [

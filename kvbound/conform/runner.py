@@ -34,6 +34,7 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
         self._err = tempfile.TemporaryFile(mode="w+")
+        self.extra_env: dict = {}  # what this role's worker is started with besides (trace: coverage)
 
     def start(self) -> dict:
         pyenv = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="ERROR",
@@ -41,6 +42,7 @@ class Worker:
                      PYTHONHASHSEED=WORKERS.hash_seed)  # a seeded trace repeats itself (options.py)
         if self.env.tree:
             pyenv["PYTHONPATH"] = self.env.tree
+        pyenv.update(self.extra_env)
         # -P keeps the worker's own directory (kvbound's sources) off sys.path.
         self.proc = subprocess.Popen(
             [self.env.python, "-P", str(WORKER), self.role], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

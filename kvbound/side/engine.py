@@ -16,6 +16,7 @@ model runner's output. Checked (``checks.py``): the lifecycle promises.
 
 import dataclasses
 import random
+import time
 
 from . import adapter, capture, checks, compose, defects, fakes, lookups, shadow, sidecar, tap
 
@@ -224,6 +225,7 @@ class Engine:
         self.last_lookup = {}
         self.loaded_keys = []
         self.step_no = 0
+        self.step_cpu = []  # process CPU time at the start of each step (the host's time to detect)
         # Shadow KV (docs/trace.md). Not under async scheduling with spec decode: a step is
         # scheduled before the previous one's rejections apply and the real runner corrects
         # its positions on the GPU (gpu_model_runner.py's deferred state corrections), which
@@ -388,6 +390,7 @@ class Engine:
                 self.violate("lifecycle:not_drained", None, "still running after %d steps" % max_steps)
                 break
             self.step_no += 1
+            self.step_cpu.append(time.process_time())
             if self.engine_busy():
                 self.stats["steps"] += 1
                 so = sched.schedule()

@@ -7,15 +7,35 @@ package only.
 Protocol: a hello line, then one JSON job per stdin line -> one JSON result line.
 A job's outcome is ``ok``, or a vLLM exception (raised inside vLLM's code: a finding), or
 a harness fault (raised in kvbound's own fakes or adapter: never a vLLM finding).
+
+A job with ``"coverage": true`` also returns the lines of the connector code it ran
+(``cover.py``), measured from before its engine is built to after its run; the worker must
+have been started to measure (``cover.ENV``). Every result carries ``step_cpu``: the worker's
+process CPU seconds since the job began, at the start of each step (the host's time to detect).
 """
 
 import time
 
-from . import compose, findings, sidecar
+from . import compose, cover, findings, sidecar
 
 
 def run_job(rel, job):
+    probe = getattr(rel, "coverage_probe", None) if job.get("coverage") else None
+    if job.get("coverage") and probe is None:
+        raise RuntimeError("the job asks for coverage of a worker started without it (%s=1)" % cover.ENV)
     t0, c0 = time.monotonic(), time.process_time()
+    if probe is not None:
+        probe.start()  # before the build: what its engine imports and runs counts
+    try:
+        res = _run(rel, job, t0, c0)
+    finally:
+        ran = probe.stop() if probe is not None else None
+    if probe is not None:
+        res["coverage"] = probe.report(ran)
+    return res
+
+
+def _run(rel, job, t0, c0):
     eng = rel.build(job["layout"], job["params"])
     res = {"ok": True}
     try:
@@ -35,7 +55,8 @@ def run_job(rel, job):
     if getattr(eng, "store_calls", None) is not None:  # store_contract.py: judged by spec/store.py on the host
         res["store_calls"] = eng.store_calls
     res.update(stats=eng.stats, cases=eng.cases, violations=eng.violations,
-               seconds=time.monotonic() - t0, cpu_seconds=time.process_time() - c0)
+               seconds=time.monotonic() - t0, cpu_seconds=time.process_time() - c0,
+               step_cpu=[round(c - c0, 4) for c in eng.step_cpu])
     return refuse_unknown_kinds(res, eng.step_no)
 
 
@@ -69,9 +90,17 @@ def handle(rel, msg):
 
 def main():
     def release():
+        probe = cover.probe_from_environment()
+        if probe is not None:
+            probe.start()  # before vLLM is imported: its modules' definitions are lines that run
         from .engine import Release
 
-        return Release()
+        rel = Release()
+        if probe is not None:
+            probe.stop(at_import=True)
+        rel.coverage_probe = probe
+        return rel
 
     return sidecar.serve(release, handle,
-                         lambda rel: {"scheduler_file": sidecar.portable_path(rel.scheduler_file)})
+                         lambda rel: {"scheduler_file": sidecar.portable_path(rel.scheduler_file),
+                                      "coverage": rel.coverage_probe is not None})

@@ -5,13 +5,15 @@ layouts and the trace options (``kvbound.options.TraceOptions``). A shard is one
 session (``session.run_release``: one worker process, its layouts, each distinct finding
 shrunk and kept) and returns plain JSON. Shards run in a local process pool, or on a Ray
 cluster (``ray_shards``); both run the same ``run_shard`` on the same shard JSON, so the
-merged document (``merge``) is the same, byte for byte, wherever it ran.
+merged document (``merge``) is the same, byte for byte, wherever it ran, but for each finding's
+``detect.cpu_s``, a measurement (``kvbound.records.reproducible`` leaves it out).
 
 Reproducible: the shard plan is computed from the command line alone. ``--budget`` is
 turned into requests per layout by a fixed planning rate (``kvbound.options.PlanOptions``),
 not by a clock, so two runs of one command trace the same requests; the worker runs
 with a fixed ``PYTHONHASHSEED`` (``kvbound.options.WORKERS.hash_seed``). Wall-clock
-figures never enter the document; they go to ``timings`` beside it.
+figures never enter the document; they go to ``timings`` beside it. With ``--coverage`` each
+shard also returns the union of its jobs' connector coverage (``kvbound/trace/coverage.py``).
 """
 
 from __future__ import annotations
@@ -56,7 +58,10 @@ def run_shard(shard_json: dict, progress=None, out_dir: str | None = None) -> di
     timings = {c.layout: {"seconds": round(c.seconds, 2), "cpu_seconds": round(c.summary.cpu_seconds, 2)}
                for c in res.cells if c.summary is not None}
     timings["seconds"] = round(res.seconds, 2)
-    return {"shard": shard.to_json(), "cells": [c.to_json() for c in res.cells], "timings": timings}
+    out = {"shard": shard.to_json(), "cells": [c.to_json() for c in res.cells], "timings": timings}
+    if res.coverage is not None:
+        out["coverage"] = res.coverage.to_json()
+    return out
 
 
 # ------------------------------------------------------------------------------ executors
@@ -132,12 +137,18 @@ def ray_shards(shards: list, address: str, progress=None, out_dir: str | None = 
 def merge(columns: list, results: list) -> CampaignRecord:
     """The campaign document: the matrix (column × layout: outcome, counters, findings),
     each distinct finding once with the columns that have it (first, last, where it
-    stops), and the count of findings by class per column. Deterministic: sorted keys,
-    no wall-clock figure."""
+    stops) and when it was first seen (``detect``: the cell that saw it after the fewest
+    requests), the count of findings by class per column, and (shards that measured it) the
+    coverage of each column's connector code, the union over its shards
+    (``kvbound/trace/coverage.py``). Deterministic: sorted keys, no wall-clock figure; the one
+    measurement, each detect's ``cpu_s``, is what ``records.reproducible`` leaves out."""
     from kvbound.side.findings import CLASSES
+
+    from .coverage import Coverage
 
     matrix: dict = {}
     distinct: dict = {}  # key -> (the first example, its cells)
+    detects: dict = {}  # key -> the detect of the fewest requests (the first such cell in order)
     order = {c: i for i, c in enumerate(columns)}
     results = sorted(results, key=lambda r: order.get(r["shard"]["column"], len(order)))
     for res in results:
@@ -147,8 +158,16 @@ def merge(columns: list, results: list) -> CampaignRecord:
             row["findings"] = sorted(f["key"] for f in cell["findings"])
             matrix.setdefault(col, {})[cell["layout"]] = row
             for f in cell["findings"]:
-                distinct.setdefault(f["key"], (f, []))[1].append(
+                distinct.setdefault(f["key"], ({k: v for k, v in f.items() if k != "detect"}, []))[1].append(
                     [col, cell["layout"], f["count"], len(f["segment"]["requests"]), f.get("file")])
+                if f.get("detect"):
+                    seen = dict(f["detect"], point=f"{col}, {f['detect']['point']}")
+                    if f["key"] not in detects or seen["requests"] < detects[f["key"]]["requests"]:
+                        detects[f["key"]] = seen
+    covered: dict = {}
+    for res in results:
+        if res.get("coverage") is not None:
+            covered.setdefault(res["shard"]["column"], Coverage()).add(res["coverage"])
     found = []
     for key in sorted(distinct):
         example, cells = distinct[key]
@@ -161,11 +180,12 @@ def merge(columns: list, results: list) -> CampaignRecord:
                       if any((matrix.get(c, {}).get(l) or {}).get("outcome") == "ran" for l in layouts)
                       and c not in have), None)
         found.append(CampaignFinding(key, example["kind"], example["class"], example["safety"], have, have[0],
-                                     have[-1], stops, cells, example))
+                                     have[-1], stops, cells, example, detects.get(key)))
     by_class = {col: {c: 0 for c in CLASSES} for col in columns}
     for f in found:
         for c in f.cells:
             by_class.setdefault(c[0], {k: 0 for k in CLASSES})[f.finding_class] += 1
-    return CampaignRecord(list(columns), matrix, found, by_class)
+    coverage = {c: covered[c].document() for c in columns if c in covered} if covered else None
+    return CampaignRecord(list(columns), matrix, found, by_class, coverage)
 
 

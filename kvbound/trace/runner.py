@@ -31,10 +31,15 @@ STAT_KEYS = ("requests", "steps", "lookups", "loads", "partial_hits", "partial_t
 
 
 class TraceWorker(Worker):
-    """conform's worker process, serving kvbound/side/trace_worker.py: one job per line."""
+    """conform's worker process, serving kvbound/side/trace_worker.py: one job per line.
+    ``coverage``: started to measure the connector code's coverage (kvbound/side/cover.py)."""
 
-    def __init__(self, env: ReleaseEnv):
+    def __init__(self, env: ReleaseEnv, coverage: bool = False):
         super().__init__(env, "trace")
+        if coverage:
+            from kvbound.side.cover import ENV
+
+            self.extra_env[ENV] = "1"
 
     def job(self, job: dict) -> dict:
         import json
@@ -62,6 +67,7 @@ class Finding:
     detail: dict
     segment: dict  # the job: layout, params, requests (what replays it)
     case: dict | None = None  # the captured call, when the finding is about one
+    detect: dict | None = None  # where and after how much traffic the trace first saw it (detect)
 
     def __post_init__(self):
         self.row = findings.row(self.kind)  # ValueError: a kind the table lacks
@@ -106,6 +112,7 @@ class LayoutSummary:
     cpu_seconds: float = 0.0  # the worker's CPU time stepping (one core), without vLLM's import
     first_finding_requests: int | None = None
     first_finding_seconds: float | None = None
+    new_lines: list = field(default_factory=list)  # per segment: connector statements no job had run
 
     def add(self, stats: dict) -> None:
         for k in STAT_KEYS:
@@ -176,8 +183,8 @@ def schedulers(which: str):
     return {"sync": ("sync",), "async": ("async",), "both": ("sync", "async")}[which]
 
 
-def start_worker(env: ReleaseEnv) -> TraceWorker:
-    w = TraceWorker(env)
+def start_worker(env: ReleaseEnv, coverage: bool = False) -> TraceWorker:
+    w = TraceWorker(env, coverage)
     try:
         w.start()
     except WorkerError as e:
@@ -187,11 +194,13 @@ def start_worker(env: ReleaseEnv) -> TraceWorker:
 
 def run_trace(env: ReleaseEnv, layouts, n_requests: int, seed: int = 0, segment: int = 400,
               sched: str = "both", progress=None, stop_on_first: bool = False, overrides=None,
-              worker: TraceWorker | None = None):
+              worker: TraceWorker | None = None, coverage=None):
     """Run ``n_requests`` per layout; returns (summaries, findings). ``progress(layout,
     done, total, summary)`` is called after every segment. A given ``worker`` is reused
-    (and left running)."""
-    w = worker or start_worker(env)
+    (and left running). ``coverage`` (a ``kvbound.trace.coverage.Coverage``, the worker started
+    to measure): every segment measures, its lines join it, its new lines go to the summary.
+    Each finding's ``detect``: the point and the traffic (requests, worker CPU) before it."""
+    w = worker or start_worker(env, coverage is not None)
     summaries, findings = [], []
     try:
         for name in layouts:
@@ -206,8 +215,14 @@ def run_trace(env: ReleaseEnv, layouts, n_requests: int, seed: int = 0, segment:
             while done < n_requests:
                 n = min(segment, n_requests - done)
                 job = make_job(name, (seed, name, seg_i), n, done, kinds[seg_i % len(kinds)], overrides)
+                if coverage is not None:
+                    job["coverage"] = True
                 res = w.job(job)
                 got, tally = check_result(env.version, name, job, res)
+                for f in got:
+                    f.detect = detect(f, f"layout {name}, seed {seed}, segment {seg_i}", done, s.cpu_seconds, job, res)
+                if coverage is not None:
+                    s.new_lines.append(coverage.add(res.get("coverage")))
                 s.add(res.get("stats", {}))
                 s.cpu_seconds += float(res.get("cpu_seconds", 0.0))
                 s.captured_calls += tally["captured_calls"]
@@ -236,10 +251,26 @@ def _requests_until(res: dict, job: dict) -> int:
     steps = [res.get("step")] if not res.get("ok", True) else []
     steps += [v.get("step") for v in res.get("violations", ())]
     steps = [s for s in steps if s is not None]
-    if not steps:
+    return _arrived_by(job, min(steps) if steps else None)
+
+
+def _arrived_by(job: dict, step) -> int:
+    """Requests of the segment that had arrived by ``step`` (None: all of them)."""
+    if step is None:
         return len(job["requests"])
-    first = min(steps)
-    return sum(1 for r in job["requests"] if r["arrive"] <= first)
+    return sum(1 for r in job["requests"] if r["arrive"] <= step)
+
+
+def detect(f: Finding, point: str, done: int, cpu_before: float, job: dict, res: dict) -> dict:
+    """When a finding of a segment was first seen: the point, the requests of the point before
+    its step (``done`` in earlier segments, and those of this one that had arrived) and the
+    worker's CPU seconds of traffic until then (earlier segments', and this one's up to the
+    start of that step: ``step_cpu``; the whole segment's when the finding names no step).
+    ``cpu_s`` is a measurement: no two runs share it (records.reproducible leaves it out)."""
+    step = f.detail.get("step") if isinstance(f.detail.get("step"), int) else None
+    cpu = res.get("step_cpu") or []
+    seg_cpu = cpu[step - 1] if step is not None and 0 < step <= len(cpu) else float(res.get("cpu_seconds", 0.0))
+    return {"point": point, "requests": done + _arrived_by(job, step), "cpu_s": round(cpu_before + seg_cpu, 3)}
 
 
 def rerun(w: TraceWorker, release: str, finding: Finding, requests: list) -> list[Finding]:

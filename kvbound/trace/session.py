@@ -21,6 +21,7 @@ from kvbound.options import ShrinkOptions, TraceOptions
 from . import runner as R
 from . import shrink as S
 from . import tracefile as TF
+from .coverage import Coverage
 
 RAN, UNSUPPORTED, WORKER_FAILED, NOT_RUN = "ran", "unsupported", "worker_failed", "not_run"
 
@@ -54,6 +55,7 @@ class Kept:
     reruns: int | None  # the shrink's reruns; None: not shrunk
     path: Path | None  # its trace file; None: not saved
     seen: int  # the order it was first seen in, among the layout's distinct findings
+    detect: dict | None = None  # the earliest of its kind's findings in the run (runner.detect)
 
 
 @dataclass
@@ -75,7 +77,8 @@ class Cell:
         return {"layout": self.layout, "outcome": RAN, "stats": dict(s.stats), "captured_calls": s.captured_calls,
                 "spec_agree": s.spec_agree, "not_judged": s.not_judged,
                 "findings": [dict(k.finding.to_json(), key=k.key, shrunk_from=k.shrunk_from, count=k.count,
-                                  **({"file": k.path.name} if k.path else {})) for k in self.kept]}
+                                  **({"file": k.path.name} if k.path else {}),
+                                  **({"detect": k.detect} if k.detect else {})) for k in self.kept]}
 
 
 @dataclass
@@ -85,6 +88,7 @@ class ReleaseResult:
     start_error: str | None = None  # the worker could not start: every cell NOT_RUN
     seconds: float = 0.0
     shrink_seconds: float = 0.0
+    coverage: Coverage | None = None  # options.run.coverage: the union of every layout's segments
 
     def findings(self) -> list:
         """Every cell's kept findings, each layout's in the order first seen."""
@@ -96,27 +100,28 @@ def run_release(env: ReleaseEnv, points, options: TraceOptions, progress=None,
     """Every layout of ``points`` on ``env``'s release. Never raises for a layout the
     release refuses or a worker that dies on one: those are outcomes of the cell."""
     t0 = time.monotonic()
-    result = ReleaseResult(env.version, [])
+    run = options.run
+    result = ReleaseResult(env.version, [], coverage=Coverage() if run.coverage else None)
     try:
-        w = R.start_worker(env)
+        w = R.start_worker(env, run.coverage)
     except TraceError as e:
         result.start_error = str(e)
         result.cells = [Cell(name, NOT_RUN, str(e).splitlines()[0]) for name in points]
         result.seconds = time.monotonic() - t0
         return result
-    run = options.run
     try:
         for name in points:
             c0 = time.monotonic()
             try:
                 summaries, found = R.run_trace(env, [name], run.requests, run.seed, run.segment, run.scheduler,
-                                               progress, run.stop_on_first, dict(run.overrides), worker=w)
+                                               progress, run.stop_on_first, dict(run.overrides), worker=w,
+                                               coverage=result.coverage)
             except LayoutUnsupported as e:  # the release lacks what the layout needs: one line
                 result.cells.append(Cell(name, UNSUPPORTED, str(e).splitlines()[0]))
                 continue
             except TraceError as e:  # the worker died or hung on this layout
                 if not w.alive:
-                    w = R.start_worker(env)
+                    w = R.start_worker(env, run.coverage)
                 result.cells.append(Cell(name, WORKER_FAILED, str(e).splitlines()[0]))
                 continue
             s0 = time.monotonic()
@@ -147,7 +152,9 @@ def keep(w: R.TraceWorker, env: ReleaseEnv, found: list, options: ShrinkOptions,
             if again:
                 f = again[0]
         path = TF.save(f, out_dir, n0, reruns) if out_dir is not None else None
-        kept.append(Kept(f, key, sum(1 for g in found if g.key() == key), n0, reruns, path, seen[key]))
+        first = min((g.detect for g in found if g.key() == key and g.detect),
+                    key=lambda d: d["requests"], default=None)
+        kept.append(Kept(f, key, sum(1 for g in found if g.key() == key), n0, reruns, path, seen[key], first))
     return kept
 
 

@@ -1,0 +1,232 @@
+"""Line coverage of the release's connector code, per trace job (coverage.py).
+
+Part of the side package: the standard library, and coverage.py (pinned in the deps lock,
+``kvbound/conform/vllm-import-deps.lock``), imported only in a worker started to measure
+(``ENV=1``: the host sets it, ``kvbound/trace/runner.py`` ``TraceWorker``).
+
+What is measured: ``CONNECTOR_CODE``, the OffloadingConnector and its offload tiers, every
+``.py`` file under those paths of the release tree (0.21.0 - 0.33.0 all have the
+``offloading/`` package beside ``offloading_connector.py`` and ``v1/kv_offload/``), files never
+imported included (no line of theirs ran). Paths are relative to the release tree
+(``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``).
+
+When: coverage.py runs while the worker imports vLLM (a module's definitions are lines it
+executes) and, for a job that asks (``"coverage": true``), from before its engine is built to
+after its run. What runs while a module of the connector code is imported (its definitions,
+and the calls it makes then: the CPU tier's policy factory registers its policies, 0.33.0
+``v1/kv_offload/cpu/policies/factory.py:25-36``) runs once per process: at the worker's start,
+or in the first job whose engine imports it (the CPU tier's modules come with the first engine
+built; ``_ImportContext`` marks those lines with coverage.py's dynamic context ``"import"``).
+Those lines are kept (``Probe.imported``) and counted for every job after, so a job's lines do
+not depend on which measured job of the process imported the module first.
+
+What a job gets per file: ``statements`` (coverage.py's analysis: every line that can run),
+``executed`` (those that ran, each multi-line statement by its first line) and ``gpu_only``
+(the statements of code declared in ``UNREACHED``: what runs only with CUDA, so the host can
+tell "not reachable on CPU" from "not reached yet" without reading vLLM).
+"""
+
+import ast
+import collections
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+ENV = "KVBOUND_COVERAGE"
+CONNECTOR_CODE = ("vllm/distributed/kv_transfer/kv_connector/v1/offloading",
+                  "vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py",
+                  "vllm/v1/kv_offload")
+GPU_ONLY = "gpu-only"
+
+# Code of the connector that a CPU trace cannot run, by (file, function): "*" is the whole file,
+# "Class.method" a method. A row whose file or function a release lacks is skipped there.
+Unreached = collections.namedtuple("Unreached", "file function why reason")
+_SPEC, _CW = "vllm/v1/kv_offload/cpu/spec.py", "vllm/distributed/kv_transfer/kv_connector/v1/offloading/worker.py"
+_TIER_WORKER = ("the CPU tier's transfer worker: CPUOffloadingSpec.get_worker raises unless the platform"
+                " is CUDA-alike or XPU (0.33.0 v1/kv_offload/cpu/spec.py:218-228); the trace runs its fake"
+                " transfer engine in its place (kvbound/side/fakes.py, engine.py Engine.__init__)")
+UNREACHED = (
+    Unreached("vllm/v1/kv_offload/cpu/gpu_worker.py", "*", GPU_ONLY,
+              "the GPU<->CPU transfer handlers: CUDA streams and events, pinned buffers, the swap kernels"
+              " (0.33.0 v1/kv_offload/cpu/gpu_worker.py:284-932 SingleDirectionOffloadingHandler,"
+              " CPUOffloadingWorker)"),
+    Unreached("vllm/v1/kv_offload/cpu/swap_blocks_triton.py", "*", GPU_ONLY,
+              "a Triton GPU kernel (0.33.0 v1/kv_offload/cpu/swap_blocks_triton.py:25-74)"),
+    Unreached("vllm/v1/kv_offload/cpu/host_register.py", "*", GPU_ONLY,
+              "cudaHostRegister through the CUDA runtime (0.33.0 v1/kv_offload/cpu/host_register.py:24-104)"),
+    Unreached("vllm/v1/kv_offload/cpu/shared_offload_region.py", "*", GPU_ONLY,
+              "the host region the GPU transfer workers share, mapped only by CPUOffloadingSpec.create_worker"
+              " when the platform is CUDA-alike or XPU (0.33.0 v1/kv_offload/cpu/spec.py:176-216)"),
+    Unreached(_SPEC, "_all_workers_barrier", GPU_ONLY, _TIER_WORKER),
+    Unreached(_SPEC, "CPUOffloadingSpec._uses_shared_region", GPU_ONLY, _TIER_WORKER),
+    Unreached(_SPEC, "CPUOffloadingSpec.create_worker", GPU_ONLY, _TIER_WORKER),
+    Unreached(_SPEC, "CPUOffloadingSpec.get_worker", GPU_ONLY, _TIER_WORKER),
+    Unreached(_CW, "OffloadingConnectorWorker._init_worker", GPU_ONLY, _TIER_WORKER),
+    Unreached(_CW, "OffloadingConnectorWorker.register_kv_caches", GPU_ONLY,
+              "binds the model runner's GPU KV tensors and builds the transfer worker (0.33.0"
+              " offloading/worker.py:68-218); " + _TIER_WORKER),
+    Unreached("vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py",
+              "OffloadingConnector.register_kv_caches", GPU_ONLY,
+              "forwards to OffloadingConnectorWorker.register_kv_caches (0.33.0 offloading_connector.py:108-110)"),
+)
+
+
+def release_root():
+    """The directory holding the release's ``vllm`` package, found without importing it."""
+    spec = importlib.util.find_spec("vllm")
+    return os.path.dirname(os.path.realpath(list(spec.submodule_search_locations)[0]))
+
+
+def connector_files(root):
+    """Every ``.py`` file of ``CONNECTOR_CODE`` under ``root``, relative paths, sorted."""
+    out = []
+    for rel in CONNECTOR_CODE:
+        path = os.path.join(root, rel)
+        if os.path.isfile(path):
+            out.append(rel)
+        for d, dirs, files in os.walk(path):
+            dirs.sort()
+            out += [os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/") for f in files if f.endswith(".py")]
+    return sorted(set(out))
+
+
+def spans(source):
+    """Qualified name (``Class.method``) -> (first, last) line, decorators included, of every
+    function and class of a module's source."""
+    named = {}
+
+    def visit(node, prefix):
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                first = min([ch.lineno] + [d.lineno for d in ch.decorator_list])
+                named.setdefault(prefix + ch.name, (first, ch.end_lineno))
+                visit(ch, prefix + ch.name + ".")
+            else:
+                visit(ch, prefix)
+
+    visit(ast.parse(source), "")
+    return named
+
+
+IMPORT_CONTEXT = "import"
+
+
+class _ImportContext(importlib.abc.MetaPathFinder):
+    """While measuring: each module of the connector code is executed under coverage.py's
+    dynamic context ``IMPORT_CONTEXT`` (and what it imports and calls meanwhile), so the
+    lines its import runs are told from the lines a job runs. Finds nothing itself: it asks
+    the finders after it and wraps the loader of a measured file."""
+
+    def __init__(self, probe):
+        self.probe, self.depth = probe, 0
+
+    def find_spec(self, name, path=None, target=None):
+        if not name.startswith("vllm"):
+            return None
+        for finder in sys.meta_path:
+            spec = None if finder is self or not hasattr(finder, "find_spec") \
+                else finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.origin and os.path.realpath(spec.origin) in self.probe.paths and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ImportingLoader(spec.loader, self)
+        return spec
+
+
+class _ImportingLoader(importlib.abc.Loader):
+    def __init__(self, inner, hook):
+        self.inner, self.hook = inner, hook
+
+    def __getattr__(self, name):  # get_source, get_filename, ... as the real loader answers
+        return getattr(self.inner, name)
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        hook = self.hook
+        hook.depth += 1
+        if hook.depth == 1:
+            hook.probe.cov.switch_context(IMPORT_CONTEXT)
+        try:
+            self.inner.exec_module(module)
+        finally:
+            hook.depth -= 1
+            if hook.depth == 0:
+                hook.probe.cov.switch_context("")
+
+
+class Probe:
+    """coverage.py over the connector code of this process's release."""
+
+    def __init__(self):
+        import coverage  # the deps lock pins it; only a worker started to measure imports it
+
+        self.root = release_root()
+        self.files = connector_files(self.root)
+        self.cov = coverage.Coverage(data_file=None, config_file=False, branch=False,
+                                     include=[os.path.join(self.root, f) for f in self.files])
+        self.paths = {os.path.join(self.root, f) for f in self.files}
+        self.imported = {}  # relpath -> the lines that ran while its module was imported
+        self._static = {}  # relpath -> (reporter, statements, gpu_only)
+        self._hook = _ImportContext(self)
+
+    def start(self):
+        self.cov.erase()
+        self.cov.start()
+        sys.meta_path.insert(0, self._hook)
+
+    def stop(self, at_import=False):
+        """Stop measuring; the lines that ran since ``start``, per file, with the lines every
+        module imported so far ran at its import. ``at_import``: all of them are import-time."""
+        sys.meta_path.remove(self._hook)
+        self.cov.stop()
+        data = self.cov.get_data()
+        out = {}
+        for rel in self.files:
+            reporter, statements, _ = self.static(rel)
+            by_line = data.contexts_by_lineno(os.path.join(self.root, rel))
+            ran = set(reporter.translate_lines(by_line)) & statements
+            at = ran if at_import else set(reporter.translate_lines(
+                ln for ln, ctx in by_line.items() if IMPORT_CONTEXT in ctx)) & statements
+            if at:
+                self.imported.setdefault(rel, set()).update(at)
+            out[rel] = ran | self.imported.get(rel, set())
+        return out
+
+    def static(self, rel):
+        """What does not change between jobs: the file's reporter, statements, the lines inside
+        its functions, and its statements in ``UNREACHED`` code."""
+        if rel not in self._static:
+            from coverage.python import PythonFileReporter
+
+            path = os.path.join(self.root, rel)
+            reporter = PythonFileReporter(path, self.cov)
+            statements = set(reporter.lines())
+            with open(path) as f:
+                named = spans(f.read())
+            gpu = set()
+            for row in UNREACHED:
+                if row.file == rel and row.why == GPU_ONLY:
+                    first, last = (min(statements, default=0), max(statements, default=0)) \
+                        if row.function == "*" else named.get(row.function, (0, -1))
+                    gpu.update(ln for ln in statements if first <= ln <= last)
+            self._static[rel] = (reporter, statements, gpu)
+        return self._static[rel]
+
+    def report(self, ran):
+        """The job's coverage, per file: statements, executed and gpu_only, sorted line numbers."""
+        out = {}
+        for rel in self.files:
+            _, statements, gpu = self.static(rel)
+            out[rel] = {"statements": sorted(statements), "executed": sorted(ran.get(rel, ())),
+                        "gpu_only": sorted(gpu)}
+        return out
+
+
+def probe_from_environment():
+    """A Probe when the worker was started to measure (``ENV``), else None."""
+    return Probe() if os.environ.get(ENV) == "1" else None

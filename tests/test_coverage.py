@@ -1,0 +1,160 @@
+"""Coverage of the release's connector code (kvbound/side/cover.py measures in the worker,
+kvbound/trace/coverage.py unions on the host) and each finding's time to detect: the line
+ranges, the union, the campaign document's schema, and real 0.33.0 jobs and campaigns."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+from kvbound.cli import main
+from kvbound.records import CampaignRecord, reproducible
+from kvbound.side import cover
+from kvbound.trace import campaign as C
+from kvbound.trace.coverage import GPU_ONLY, NOT_YET, UNREACHED_CLASSES, Coverage, ranges
+
+SCHED = "vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
+
+
+def test_missing_lines_are_runs_of_statements():
+    st = [1, 2, 3, 5, 8, 9, 12]
+    assert ranges({2, 3, 5, 9}, st) == [[2, 5], [9, 9]]  # 4 is no statement: [2, 5] holds 2, 3 and 5
+    assert ranges(set(), st) == [] and ranges(set(st), st) == [[1, 12]]
+
+
+def _job(executed, statements=range(1, 11), gpu=(9, 10)):
+    return {"f.py": {"statements": list(statements), "executed": list(executed), "gpu_only": list(gpu)}}
+
+
+def test_the_union_counts_new_lines_and_classifies_what_stays_unreached():
+    u = Coverage()
+    assert u.add(_job([1, 2, 3])) == 3
+    assert u.add(_job([2, 3, 4])) == 1  # only line 4 is new
+    assert u.add(None) == 0
+    (doc,) = u.document().values()
+    assert (doc["statements"], doc["executed"]) == (10, 4)
+    assert doc["missing"] == [[5, 10]]
+    assert doc["unreached"] == {GPU_ONLY: [[9, 10]], "not-on-release": [], NOT_YET: [[5, 8]]}
+    back = Coverage()
+    back.add(u.to_json())
+    assert back.document() == u.document()
+
+
+def _shard(col, layout, cov=None, detect=None):
+    f = {"kind": "crash:x", "class": "crash", "safety": True, "key": "crash:x", "count": 1, "release": col,
+         "segment": {"requests": [{}]}, "file": None}
+    if detect:
+        f["detect"] = detect
+    out = {"shard": {"column": col}, "timings": {},
+           "cells": [{"layout": layout, "outcome": "ran", "stats": {}, "findings": [f]}]}
+    if cov is not None:
+        out["coverage"] = cov
+    return out
+
+
+def test_the_campaign_unions_a_releases_shards_and_names_the_fastest_detection():
+    d = lambda n, p: {"point": p, "requests": n, "cpu_s": n / 100}  # noqa: E731
+    results = [_shard("0.33.0", "full", _job([1, 2]), d(40, "layout full, seed 0, segment 0")),
+               _shard("0.33.0", "swa", _job([3]), d(7, "layout swa, seed 0, segment 1"))]
+    doc = C.merge(["0.33.0"], results)
+    assert doc.coverage["0.33.0"]["f.py"]["executed"] == 3
+    (f,) = doc.findings
+    assert f.detect == {"point": "0.33.0, layout swa, seed 0, segment 1", "requests": 7, "cpu_s": 0.07}
+    assert "detect" not in f.example  # one place: the finding's
+    js = doc.to_json()
+    assert CampaignRecord.from_json(json.loads(json.dumps(js))).to_json() == js
+    assert "cpu_s" not in reproducible(js)["findings"][0]["detect"]
+    assert "coverage" not in C.merge(["0.33.0"], [_shard("0.33.0", "full")]).to_json()  # not measured
+
+
+def test_every_gpu_only_row_names_a_function_of_0_33(prepared):
+    """The table is by (file, function); each row resolves in the release it cites."""
+    env = prepared("0.33.0")
+    for row in cover.UNREACHED:
+        path = Path(env.tree) / row.file
+        assert path.exists(), row.file
+        assert row.function == "*" or row.function in cover.spans(path.read_text()), row
+        assert "0.33.0" in row.reason and row.why in UNREACHED_CLASSES
+
+
+def _first_line_of(path: Path, qualname: str) -> int:
+    """The first statement of a method's body, past its docstring."""
+    cls, fn = qualname.split(".")
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for m in node.body:
+                if isinstance(m, ast.FunctionDef) and m.name == fn:
+                    doc = isinstance(m.body[0], ast.Expr) and isinstance(m.body[0].value, ast.Constant)
+                    return m.body[1 if doc else 0].lineno
+    raise AssertionError(qualname)
+
+
+def test_a_real_job_reports_the_connector_lines_it_ran(prepared):
+    from kvbound.trace.runner import make_job, start_worker
+
+    env = prepared("0.33.0")
+    w = start_worker(env, coverage=True)
+    try:
+        assert w.hello["coverage"] is True
+        job = make_job("full", (0, "full", 0), 120, 0, "sync")
+        plain = w.job(job)
+        a, b = w.job(dict(job, coverage=True)), w.job(dict(job, coverage=True))
+    finally:
+        w.stop()
+    assert "coverage" not in plain and plain["step_cpu"]
+    assert a["coverage"] == b["coverage"]  # the same job, the same lines
+    sched = a["coverage"][SCHED]
+    line = _first_line_of(Path(env.tree) / SCHED, "OffloadingConnectorScheduler.update_state_after_alloc")
+    assert line in sched["executed"] and set(sched["executed"]) <= set(sched["statements"])
+    assert len(sched["statements"]) > 1000
+    # what needs CUDA is declared, and what of it did not run is classified so
+    gpu_worker = a["coverage"]["vllm/v1/kv_offload/cpu/gpu_worker.py"]
+    assert gpu_worker["gpu_only"] == gpu_worker["statements"]
+    u = Coverage()
+    u.add(a["coverage"])
+    spec = u.document()["vllm/v1/kv_offload/cpu/spec.py"]
+    assert spec["unreached"][GPU_ONLY] and spec["executed"] > 0
+
+
+def _valid_ranges(rs) -> set:
+    assert all(isinstance(r, list) and len(r) == 2 and r[0] <= r[1] for r in rs), rs
+    assert all(a[1] < b[0] for a, b in zip(rs, rs[1:])), rs  # sorted, disjoint
+    return {ln for a, b in rs for ln in range(a, b + 1)}
+
+
+def check_coverage_schema(coverage: dict) -> None:
+    """The campaign document's coverage, as BRIEF25 and docs/trace.md "Coverage" write it."""
+    for col, files in coverage.items():
+        assert files, col
+        for rel, f in files.items():
+            assert rel.startswith("vllm/") and rel.endswith(".py"), rel
+            assert set(f) == {"statements", "executed", "missing", "unreached"}
+            assert isinstance(f["statements"], int) and 0 <= f["executed"] <= f["statements"]
+            missing = _valid_ranges(f["missing"])
+            assert (f["executed"] == f["statements"]) == (not f["missing"])
+            assert set(f["unreached"]) == set(UNREACHED_CLASSES)
+            parts = [_valid_ranges(f["unreached"][k]) for k in UNREACHED_CLASSES]
+            assert all(p <= missing for p in parts) and not (parts[0] & parts[2])
+            ends = {x for k in UNREACHED_CLASSES for r in f["unreached"][k] for x in r}
+            assert all(a in ends and b in ends for a, b in f["missing"])
+
+
+def test_a_campaign_with_coverage_repeats_itself_and_times_each_finding(tmp_path, prepared):
+    prepared("0.33.0")
+    docs = []
+    for tag in ("a", "b"):
+        out = tmp_path / f"{tag}.json"
+        rc = main(["campaign", "--vllm", "0.33.0", "--layout", "full", "--layout", "mamba-block-sync",
+                   "--requests", "120", "--seed", "2", "--shrink-budget", "4", "--quiet", "--workers", "1",
+                   "--coverage", "--out", str(tmp_path / f"f-{tag}"), "--json", str(out)])
+        assert rc == 1
+        docs.append(json.loads(out.read_text()))
+    assert json.dumps(reproducible(docs[0]), sort_keys=True) == json.dumps(reproducible(docs[1]), sort_keys=True)
+    doc = docs[0]
+    check_coverage_schema(doc["coverage"])
+    sched = doc["coverage"]["0.33.0"][SCHED]
+    assert 0 < sched["executed"] < sched["statements"]
+    assert doc["findings"] and all(set(f["detect"]) == {"point", "requests", "cpu_s"} for f in doc["findings"])
+    assert all(f["detect"]["point"].startswith("0.33.0, layout mamba-block-sync, seed 2, segment ")
+               and 0 < f["detect"]["requests"] <= 120 for f in doc["findings"])
