@@ -218,6 +218,7 @@ class ReleaseFeatures:
     prefix_match_unit: bool = True  # 0.26+: CacheConfig.prefix_match_unit (tokens_per_hash < block)
     chunked_local_offload: bool = True  # 0.28+: the connector offloads ChunkedLocalAttentionSpec groups
     single_attention_hybrid: bool = True  # 0.29+: a hybrid coordinator with one attention spec (FA + EAGLE FA)
+    transfer_failures: bool = False  # no release yet: the worker asserts every transfer succeeded
     # the lookup (get_num_new_matched_tokens; spec/lookup.py, docs/lookup.md):
     lookup_eagle: bool = True  # 0.24+: is_eagle_group pops its trailing chunk; Mamba alignment cap
     lookup_defers_on_transfers: bool = True  # 0.24+: defer while transfer_jobs; skip_reading_prefix_cache
