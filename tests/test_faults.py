@@ -49,13 +49,9 @@ def test_a_failed_transfer_is_unsupported_on_every_release_in_one_line():
 def test_run_trace_refuses_a_failed_transfer_override_before_starting_an_engine():
     from kvbound.errors import LayoutUnsupported
 
-    class _NoWorker:
-        def job(self, job):
-            raise AssertionError("no job may run")
-
     env = R.ReleaseEnv("0.33.0", "python", None)
     with pytest.raises(LayoutUnsupported, match="we currently do not support job failures"):
-        R.run_trace(env, ["full"], 10, overrides={"store_fail_p": 0.1}, worker=_NoWorker())
+        R.run_trace(env, ["full"], 10, overrides={"store_fail_p": 0.1}, worker=object())  # no job runs
 
 
 def test_a_refused_store_advances_nothing():

@@ -274,10 +274,10 @@ def fake_transfer_engine_class(obase):
             self.submitted = {}
             self.faults = TransferFaults(eng.par, eng.mutant)
 
-        def _schedule(self, job_id, kind, delay, ok, src_spec, dst_spec):
+        def _schedule(self, job_id, kind, delay, ok, src_spec, dst_spec, may_be_late=True):
             """Hold the job ``delay`` steps (plus a late fault's) and tell the shadow when it
             copies; the reported success may differ from what it moved (planted only)."""
-            late = self.faults.lateness() if delay is not None else 0
+            late = self.faults.lateness() if delay is not None and may_be_late else 0
             if late:
                 self.faults.late.add(job_id)
             copy_delay = self.max_delay if delay is None else delay + late
@@ -308,13 +308,8 @@ def fake_transfer_engine_class(obase):
             delay = 0 if expedited else self.rng.randint(0, self.max_delay)
             self.submitted[job_id] = "load"
             self.eng.on_submit("load", job_id, dst_spec)
-            if expedited:  # waited on within the step (0.33.0 offloading/worker.py:269-270): never late
-                self.pending[job_id] = [delay, ok, "load"]
-                sh = self._tier()
-                if sh is not None:
-                    sh.submit("load", job_id, src_spec, dst_spec, delay, self.faults.moves(ok))
-            else:
-                self._schedule(job_id, "load", delay, ok, src_spec, dst_spec)
+            # an expedited (sync) load is waited on within the step (0.33.0 offloading/worker.py:269-270)
+            self._schedule(job_id, "load", delay, ok, src_spec, dst_spec, may_be_late=not expedited)
             return True
 
         def get_finished(self):
