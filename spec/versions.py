@@ -111,6 +111,12 @@ STEPS: dict[str, tuple] = {
         ("0.30.0", _F, "the scan from cdiv(N, b), then `assert N % b == 0`"),
         ("0.33.0", _FS, "as fixed; a sync load matches any non-null block by position"),
     ),
+    # what an engine of the release can be built with (kvbound trace's fault settings need it)
+    "transfer_failures": (
+        ("0.20.0", False, "the worker asserts every job succeeded (0.33.0 offloading/worker.py:299-301 `# we "
+                          "currently do not support job failures` / `assert transfer_result.success`; 0.21.0 :327); "
+                          f"the scheduler never calls complete_store(success=False) (0.33.0 {_S}:2291)"),
+    ),
     "window_slack": (
         ("0.20.0", None, "no window assert"),
         ("0.21.0", 0, "the window assert `pending <= window * bpc`"),

@@ -221,6 +221,7 @@ class ReleaseFeatures:
     multi_connector: bool = True  # 0.21+: MultiConnector (SupportsHMA) with an out-of-tree child connector
     tiering_fs: bool = True  # 0.22+: TieringOffloadingSpec with its file-system secondary tier
     mamba_cache_all: bool = False  # 0.21-0.31: CacheConfig.mamba_cache_mode "all" (gone in 0.32)
+    transfer_failures: bool = False  # no release yet: the worker asserts every transfer succeeded
     # the lookup (get_num_new_matched_tokens; spec/lookup.py, docs/lookup.md):
     lookup_eagle: bool = True  # 0.24+: is_eagle_group pops its trailing chunk; Mamba alignment cap
     lookup_defers_on_transfers: bool = True  # 0.24+: defer while transfer_jobs; skip_reading_prefix_cache

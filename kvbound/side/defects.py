@@ -38,6 +38,15 @@ DEFECTS = (
            " chunk gets another key's file)", "tier", ("data:wrong_kv",), "full-tiering-fs", "0.33.0"),
     Defect("lookup_extra_chunk", "the lookup's hit claims one more chunk than the tier holds",
            "lookups", ("lookup:false_hit",), "full", "0.33.0"),
+    # the faults (engine settings refuse_p, late_p, store_fail_p / fail_p; docs/trace.md "Faults")
+    Defect("failed_transfer_reported_ok", "one transfer job in five moves nothing yet is reported a success"
+           " (a connector that ignores a failed load or store)", "fakes", ("data:wrong_kv",), "full", "0.33.0"),
+    Defect("late_reported_on_time", "a late job is reported finished at its on-time step while its copy"
+           " still lands late", "fakes", ("data:wrong_kv",), "full-faults", "0.33.0"),
+    Defect("advance_on_refusal", "a refused prepare_store taken for stored: the connector advances past"
+           " the chunks and never retries them", "tier", ("store:spec_disagreement",), "full-faults", "0.33.0"),
+    Defect("refusal_leaks", "the tier refuses a store after allocating it: its chunks stay write-pending"
+           " for ever", "fakes", ("liveness:stuck_request",), "full-faults", "0.33.0"),
 )
 BY_NAME = {d.name: d for d in DEFECTS}
 

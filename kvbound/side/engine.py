@@ -80,11 +80,13 @@ class Release:
             extra["offload_prompt_only"] = bool(par["offload_prompt_only"])
         if lay.get("offload_spec") is not None:  # the spec factory's registry (v1/kv_offload/factory.py:55-69)
             extra.update(compose.tiering_config(lay))
-        script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p", "stall_p") if par.get(k)}
+        script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p", "stall_p", "refuse_p") if par.get(k)}
         if script and lay.get("offload_spec") is not None:
             raise ValueError("the scripted tier is a CPU spec: layout %s runs %s" % (lay.get("name"), lay["offload_spec"]))
         if mutant == "evict_at_lookup":  # planted: the tier evicts what it just answered HIT
             script["evict_at_lookup"] = True
+        if mutant == "refusal_leaks" and script.get("refuse_p"):  # planted: a refusal after allocating
+            script["refusal_leaks"] = True
         if script:  # the scripted tier, through vLLM's spec factory (out-of-tree path)
             fakes.install_scripted_tier(self.obase)
             extra.update(spec_name="KvboundScriptedSpec", spec_module_path=fakes.TIER_MODULE,
@@ -394,7 +396,10 @@ class Engine:
             if self.engine_busy():
                 self.stats["steps"] += 1
                 so = sched.schedule()
-                self.stats["preemptions"] += len(getattr(so, "preempted_req_ids", ()) or ())
+                preempted = getattr(so, "preempted_req_ids", ()) or ()
+                self.stats["preemptions"] += len(preempted)
+                if preempted and self.shadow is not None:  # a late completion held past a preemption
+                    self.transfers.faults.held_past(preempted, self.shadow.transfers.jobs)
                 # A fixed point: nothing scheduled, no transfer pending, no arrival or abort to
                 # come. The scheduler's state changes only through model outputs (empty now)
                 # and transfer completions (none pending), so it never drains: say so now

@@ -143,6 +143,30 @@ def script_tier(m, obase, tap):
     tap.around(m, "lookup", lookup)
     tap.around(m, "on_schedule_end", on_schedule_end)
     _script_stalled_writes(m, script, tap)
+    _script_refused_stores(m, script, tap)
+
+
+def _script_refused_stores(m, script, tap):
+    """``refuse_p``: a ``prepare_store`` answers None with this probability per call, before
+    the tier allocates anything ("None is returned if the blocks cannot be stored", 0.33.0
+    v1/kv_offload/base.py:389-393; the CPU tier's own refusal when it cannot evict enough,
+    cpu/manager.py ``prepare_store``). Its own seeded stream. The planted ``refusal_leaks``
+    (tests only) refuses after the tier allocated: the chunks stay write-pending for ever."""
+    refuse_p = float(script.get("refuse_p", 0.0))
+    if not refuse_p:
+        return
+    rng = random.Random("refuse-%s" % script.get("seed", 0))
+    m.kvbound_counts["refused"] = 0
+
+    def prepare_store(call, keys, *a, **k):
+        if rng.random() >= refuse_p:
+            return call(keys, *a, **k)
+        m.kvbound_counts["refused"] += 1
+        if script.get("refusal_leaks"):  # planted: a tier that refuses what it already allocated
+            call(keys, *a, **k)
+        return None
+
+    tap.around(m, "prepare_store", prepare_store)
 
 
 def _script_stalled_writes(m, script, tap):
@@ -223,6 +247,56 @@ def _evict_event(m, keys):
 
 
 
+class TransferFaults:
+    """The fake transfer engine's faults (engine settings, off unless set), drawn from their
+    own seeded stream so that turning them on leaves every other draw as it was:
+    ``store_fail_p``: a store job finishes ``TransferResult(success=False)`` and moves
+    nothing; ``late_p``: a job's completion (and its copy's latest moment) comes
+    ``late_steps`` steps later than its delay, long enough for its request to be preempted
+    and re-admitted meanwhile. Planted (tests only, ``mutant``): ``failed_transfer_reported_ok``
+    (one job in five moves nothing, yet is reported a success) and ``late_reported_on_time``
+    (a late job is reported finished at its on-time step while its copy still lands late)."""
+
+    def __init__(self, par, mutant):
+        self.store_fail_p = float(par.get("store_fail_p") or 0.0)
+        self.late_p = float(par.get("late_p") or 0.0)
+        self.late_steps = int(par.get("late_steps") or 16)
+        self.mutant = mutant
+        self.rng = random.Random("faults-%s" % par.get("seed", 0))
+        self.counts = {}
+        self.early = {}  # job id -> steps until its copy lands (late_reported_on_time)
+        self.late = set()  # ids of the jobs a late fault holds
+
+    def held_past(self, preempted, jobs):
+        """Count the late jobs in flight (``jobs``: the shadow's, by id) whose request the
+        scheduler just preempted: completions that arrive after a preemption."""
+        for jid in self.late & set(jobs):
+            if jobs[jid].rid in preempted:
+                self.count("late_past_preemption")
+
+    def count(self, what):
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    def store_ok(self):
+        if self.store_fail_p and self.rng.random() < self.store_fail_p:
+            self.count("failed_stores")
+            return False
+        return True
+
+    def lateness(self):
+        if self.late_p and self.rng.random() < self.late_p:
+            self.count("late_jobs")
+            return self.late_steps
+        return 0
+
+    def moves(self, ok):
+        """Whether the job moves its content (a planted failure reported ok moves nothing)."""
+        if ok and self.mutant == "failed_transfer_reported_ok" and self.rng.random() < 0.2:
+            self.count("planted_failures")
+            return False
+        return ok
+
+
 def fake_transfer_engine_class(obase):
     base = getattr(obase, "OffloadingWorker", None)
     if base is None:
@@ -243,6 +317,23 @@ def fake_transfer_engine_class(obase):
             self.rng, self.max_delay, self.fail_p, self.eng = rng, max_delay, fail_p, eng
             self.pending = {}  # job_id -> [steps_left, success, kind]
             self.submitted = {}
+            self.faults = TransferFaults(eng.par, eng.mutant)
+
+        def _schedule(self, job_id, kind, delay, ok, src_spec, dst_spec, may_be_late=True):
+            """Hold the job ``delay`` steps (plus a late fault's) and tell the shadow when it
+            copies; the reported success may differ from what it moved (planted only)."""
+            late = self.faults.lateness() if delay is not None and may_be_late else 0
+            if late:
+                self.faults.late.add(job_id)
+            copy_delay = self.max_delay if delay is None else delay + late
+            if delay is not None:
+                on_time = self.faults.mutant == "late_reported_on_time" and late
+                self.pending[job_id] = [delay if on_time else delay + late, ok, kind]
+                if on_time:  # planted: reported at its on-time step, its copy still lands late
+                    self.faults.early[job_id] = late
+            sh = self._tier()
+            if sh is not None:
+                sh.submit(kind, job_id, src_spec, dst_spec, copy_delay, self.faults.moves(ok))
 
         def _tier(self):
             sh = getattr(self.eng, "shadow", None)
@@ -252,23 +343,18 @@ def fake_transfer_engine_class(obase):
             delay = None
             if self.eng.mutant != "lost_store":  # planted defect: a store that never completes
                 delay = self.rng.randint(0, self.max_delay)
-                self.pending[job_id] = [delay, True, "store"]
             self.submitted[job_id] = "store"
             self.eng.on_submit("store", job_id, src_spec)
-            sh = self._tier()
-            if sh is not None:
-                sh.submit("store", job_id, src_spec, dst_spec, self.max_delay if delay is None else delay, True)
+            self._schedule(job_id, "store", delay, self.faults.store_ok(), src_spec, dst_spec)
             return True
 
         def submit_load(self, job_id, src_spec, dst_spec, expedited=False):
             ok = self.rng.random() >= self.fail_p
             delay = 0 if expedited else self.rng.randint(0, self.max_delay)
-            self.pending[job_id] = [delay, ok, "load"]
             self.submitted[job_id] = "load"
             self.eng.on_submit("load", job_id, dst_spec)
-            sh = self._tier()
-            if sh is not None:
-                sh.submit("load", job_id, src_spec, dst_spec, delay, ok)
+            # an expedited (sync) load is waited on within the step (0.33.0 offloading/worker.py:269-270)
+            self._schedule(job_id, "load", delay, ok, src_spec, dst_spec, may_be_late=not expedited)
             return True
 
         def get_finished(self):
@@ -276,9 +362,17 @@ def fake_transfer_engine_class(obase):
             if sh is not None:
                 sh.tick()
             done = []
+            early = self.faults.early
+            for j in sorted(early):  # planted late_reported_on_time: the copies land now
+                if j not in self.pending:
+                    early[j] -= 1
+                    if early[j] < 0:
+                        del early[j]
+                        if sh is not None:
+                            sh.complete(j)
             for j, v in list(self.pending.items()):
                 if v[0] <= 0:
-                    if sh is not None:
+                    if sh is not None and j not in early:
                         sh.complete(j)
                     done.append(obase.TransferResult(job_id=j, success=v[1]))
                     del self.pending[j]

@@ -80,6 +80,8 @@ class TierTransfers:
                 ctx = a[0] if a else k.get("req_context")
                 rid = getattr(ctx, "req_id", None)
                 sh.refused_by[rid] = sh.refused_by.get(rid, 0) + 1
+                if eng.mutant == "advance_on_refusal":  # planted: the connector takes a refusal for "stored"
+                    return eng.rel.obase.PrepareStoreOutput(keys_to_store=[], store_spec=None, evicted_keys=[])
             else:
                 sh.evicted.update(getattr(out, "evicted_keys", None) or ())
                 for key, cb in zip(out.keys_to_store, out.store_spec.block_ids):

@@ -51,6 +51,7 @@ def _run(rel, job, t0, c0):
     counts = getattr(eng.csched.manager, "kvbound_counts", None)
     if counts:
         eng.stats.update(("tier_" + k, v) for k, v in counts.items())
+    eng.stats.update(eng.transfers.faults.counts)  # fakes.TransferFaults: the faults that struck, if any
     res["lookups"] = eng.lookup_capture.lookups
     if getattr(eng, "store_calls", None) is not None:  # store_contract.py: judged by spec/store.py on the host
         res["store_calls"] = eng.store_calls

@@ -27,6 +27,7 @@ _flag.__name__ = "true/false"
 # the --engine help groups
 _ENGINE, _TIER, _SHADOW = "engine", "script the offload tier", "shadow KV and the store path's traffic"
 _TRAFFIC = "shape the traffic"
+_FAULTS = "faults: failed transfers, refused stores, late completions"
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,13 @@ ENGINE_PARAMS = (
     EngineParam("max_num_seqs", int, 8, _ENGINE),
     EngineParam("max_num_batched_tokens", int, 256, _ENGINE),
     EngineParam("max_delay", int, 2, _ENGINE),  # steps the fake transfer engine holds a job
-    EngineParam("fail_p", float, 0.0),
+    EngineParam("fail_p", float, 0.0, _FAULTS),  # a load job finishes TransferResult(success=False)
     EngineParam("max_model_len", int, 8192),
     EngineParam("abort_p", float, 0.04, _ENGINE),
     EngineParam("pending_p", float, None, _TIER),
     EngineParam("retry_p", float, None, _TIER),
     EngineParam("evict_p", float, None, _TIER),
-    EngineParam("stall_p", float),  # the scripted tier's writes that never complete
+    EngineParam("stall_p", float, None, _FAULTS),  # the scripted tier's writes that never complete
     EngineParam("shadow", _flag, None, _SHADOW),  # on unless set false
     EngineParam("offload_prompt_only", _flag, None, _SHADOW),
     EngineParam("aligned_decode_p", float, None, _SHADOW),
@@ -57,6 +58,10 @@ ENGINE_PARAMS = (
     EngineParam("pd_p", float, None, _ENGINE),  # composition multi-pd: the share of requests the P/D consumer serves
     EngineParam("pd_delay", int, None, _ENGINE),  # ... and the most steps one of its loads takes (default 3)
     EngineParam("prefix_burst_p", float, None, _TRAFFIC),  # workload.workload: shared-prefix bursts
+    EngineParam("store_fail_p", float, None, _FAULTS),  # a store job finishes TransferResult(success=False)
+    EngineParam("refuse_p", float, None, _FAULTS),  # the scripted tier's prepare_store answers None
+    EngineParam("late_p", float, None, _FAULTS),  # a job's completion arrives late_steps steps late
+    EngineParam("late_steps", int, None, _FAULTS),  # (default 16: past a preemption and re-admission)
 )
 BASE = {p.name: p.base for p in ENGINE_PARAMS if p.base is not None}
 OVERRIDES = {p.name: p for p in ENGINE_PARAMS if p.flag}
@@ -126,6 +131,16 @@ MULTI_CONNECTOR = Need("multi_connector", "the OffloadingConnector inside vLLM's
 TIERING_FS = Need("tiering_fs", "shadow KV follows a file-system tier's copies by the primary chunk ids its"
                   " jobs carry, TransferJob(keys, chunk_ids), which arrived in 0.30 (0.30.0"
                   " v1/kv_offload/tiering/base.py:60-67; the tiering spec itself exists from 0.22.1, tiering/spec.py)")
+TRANSFER_FAILURES = Need("transfer_failures", "a failed transfer job (TransferResult success=False) trips the"
+                         " worker's `assert transfer_result.success`, \"we currently do not support job failures\""
+                         " (0.33.0 offloading/worker.py:299-301; 0.21.0 :327), and the scheduler never calls"
+                         " complete_store(success=False) (0.33.0 offloading/scheduler.py:2291): no release takes"
+                         " failed loads or stores")
+# What a fault setting needs of a release when it is on (a layout's or an --engine value): the scripted
+# tier wraps OffloadingManager.on_schedule_end; a failed transfer needs a connector that takes it.
+SCRIPT_KEYS = ("pending_p", "retry_p", "evict_p", "stall_p", "refuse_p")  # the scripted tier's (side/engine.py)
+PARAM_NEEDS = {"fail_p": TRANSFER_FAILURES, "store_fail_p": TRANSFER_FAILURES,
+               **{k: SCHEDULE_END_HOOK for k in SCRIPT_KEYS}}
 _MAMBA = (MAMBA_EXTERNAL_KV,)
 _MAMBA16 = _MAMBA + (PREFIX_MATCH_UNIT,)
 
@@ -179,6 +194,9 @@ _EAGLE2 = {"method": "eagle", "num_speculative_tokens": 2}
 _SCRIPTED = dict(pending_p=0.05, retry_p=0.02, evict_p=0.1)
 _MAMBA_ENGINE = dict(num_gpu_blocks=40, max_num_batched_tokens=512)
 _STORE_ALL = dict(offload_prompt_only=False, aligned_decode_p=0.3)
+# the faults every supporting release takes: refused stores, late completions, evictions of confirmed
+# chunks (stalled writes are full-stalled's: a request waiting on one for ever is stuck by design)
+_FAULTY = dict(refuse_p=0.1, late_p=0.15, late_steps=16, evict_p=0.05)
 
 _ROWS = (
     Layout("full", "One full-attention group (a dense Llama).", (_g(FA, 16),)),
@@ -262,6 +280,12 @@ _ROWS = (
            (_g(FA, 16),), dict(cpu_chunks=32), (TIERING_FS, SCHEDULE_END_HOOK), offload_spec="tiering-fs"),
     Layout("bpc2", "Two GPU blocks per offloaded chunk.", (_g(FA, 16), _g(SWA, 16, sliding_window=64)),
            blocks_per_chunk=2),
+    Layout("full-faults", "The faults a release takes (docs/trace.md \"Faults\"): the scripted tier refuses"
+           " one prepare_store in ten (None), one job in seven completes 16 steps late (past a preemption and"
+           " re-admission: a pool of 28 blocks preempts), confirmed chunks are evicted.", (_g(FA, 16),),
+           dict(_FAULTY, num_gpu_blocks=28)),
+    Layout("mamba-faults", "The same faults on the Mamba hybrid hashed every 16 tokens.",
+           (_g(FA, 64), _g(MAMBA, 64)), dict(_MAMBA_ENGINE, **_FAULTY), _MAMBA16, prefix_match_unit=16),
 )
 LAYOUTS = {lay.name: lay for lay in _ROWS}
 

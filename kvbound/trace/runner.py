@@ -204,7 +204,7 @@ def run_trace(env: ReleaseEnv, layouts, n_requests: int, seed: int = 0, segment:
     summaries, findings = [], []
     try:
         for name in layouts:
-            why = support(name, env.version)
+            why = support(name, env.version, overrides)
             if why is not None:  # the caller says it in one line and goes on with the next layout
                 raise LayoutUnsupported(why)
             s = LayoutSummary(name)

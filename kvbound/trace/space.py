@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from . import layouts as L
 
 MAMBA_KINDS = (L.MAMBA,)
-SCRIPT_KEYS = ("pending_p", "retry_p", "evict_p", "stall_p")  # the scripted tier's (side/engine.py Release.build)
 
 
 def _has_mamba(lay: L.Layout) -> bool:
@@ -89,10 +88,13 @@ AXES = (
     Axis("prefix_burst_p", ("0.0", "0.3", "0.5"), "the share of requests that start a shared-prefix burst",
          "engine"),
     Axis("abort_p", ("0.04", "0.0", "0.2"), "the share of requests aborted 0..8 steps after arrival", "engine"),
-    Axis("evict_p", ("0.0", "0.1", "0.3"), "the scripted tier evicts chunks a lookup just confirmed", "engine",
-         {v: (L.SCHEDULE_END_HOOK,) for v in ("0.1", "0.3")}),
-    Axis("stall_p", ("0.0", "0.05"), "the scripted tier's writes that never complete", "engine",
-         {"0.05": (L.SCHEDULE_END_HOOK,)}),
+    # faults (their release needs: layouts.PARAM_NEEDS, checked by support for any setting that is on)
+    Axis("evict_p", ("0.0", "0.1", "0.3"), "the scripted tier evicts chunks a lookup just confirmed", "engine"),
+    Axis("stall_p", ("0.0", "0.05"), "the scripted tier's writes that never complete", "engine"),
+    Axis("refuse_p", ("0.0", "0.1", "0.3"), "the scripted tier's prepare_store refuses (answers None)", "engine"),
+    Axis("late_p", ("0.0", "0.1"), "a transfer job's completion arrives late_steps steps late", "engine"),
+    Axis("fail_p", ("0.0", "0.05"), "a load job fails (TransferResult success=False)", "engine"),
+    Axis("store_fail_p", ("0.0", "0.05"), "a store job fails (TransferResult success=False)", "engine"),
 )
 BY_NAME = {a.name: a for a in AXES}
 
@@ -148,10 +150,11 @@ def resolve(name: str) -> L.Layout:
     return dataclasses.replace(lay, name=point_name(base, moved))
 
 
-def support(name: str, version: str) -> str | None:
-    """None when vLLM ``version`` can run the point ``name``; else one line saying why not: an
-    axis value its layout cannot take, or what the release lacks (the release table's row for
-    ``version``, with the vLLM lines)."""
+def support(name: str, version: str, overrides=None) -> str | None:
+    """None when vLLM ``version`` can run the point ``name`` (with the ``--engine`` ``overrides``,
+    a dict); else one line saying why not: an axis value its layout cannot take, or what the
+    release lacks (the release table's row for ``version``, with the vLLM lines) for the point's
+    needs and those of each fault setting it turns on (``layouts.PARAM_NEEDS``)."""
     from kvbound.spec import release_features
 
     base, moved = split(name)
@@ -159,10 +162,12 @@ def support(name: str, version: str) -> str | None:
         if a.name in moved and moved[a.name] != a.value_of(L.LAYOUTS[base]) and not a.applies(L.LAYOUTS[base]):
             return f"point {name}: {a.name} applies to {a.applies_doc}"
     lay = resolve(name)
-    if lay.offload_spec is not None and any(lay.params().get(k) for k in SCRIPT_KEYS):
-        return f"point {name}: the scripted tier ({', '.join(SCRIPT_KEYS)}) is a CPU spec, not {lay.offload_spec}"
+    par = dict(lay.params(), **(overrides or {}))
+    if lay.offload_spec is not None and any(par.get(k) for k in L.SCRIPT_KEYS):
+        return f"point {name}: the scripted tier ({', '.join(L.SCRIPT_KEYS)}) is a CPU spec, not {lay.offload_spec}"
     feats = release_features(version)
-    missing = list(dict.fromkeys(need.why for need in resolve(name).needs if not getattr(feats, need.column)))
+    needs = lay.needs + tuple(L.PARAM_NEEDS[k] for k in L.PARAM_NEEDS if par.get(k))
+    missing = list(dict.fromkeys(need.why for need in needs if not getattr(feats, need.column)))
     if not missing:
         return None
     return f"vllm {version} cannot run layout {name}: " + "; ".join(missing)

@@ -2,8 +2,9 @@
 
 The worker (``side/store_contract.py``) records, per request and call, group 0's inputs and its
 ``next_stored_chunk_idx`` before and after; ``spec/store.py`` says where the release
-advances it. A call the tier refused (``prepare_store`` returned None: nothing advances)
-is set aside.
+advances it. A call the tier refused (``prepare_store`` returned None) advances nothing:
+every release ``continue``s past it to retry the chunks at a later step (0.33.0
+``offloading/scheduler.py:1991-1996``, 0.29.0 ``:1406-1411``, 0.26.0 ``:1006-1012``).
 """
 
 from __future__ import annotations
@@ -32,19 +33,21 @@ def judge_store_calls(release: str, job: dict, res: dict) -> tuple[list[dict], i
     caps = store_features(release).store_caps_at_allocated
     bad, judged = [], 0
     for step, rid, status, P, T, C, S, mot, alloc, before, after, refused in calls:
-        if refused:
-            continue
         judged += 1
-        h = store_horizon(release, status, P, T, C, S, prompt_only, mot)
-        want = next_stored_chunk_idx(before, h, tpc, alloc, caps)
+        if refused:
+            h, want = None, before
+        else:
+            h = store_horizon(release, status, P, T, C, S, prompt_only, mot)
+            want = next_stored_chunk_idx(before, h, tpc, alloc, caps)
         if want is None:
             continue  # the release asserts here: a crash:exception, reported as such
         if want != after:
             bad.append({"check": "store:spec_disagreement", "step": step, "request": rid,
                         "message": f"request {rid} ({status}, {P} prompt tokens, {T} tokens, {C} computed,"
                                    f" {S} scheduled): the release advanced group 0's next_stored_chunk_idx"
-                                   f" {before} -> {after}, the store spec says {want} (horizon {h} tokens,"
-                                   f" {alloc} chunks allocated)",
+                                   f" {before} -> {after}, the store spec says {want} ("
+                                   + (f"horizon {h} tokens, {alloc} chunks allocated)" if h is not None
+                                      else "the tier refused the store: nothing advances)"),
                         "real": after, "spec": want, "horizon": h})
     if bad:
         first = dict(bad[0], count=len(bad))
