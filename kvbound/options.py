@@ -13,16 +13,21 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ProcessOptions:
-    hello_timeout_s: float  # a worker importing vLLM, on a loaded 2-core machine
+    # a worker importing vLLM: no wall-clock limit while it makes progress (Worker.start): it
+    # beats every heartbeat_s with its CPU seconds and modules imported, and fails only after
+    # start_idle_s without start_progress_cpu_s more CPU or one more module
+    start_idle_s: float
     case_timeout_s: float  # conform: one update_state_after_alloc case
     job_timeout_s: float  # trace: one segment of traffic (a fresh engine, hundreds of requests)
     # PYTHONHASHSEED of every worker: vLLM iterates sets of request ids (0.33.0
     # v1/core/sched/scheduler.py:246-262), so with string hashing randomised per process a
     # seeded trace frees and reports in another order and drifts (docs/trace.md)
     hash_seed: str = "0"
+    heartbeat_s: float = 2.0
+    start_progress_cpu_s: float = 0.05  # more than the heartbeat thread itself spends in start_idle_s
 
 
-WORKERS = ProcessOptions(hello_timeout_s=300.0, case_timeout_s=120.0, job_timeout_s=600.0)
+WORKERS = ProcessOptions(start_idle_s=120.0, case_timeout_s=120.0, job_timeout_s=600.0)
 
 
 # --------------------------------------------------------------------------- the trace wing
