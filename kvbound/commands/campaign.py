@@ -133,10 +133,11 @@ def run(args) -> int:
           file=sys.stderr, flush=True)
     t0 = time.monotonic()
     out_dir = str(Path(args.out).resolve())
-    if args.ray:
-        results = C.ray_shards(shards, args.ray, _bar(args.quiet, t0), out_dir, num_cpus=args.workers)
-    else:
-        results = C.local_shards(shards, local_workers(args), _bar(args.quiet, t0), out_dir)
+    with C.ended_by_signals():  # kill -TERM ends the pool (or Ray) and every vLLM worker: exit 143
+        if args.ray:
+            results = C.ray_shards(shards, args.ray, _bar(args.quiet, t0), out_dir, num_cpus=args.workers)
+        else:
+            results = C.local_shards(shards, local_workers(args), _bar(args.quiet, t0), out_dir)
     doc = C.merge(columns, results)
     wall = time.monotonic() - t0
     print(render(doc))
