@@ -38,24 +38,43 @@ WORKERS = ProcessOptions(start_idle_s=120.0, case_timeout_s=120.0, job_timeout_s
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """How ``--budget`` seconds become requests per layout: by a fixed planning rate, not a
-    clock, so two runs of one command trace the same requests."""
+    """How ``--budget`` seconds become requests per layout: by a fixed table of what a run
+    costs on this 2-core machine, not by a clock, so two runs of one command trace the same
+    requests. A shard (one release's worker) costs its start, then per layout it runs
+    (a release's unsupported layouts cost nothing) its requests at its family's rate and the
+    shrinking of what it finds; the shards share ``workers`` processes. Measured in
+    docs/benchmarks.md ("Where a campaign's time goes"): the figures there, not a guess."""
 
     budget_s: float
-    # Requests per second of wall time one worker is planned at (every check on, shrinking
-    # included). Measured at 400-1,800 requests per CPU-second stepping (docs/benchmarks.md);
-    # the rate leaves room for importing vLLM, shrinking and a loaded machine.
-    requests_per_s: int = 60
+    # wall seconds of one worker per request traced, every check on, by the layout's family
+    # (``kvbound.trace.layouts.cost_family``: its costliest group kind)
+    seconds_per_request: tuple = (("full_attention", 0.015), ("sliding_window", 0.013),
+                                  ("chunked_local", 0.008), ("mamba", 0.011))
+    start_s: float = 30.0  # a worker's start: importing vLLM and the side, on a loaded machine
+    # wall seconds of shrinking per layout run and per rerun of the shrink budget (findings
+    # are not known beforehand: their mean over the default layouts, shrinks included)
+    shrink_s_per_rerun: float = 0.25
     min_requests: int = 200  # below this a layout's traffic barely evicts: not worth a cell
 
-    def requests_per_layout(self, n_cells: int, workers: int = 1) -> int:
-        """Requests per layout so that ``n_cells`` release x layout cells fit the budget."""
+    def seconds(self, shards, requests: int, shrink_budget: int, workers: int = 1) -> float:
+        """The planned wall seconds of ``shards`` (per shard: the families of the layouts it
+        runs) at ``requests`` per layout, shared by ``workers`` processes."""
+        rate = dict(self.seconds_per_request)
+        work = sum(self.start_s + sum(requests * rate[f] + shrink_budget * self.shrink_s_per_rerun for f in fams)
+                   for fams in shards)
+        return work / max(1, min(workers, len(shards)))
+
+    def requests_per_layout(self, shards, shrink_budget: int, workers: int = 1) -> int:
+        """The most requests per layout (in hundreds, at least ``min_requests``) whose planned
+        seconds fit the budget."""
         from kvbound.errors import UsageError
 
         if self.budget_s <= 0:
             raise UsageError(f"--budget {self.budget_s}: must be a positive number of seconds")
-        per_cell = self.budget_s * self.requests_per_s * max(1, workers) / max(1, n_cells)
-        return max(self.min_requests, int(per_cell) // 100 * 100)
+        fixed = self.seconds(shards, 0, shrink_budget, workers)
+        per_request = self.seconds(shards, 1, shrink_budget, workers) - fixed
+        n = int((self.budget_s - fixed) / per_request) if per_request > 0 else self.min_requests
+        return max(self.min_requests, n // 100 * 100)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ def register(sub):
                    help="repeatable; default: every layout")
     p.add_argument("--budget", type=float, default=None, metavar="S",
                    help=f"seconds the campaign is planned to take (default {CAMPAIGN_PLAN.budget_s:.0f}); turned into"
-                        " requests per layout by a fixed planning rate, so the run stays reproducible")
+                        " requests per layout by a fixed table of costs (kvbound.options.PlanOptions: worker"
+                        " starts, each layout family's rate, shrinking), so the run stays reproducible")
     p.add_argument("--requests", type=int, default=None, metavar="N", help="requests per layout (overrides --budget)")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--workers", type=int, default=None, metavar="W",
@@ -64,7 +65,7 @@ def plan(args) -> tuple[list, list]:
     from kvbound.spec import variant_for_version
     from kvbound.spec.versions import expand_releases
     from kvbound.trace.campaign import Shard
-    from kvbound.trace.layouts import LAYOUTS
+    from kvbound.trace.layouts import LAYOUTS, cost_family, layout_support
     from kvbound.trace.session import checkout
 
     if not args.vllm and not args.vllm_src:
@@ -88,7 +89,9 @@ def plan(args) -> tuple[list, list]:
         n = args.requests
     else:
         plan_options = CAMPAIGN_PLAN if args.budget is None else replace(CAMPAIGN_PLAN, budget_s=args.budget)
-        n = plan_options.requests_per_layout(len(columns) * len(layouts),
+        judged_as = releases + ([releases[-1]] if src_col else [])  # a checkout runs what its base runs
+        costs = [[cost_family(l) for l in layouts if layout_support(l, v) is None] for v in judged_as]
+        n = plan_options.requests_per_layout(costs, args.shrink_budget,
                                              workers if not args.ray else (args.workers or 2))
     options = TraceOptions(RunOptions(n, args.seed), ShrinkOptions(args.shrink_budget))
     shards = [Shard(v, layouts, options, column=v) for v in releases]

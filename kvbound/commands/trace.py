@@ -99,7 +99,7 @@ def _bar(quiet):
 
 
 def run(args) -> int:
-    from kvbound.trace.layouts import LAYOUTS, parse_override
+    from kvbound.trace.layouts import LAYOUTS, cost_family, parse_override
     from kvbound.trace.session import RAN, run_release
 
     if args.replay:
@@ -107,11 +107,12 @@ def run(args) -> int:
     if (args.requests is not None and args.requests < 1) or args.segment < 1:
         raise UsageError("--requests and --segment must be >= 1")
     layouts = list(dict.fromkeys(args.layout)) or list(LAYOUTS)
-    n = args.requests if args.requests is not None else \
-        replace(TRACE_PLAN, budget_s=args.budget).requests_per_layout(len(layouts))
+    shrink_budget = 0 if args.no_shrink else args.shrink_budget
+    n = args.requests if args.requests is not None else replace(TRACE_PLAN, budget_s=args.budget).requests_per_layout(
+        [[cost_family(l) for l in layouts]], shrink_budget)
     overrides = tuple(parse_override(it) for it in args.engine)
     options = TraceOptions(RunOptions(n, args.seed, args.segment, args.scheduler, args.stop_on_first, overrides),
-                           ShrinkOptions(0 if args.no_shrink else args.shrink_budget))
+                           ShrinkOptions(shrink_budget))
     try:
         env = _env(args)
     except PrepareError as e:

@@ -247,3 +247,10 @@ def layout_support(layout_name: str, version: str) -> str | None:
     if not missing:
         return None
     return f"vllm {version} cannot run layout {layout_name}: " + "; ".join(missing)
+
+
+def cost_family(layout_name: str) -> str:
+    """The layout's costliest group kind, the row of the plan's table it is costed by
+    (``kvbound.options.PlanOptions.seconds_per_request``): Mamba, then a window, then full."""
+    kinds = {g["kind"] for g in LAYOUTS[layout_name].groups}
+    return next(k for k in (MAMBA, SWA, CL, FA) if k in kinds or k == FA)
