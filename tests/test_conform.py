@@ -197,6 +197,30 @@ def test_a_worker_that_dies_in_its_start_gives_its_exit_code(tmp_path, monkeypat
     assert "gone" in str(e.value)
 
 
+def test_lines_are_read_whole_however_they_arrive(tmp_path, monkeypatch):
+    """A heartbeat and the hello in one write, then a result of megabytes (a long segment's
+    lookups): each is one message, read in time linear in its size."""
+    fake = tmp_path / "worker.py"
+    fake.write_text(textwrap.dedent("""
+        import json, sys
+        sys.stdout.write(json.dumps({"starting": "import", "cpu_s": 0.1, "modules": 9}) + "\\n"
+                         + json.dumps({"hello": 1, "vllm": "0.0.0"}) + "\\n")
+        sys.stdout.flush()
+        for line in sys.stdin:
+            msg = json.loads(line)
+            print(json.dumps({"id": msg["id"], "outcome": "ok", "lookups": ["x" * 64] * 200000}), flush=True)
+    """))
+    monkeypatch.setattr(runner, "WORKER", fake)
+    w = runner.Worker(prepare.ReleaseEnv("0.0.0", sys.executable, None))
+    try:
+        assert w.start()["hello"] == 1
+        for i in range(3):
+            res = w.run(i, {})
+            assert res["id"] == i and len(res["lookups"]) == 200000
+    finally:
+        w.stop()
+
+
 def test_one_crashing_case_never_stops_the_run(tmp_path, monkeypatch):
     fake = tmp_path / "worker.py"
     fake.write_text(textwrap.dedent("""

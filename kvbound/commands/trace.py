@@ -38,7 +38,7 @@ def register(sub):
                    help="repeatable; default: every layout the release supports")
     p.add_argument("--budget", type=float, default=TRACE_PLAN.budget_s, metavar="S",
                    help=f"seconds the run is planned to take (default {TRACE_PLAN.budget_s:.0f}): turned into"
-                        " requests per layout by a fixed planning rate (kvbound.options.PlanOptions), so the run"
+                        " requests per layout by a fixed cost table (kvbound.options.PlanOptions), so the run"
                         " stays reproducible")
     p.add_argument("--requests", type=int, default=None, metavar="N", help="requests per layout (overrides --budget)")
     p.add_argument("--seed", type=int, default=0, metavar="S")

@@ -106,21 +106,22 @@ class Worker:
             return None
 
     def _readline(self, timeout: float) -> str | None:
-        """One line from the worker within ``timeout`` seconds: None past it, "" at EOF."""
+        """One line from the worker: None when it sent nothing for ``timeout`` seconds, ""
+        at EOF. The wait is for the worker's next bytes, not for the whole line: a large
+        result (a long segment's lookups run to megabytes) takes as long as it takes."""
         assert self.proc and self.proc.stdout
         fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+        parts = [self._buf]
+        while b"\n" not in parts[-1]:
+            if not select.select([fd], [], [], timeout)[0]:
+                self._buf = b"".join(parts)
                 return None
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, 1 << 20)
             if not chunk:
-                self._eof = True
-                line, self._buf = self._buf, b""
-                return line.decode(errors="replace")
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
+                self._eof, self._buf = True, b""
+                return b"".join(parts).decode(errors="replace")
+            parts.append(chunk)
+        line, _, self._buf = b"".join(parts).partition(b"\n")
         return line.decode(errors="replace") + "\n"
 
     def send(self, msg: dict) -> None:

@@ -8,7 +8,7 @@ cluster (``ray_shards``); both run the same ``run_shard`` on the same shard JSON
 merged document (``merge``) is the same, byte for byte, wherever it ran.
 
 Reproducible: the shard plan is computed from the command line alone. ``--budget`` is
-turned into requests per layout by a fixed planning rate (``kvbound.options.PlanOptions``),
+turned into requests per layout by a fixed cost table (``kvbound.options.PlanOptions``),
 not by a clock, so two runs of one command trace the same requests; the worker runs
 with a fixed ``PYTHONHASHSEED`` (``kvbound.options.WORKERS.hash_seed``). Wall-clock
 figures never enter the document; they go to ``timings`` beside it.
