@@ -58,11 +58,14 @@ class PlanOptions:
 
     def seconds(self, shards, requests: int, shrink_budget: int, workers: int = 1) -> float:
         """The planned wall seconds of ``shards`` (per shard: the families of the layouts it
-        runs) at ``requests`` per layout, shared by ``workers`` processes."""
+        runs) at ``requests`` per layout on ``workers`` processes, each shard taken in order
+        by the first process free (as the pool and Ray hand them out): the last to finish."""
         rate = dict(self.seconds_per_request)
-        work = sum(self.start_s + sum(requests * rate[f] + shrink_budget * self.shrink_s_per_rerun for f in fams)
-                   for fams in shards)
-        return work / max(1, min(workers, len(shards)))
+        free = [0.0] * max(1, workers)
+        for fams in shards:
+            i = free.index(min(free))
+            free[i] += self.start_s + sum(requests * rate[f] + shrink_budget * self.shrink_s_per_rerun for f in fams)
+        return max(free)
 
     def requests_per_layout(self, shards, shrink_budget: int, workers: int = 1) -> int:
         """The most requests per layout (in hundreds, at least ``min_requests``) whose planned

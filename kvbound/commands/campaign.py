@@ -91,8 +91,13 @@ def plan(args) -> tuple[list, list]:
         plan_options = CAMPAIGN_PLAN if args.budget is None else replace(CAMPAIGN_PLAN, budget_s=args.budget)
         judged_as = releases + ([releases[-1]] if src_col else [])  # a checkout runs what its base runs
         costs = [[cost_family(l) for l in layouts if layout_support(l, v) is None] for v in judged_as]
-        n = plan_options.requests_per_layout(costs, args.shrink_budget,
-                                             workers if not args.ray else (args.workers or 2))
+        pool = workers if not args.ray else (args.workers or 2)
+        n = plan_options.requests_per_layout(costs, args.shrink_budget, pool)
+        planned = plan_options.seconds(costs, n, args.shrink_budget, pool)
+        if planned > plan_options.budget_s:  # the floor of traffic alone costs more: say so, run it
+            print(f"kvbound campaign: --budget {plan_options.budget_s:.0f} is below what this campaign costs at"
+                  f" the floor of {n} requests per layout (worker starts, shrinking): planned at {planned:.0f} s",
+                  file=sys.stderr)
     options = TraceOptions(RunOptions(n, args.seed), ShrinkOptions(args.shrink_budget))
     shards = [Shard(v, layouts, options, column=v) for v in releases]
     if src_col:
