@@ -53,7 +53,7 @@ class PlanOptions:
     start_s: float = 30.0  # a worker's start: importing vLLM and the side, on a loaded machine
     # wall seconds of shrinking per layout run and per rerun of the shrink budget (findings
     # are not known beforehand: their mean over the default layouts, shrinks included)
-    shrink_s_per_rerun: float = 0.25
+    shrink_s_per_rerun: float = 0.17
     min_requests: int = 200  # below this a layout's traffic barely evicts: not worth a cell
 
     def seconds(self, shards, requests: int, shrink_budget: int, workers: int = 1) -> float:
