@@ -69,6 +69,18 @@ class WorkerError(KvboundError, RuntimeError):
     """A release's conformance worker could not start; the message says what to do."""
 
 
+class Terminated(KvboundError):
+    """A signal (SIGTERM, SIGINT) ended a command that runs processes; it ended them too. Exits
+    with the shell's convention, 128 + the signal's number (143 for SIGTERM)."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum, self.exit_code = signum, 128 + signum
+        super().__init__(f"ended by {signal.Signals(signum).name}; its pool processes and vLLM workers"
+                         " were ended with it")
+
+
 class TraceError(KvboundError, RuntimeError):
     """The trace harness (not vLLM) failed: the message says where."""
 

@@ -13,16 +13,21 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ProcessOptions:
-    hello_timeout_s: float  # a worker importing vLLM, on a loaded 2-core machine
+    # a worker importing vLLM: no wall-clock limit while it makes progress (Worker.start): it
+    # beats every heartbeat_s with its CPU seconds and modules imported, and fails only after
+    # start_idle_s without start_progress_cpu_s more CPU or one more module
+    start_idle_s: float
     case_timeout_s: float  # conform: one update_state_after_alloc case
     job_timeout_s: float  # trace: one segment of traffic (a fresh engine, hundreds of requests)
     # PYTHONHASHSEED of every worker: vLLM iterates sets of request ids (0.33.0
     # v1/core/sched/scheduler.py:246-262), so with string hashing randomised per process a
     # seeded trace frees and reports in another order and drifts (docs/trace.md)
     hash_seed: str = "0"
+    heartbeat_s: float = 2.0
+    start_progress_cpu_s: float = 0.05  # more than the heartbeat thread itself spends in start_idle_s
 
 
-WORKERS = ProcessOptions(hello_timeout_s=300.0, case_timeout_s=120.0, job_timeout_s=600.0)
+WORKERS = ProcessOptions(start_idle_s=120.0, case_timeout_s=120.0, job_timeout_s=600.0)
 
 
 # --------------------------------------------------------------------------- the trace wing
@@ -33,24 +38,46 @@ WORKERS = ProcessOptions(hello_timeout_s=300.0, case_timeout_s=120.0, job_timeou
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """How ``--budget`` seconds become requests per layout: by a fixed planning rate, not a
-    clock, so two runs of one command trace the same requests."""
+    """How ``--budget`` seconds become requests per layout: by a fixed table of what a run
+    costs on this 2-core machine, not by a clock, so two runs of one command trace the same
+    requests. A shard (one release's worker) costs its start, then per layout it runs
+    (a release's unsupported layouts cost nothing) its requests at its family's rate and the
+    shrinking of what it finds; the shards share ``workers`` processes. Measured in
+    docs/benchmarks.md ("Where a campaign's time goes"): the figures there, not a guess."""
 
     budget_s: float
-    # Requests per second of wall time one worker is planned at (every check on, shrinking
-    # included). Measured at 400-1,800 requests per CPU-second stepping (docs/benchmarks.md);
-    # the rate leaves room for importing vLLM, shrinking and a loaded machine.
-    requests_per_s: int = 60
+    # wall seconds of one worker per request traced, every check on, by the layout's family
+    # (``kvbound.trace.layouts.cost_family``: its costliest group kind)
+    seconds_per_request: tuple = (("full_attention", 0.015), ("sliding_window", 0.013),
+                                  ("chunked_local", 0.008), ("mamba", 0.011))
+    start_s: float = 30.0  # a worker's start: importing vLLM and the side, on a loaded machine
+    # wall seconds of shrinking per layout run and per rerun of the shrink budget (findings
+    # are not known beforehand: their mean over the default layouts, shrinks included)
+    shrink_s_per_rerun: float = 0.17
     min_requests: int = 200  # below this a layout's traffic barely evicts: not worth a cell
 
-    def requests_per_layout(self, n_cells: int, workers: int = 1) -> int:
-        """Requests per layout so that ``n_cells`` release x layout cells fit the budget."""
+    def seconds(self, shards, requests: int, shrink_budget: int, workers: int = 1) -> float:
+        """The planned wall seconds of ``shards`` (per shard: the families of the layouts it
+        runs) at ``requests`` per layout on ``workers`` processes, each shard taken in order
+        by the first process free (as the pool and Ray hand them out): the last to finish."""
+        rate = dict(self.seconds_per_request)
+        free = [0.0] * max(1, workers)
+        for fams in shards:
+            i = free.index(min(free))
+            free[i] += self.start_s + sum(requests * rate[f] + shrink_budget * self.shrink_s_per_rerun for f in fams)
+        return max(free)
+
+    def requests_per_layout(self, shards, shrink_budget: int, workers: int = 1) -> int:
+        """The most requests per layout (in hundreds, at least ``min_requests``) whose planned
+        seconds fit the budget."""
         from kvbound.errors import UsageError
 
         if self.budget_s <= 0:
             raise UsageError(f"--budget {self.budget_s}: must be a positive number of seconds")
-        per_cell = self.budget_s * self.requests_per_s * max(1, workers) / max(1, n_cells)
-        return max(self.min_requests, int(per_cell) // 100 * 100)
+        fixed = self.seconds(shards, 0, shrink_budget, workers)
+        per_request = self.seconds(shards, 1, shrink_budget, workers) - fixed
+        n = int((self.budget_s - fixed) / per_request) if per_request > 0 else self.min_requests
+        return max(self.min_requests, n // 100 * 100)
 
 
 @dataclass(frozen=True)

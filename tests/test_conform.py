@@ -148,6 +148,79 @@ def test_import_failure_reported_with_what_to_do(tmp_path):
     assert "vllm-import-deps.lock" in str(e.value)
 
 
+def _starting_worker(tmp_path, monkeypatch, start: str):
+    """A worker on the real protocol loop (``sidecar.serve``) whose release takes ``start``
+    (Python source) to load, with a 1 s idle window and heartbeats every 0.1 s."""
+    from dataclasses import replace
+
+    fake = tmp_path / "worker.py"
+    fake.write_text(textwrap.dedent("""
+        import os, sys, time
+        from kvbound.side import sidecar
+
+        class Rel:
+            version = "0.0.0"
+
+        def load():
+            %s
+            return Rel()
+
+        sys.exit(sidecar.serve(load, lambda rel, msg: {"outcome": "ok"}))
+    """) % start)
+    monkeypatch.setattr(runner, "WORKER", fake)
+    monkeypatch.setattr(runner, "WORKERS", replace(runner.WORKERS, start_idle_s=1.0, heartbeat_s=0.1))
+    return runner.Worker(prepare.ReleaseEnv("0.0.0", sys.executable, None))
+
+
+def test_a_slow_start_that_makes_progress_is_waited_for(tmp_path, monkeypatch):
+    """A loaded machine slows vLLM's import; it does not stop it: start waits past the idle
+    window while the heartbeats show CPU spent (3 s here, the window 1 s)."""
+    w = _starting_worker(tmp_path, monkeypatch, "t = time.process_time()\n"
+                         "    while time.process_time() - t < 3: pass")
+    try:
+        assert w.start()["hello"] == 1
+    finally:
+        w.stop()
+
+
+def test_a_start_that_stops_making_progress_says_what_it_waited_for(tmp_path, monkeypatch):
+    w = _starting_worker(tmp_path, monkeypatch, "import json; sys.stderr.write('stuck here\\n'); time.sleep(60)")
+    with pytest.raises(runner.WorkerError, match="made no progress for 1 s, importing vllm") as e:
+        w.start()
+    assert "stuck here" in str(e.value) and not w.alive
+
+
+def test_a_worker_that_dies_in_its_start_gives_its_exit_code(tmp_path, monkeypatch):
+    w = _starting_worker(tmp_path, monkeypatch, "time.sleep(0.3); sys.stderr.write('gone\\n'); sys.stderr.flush(); os._exit(7)")
+    with pytest.raises(runner.WorkerError, match="exited with code 7") as e:
+        w.start()
+    assert "gone" in str(e.value)
+
+
+def test_lines_are_read_whole_however_they_arrive(tmp_path, monkeypatch):
+    """A heartbeat and the hello in one write, then a result of megabytes (a long segment's
+    lookups): each is one message, read in time linear in its size."""
+    fake = tmp_path / "worker.py"
+    fake.write_text(textwrap.dedent("""
+        import json, sys
+        sys.stdout.write(json.dumps({"starting": "import", "cpu_s": 0.1, "modules": 9}) + "\\n"
+                         + json.dumps({"hello": 1, "vllm": "0.0.0"}) + "\\n")
+        sys.stdout.flush()
+        for line in sys.stdin:
+            msg = json.loads(line)
+            print(json.dumps({"id": msg["id"], "outcome": "ok", "lookups": ["x" * 64] * 200000}), flush=True)
+    """))
+    monkeypatch.setattr(runner, "WORKER", fake)
+    w = runner.Worker(prepare.ReleaseEnv("0.0.0", sys.executable, None))
+    try:
+        assert w.start()["hello"] == 1
+        for i in range(3):
+            res = w.run(i, {})
+            assert res["id"] == i and len(res["lookups"]) == 200000
+    finally:
+        w.stop()
+
+
 def test_one_crashing_case_never_stops_the_run(tmp_path, monkeypatch):
     fake = tmp_path / "worker.py"
     fake.write_text(textwrap.dedent("""

@@ -5,11 +5,13 @@ shown to fire on a planted defect of the real lookup and not on a clean run."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvbound.side.defects import DEFECTS
 from kvbound.spec.lookup import lookup_for_version
 from kvbound.spec.lookup_case import lookup_case_from_dict, lookup_case_to_dict
-from kvbound.spec.lookup_contract import check_lookup
+from kvbound.spec.lookup_contract import check_lookup, contract_cap
 from kvbound.spec.versions import release_features
 from kvbound.trace import runner as R
 
@@ -59,6 +61,43 @@ def test_contract_clauses():
     # a pending key that can give more is a reason to wait
     wait = _case({**CALIBRATION, "1:7": "HIT_PENDING"})
     assert check_lookup(wait, feats, None, None) == []
+
+
+@st.composite
+def _contract_cases(draw):
+    """Lookup cases of one to three groups of mixed chunk sizes, windows, drafters, caps and
+    Mamba alignment, with any answers: what ``best_boundary`` must search."""
+    groups = []
+    for gi in range(draw(st.integers(1, 3))):
+        tpc = draw(st.sampled_from([4, 8, 12, 16]))
+        window = draw(st.sampled_from([None, None, 1, 2, 3]))
+        groups.append({"group_idx": gi, "kind": "full_attention" if window is None else "sliding_window",
+                       "tokens_per_chunk": tpc, "num_keys": draw(st.integers(1, 10)), "window": window,
+                       "sliding_window": None if window is None else window * tpc,
+                       "eagle": draw(st.booleans())})
+    num_tokens = draw(st.integers(1, 130))
+    tier = {f"{g['group_idx']}:{c}": draw(st.sampled_from(["HIT", "HIT", "MISS", "HIT_PENDING", "RETRY"]))
+            for g in groups for c in range(g["num_keys"])}
+    lk = {"num_computed_tokens": draw(st.integers(0, num_tokens)), "num_tokens": num_tokens,
+          "num_prompt_tokens": num_tokens, "groups": groups, "tokens_per_hash": 4,
+          "num_block_hashes": num_tokens // 4, "tier": tier,
+          "mamba_align_size": draw(st.sampled_from([None, 8, 24])),
+          "max_num_new_tokens": draw(st.sampled_from([None, 5, 40])),
+          "max_load_tokens": draw(st.sampled_from([None, 7, 64]))}
+    return lookup_case_from_dict({"name": "c", "lookup": lk})
+
+
+@settings(max_examples=400, deadline=None)
+@given(_contract_cases(), st.sampled_from(["0.24.0", "0.30.0", "0.33.0"]))
+def test_best_boundary_is_the_token_by_token_scan(case, release):
+    """The search tries the cap and the common chunk grid only; the answer is the scan's."""
+    from kvbound.spec.lookup_contract import MAYBE, READY, best_boundary, supports
+
+    feats = release_features(release)
+    for ok in (READY, MAYBE):
+        scan = next((B for B in range(contract_cap(case), case.num_computed_tokens, -1)
+                     if supports(case, B, feats, ok)), case.num_computed_tokens)
+        assert best_boundary(case, feats, ok) == scan
 
 
 def test_lookup_obligations_verdicts_and_witnesses():

@@ -38,7 +38,8 @@ def register(sub):
                    help="repeatable; default: every layout")
     p.add_argument("--budget", type=float, default=None, metavar="S",
                    help=f"seconds the campaign is planned to take (default {CAMPAIGN_PLAN.budget_s:.0f}); turned into"
-                        " requests per layout by a fixed planning rate, so the run stays reproducible")
+                        " requests per layout by a fixed table of costs (kvbound.options.PlanOptions: worker"
+                        " starts, each layout family's rate, shrinking), so the run stays reproducible")
     p.add_argument("--requests", type=int, default=None, metavar="N", help="requests per layout (overrides --budget)")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--workers", type=int, default=None, metavar="W",
@@ -72,7 +73,7 @@ def plan(args) -> tuple[list, list]:
     from kvbound.spec import variant_for_version
     from kvbound.spec.versions import expand_releases
     from kvbound.trace.campaign import Shard
-    from kvbound.trace.layouts import LAYOUTS
+    from kvbound.trace.layouts import cost_family
     from kvbound.trace.session import checkout
 
     if not args.vllm and not args.vllm_src:
@@ -96,8 +97,16 @@ def plan(args) -> tuple[list, list]:
         n = args.requests
     else:
         plan_options = CAMPAIGN_PLAN if args.budget is None else replace(CAMPAIGN_PLAN, budget_s=args.budget)
-        n = plan_options.requests_per_layout(len(columns) * len(layouts),
-                                             workers if not args.ray else (args.workers or 2))
+        judged_as = releases + ([releases[-1]] if src_col else [])  # a checkout runs what its base runs
+        costs = [[cost_family(space.resolve(l)) for l in layouts if space.support(l, v) is None]
+                 for v in judged_as]
+        pool = workers if not args.ray else (args.workers or 2)
+        n = plan_options.requests_per_layout(costs, args.shrink_budget, pool)
+        planned = plan_options.seconds(costs, n, args.shrink_budget, pool)
+        if planned > plan_options.budget_s:  # the floor of traffic alone costs more: say so, run it
+            print(f"kvbound campaign: --budget {plan_options.budget_s:.0f} is below what this campaign costs at"
+                  f" the floor of {n} requests per layout (worker starts, shrinking): planned at {planned:.0f} s",
+                  file=sys.stderr)
     options = TraceOptions(RunOptions(n, args.seed, coverage=args.coverage), ShrinkOptions(args.shrink_budget))
     shards = [Shard(v, layouts, options, column=v) for v in releases]
     if src_col:
@@ -141,10 +150,11 @@ def run(args) -> int:
           file=sys.stderr, flush=True)
     t0 = time.monotonic()
     out_dir = str(Path(args.out).resolve())
-    if args.ray:
-        results = C.ray_shards(shards, args.ray, _bar(args.quiet, t0), out_dir, num_cpus=args.workers)
-    else:
-        results = C.local_shards(shards, local_workers(args), _bar(args.quiet, t0), out_dir)
+    with C.ended_by_signals():  # kill -TERM ends the pool (or Ray) and every vLLM worker: exit 143
+        if args.ray:
+            results = C.ray_shards(shards, args.ray, _bar(args.quiet, t0), out_dir, num_cpus=args.workers)
+        else:
+            results = C.local_shards(shards, local_workers(args), _bar(args.quiet, t0), out_dir)
     doc = C.merge(columns, results)
     wall = time.monotonic() - t0
     print(render(doc))

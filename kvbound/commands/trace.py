@@ -40,7 +40,7 @@ def register(sub):
                    help="repeatable; default: every layout the release supports")
     p.add_argument("--budget", type=float, default=TRACE_PLAN.budget_s, metavar="S",
                    help=f"seconds the run is planned to take (default {TRACE_PLAN.budget_s:.0f}): turned into"
-                        " requests per layout by a fixed planning rate (kvbound.options.PlanOptions), so the run"
+                        " requests per layout by a fixed cost table (kvbound.options.PlanOptions), so the run"
                         " stays reproducible")
     p.add_argument("--requests", type=int, default=None, metavar="N", help="requests per layout (overrides --budget)")
     p.add_argument("--seed", type=int, default=0, metavar="S")
@@ -105,7 +105,7 @@ def _bar(quiet):
 
 
 def run(args) -> int:
-    from kvbound.trace.layouts import LAYOUTS, parse_override
+    from kvbound.trace.layouts import cost_family, parse_override
     from kvbound.trace.session import RAN, run_release
 
     if args.replay:
@@ -113,12 +113,13 @@ def run(args) -> int:
     if (args.requests is not None and args.requests < 1) or args.segment < 1:
         raise UsageError("--requests and --segment must be >= 1")
     layouts = space.chosen(args)
-    n = args.requests if args.requests is not None else \
-        replace(TRACE_PLAN, budget_s=args.budget).requests_per_layout(len(layouts))
+    shrink_budget = 0 if args.no_shrink else args.shrink_budget
+    n = args.requests if args.requests is not None else replace(TRACE_PLAN, budget_s=args.budget).requests_per_layout(
+        [[cost_family(space.resolve(l)) for l in layouts]], shrink_budget)
     overrides = tuple(parse_override(it) for it in args.engine)
     options = TraceOptions(RunOptions(n, args.seed, args.segment, args.scheduler, args.stop_on_first, overrides,
                                       args.coverage),
-                           ShrinkOptions(0 if args.no_shrink else args.shrink_budget))
+                           ShrinkOptions(shrink_budget))
     try:
         env = _env(args)
     except PrepareError as e:

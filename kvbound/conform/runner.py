@@ -35,22 +35,32 @@ class Worker:
         self.hello: dict | None = None
         self._err = tempfile.TemporaryFile(mode="w+")
         self.extra_env: dict = {}  # what this role's worker is started with besides (trace: coverage)
+        self._buf = b""  # what the worker wrote past the last line read
+        self._eof = False  # its stdout ended
 
     def start(self) -> dict:
+        """Start the process and wait for its hello. The wait has no wall-clock limit: while
+        the worker loads the release it sends a heartbeat (``sidecar.Heartbeat``: its CPU
+        seconds, the modules imported), and start gives up only when the process has died or
+        its heartbeats have shown no progress for ``WORKERS.start_idle_s`` (a loaded machine
+        slows the import; it does not stop it). The error says what it was waiting for."""
+        from kvbound.side.sidecar import HEARTBEAT_ENV, PARENT_ENV
+
         pyenv = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="ERROR",
                      VLLM_TARGET_DEVICE="cpu", TOKENIZERS_PARALLELISM="false",
-                     PYTHONHASHSEED=WORKERS.hash_seed)  # a seeded trace repeats itself (options.py)
+                     PYTHONHASHSEED=WORKERS.hash_seed,  # a seeded trace repeats itself (options.py)
+                     **{PARENT_ENV: str(os.getpid()), HEARTBEAT_ENV: str(WORKERS.heartbeat_s)})
         if self.env.tree:
             pyenv["PYTHONPATH"] = self.env.tree
         pyenv.update(self.extra_env)
         # -P keeps the worker's own directory (kvbound's sources) off sys.path.
         self.proc = subprocess.Popen(
             [self.env.python, "-P", str(WORKER), self.role], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._err, text=True, bufsize=1, env=pyenv,
+            stderr=self._err, env=pyenv,
         )
-        line = self._readline(WORKERS.hello_timeout_s)
-        msg = _parse(line)
+        msg, waiting = self._await_hello()
         if msg is None or "hello" not in msg:
+            code = self._exit_code()
             self.stop()
             if msg and msg.get("fatal") == "import":
                 raise WorkerError(
@@ -60,18 +70,70 @@ class Worker:
                     " (kvbound/conform/vllm-import-deps.lock) does not fit this release:"
                     " add the module there and run again (the deps venv is rebuilt when the list"
                     f" changes). Traceback tail:\n{msg.get('traceback', '')[-1500:]}")
+            why = (f"it exited with code {code}" if code is not None else
+                   f"it made no progress for {WORKERS.start_idle_s:.0f} s")
             raise WorkerError(
-                f"the worker for vllm {self.env.version} did not start (exit code"
-                f" {self.proc.returncode if self.proc else '?'}). Its stderr ends:\n{self.stderr_tail()}")
+                f"the worker for vllm {self.env.version} did not start: {why}, {waiting}."
+                f" Its stderr ends:\n{self.stderr_tail() or '(nothing)'}")
         self.hello = msg
         return msg
 
-    def _readline(self, timeout: float) -> str | None:
-        assert self.proc and self.proc.stdout
-        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not r:
+    def _await_hello(self) -> tuple[dict | None, str]:
+        """(the first message that is not a heartbeat, or None, what the wait was on)."""
+        t0 = mark = time.monotonic()
+        seen = (-1.0, -1)  # (CPU seconds, modules) at the last progress
+        waiting = "starting Python (no heartbeat yet)"
+        while True:
+            line = self._readline(max(1.0, WORKERS.start_idle_s - (time.monotonic() - mark)))
+            msg = _parse(line)
+            if msg is None:
+                return None, waiting  # died (EOF), or silent past the idle window
+            if "starting" not in msg:
+                return msg, waiting
+            now = (float(msg.get("cpu_s") or 0.0), int(msg.get("modules") or 0))
+            if now[0] >= seen[0] + WORKERS.start_progress_cpu_s or now[1] > seen[1]:
+                seen, mark = now, time.monotonic()
+            elif time.monotonic() - mark > WORKERS.start_idle_s:
+                return None, waiting
+            waiting = (f"importing vllm ({now[1]} modules so far, the last {msg.get('last_module')};"
+                       f" {now[0]:.1f} CPU s in {time.monotonic() - t0:.0f} s)")
+
+    def _exit_code(self) -> int | None:
+        """The worker's exit code once its output ended (it is exiting), else None (alive)."""
+        if self.proc is None:
             return None
-        return self.proc.stdout.readline()
+        try:
+            return self.proc.wait(timeout=10) if self._eof else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _readline(self, timeout: float) -> str | None:
+        """One line from the worker: None when it sent nothing for ``timeout`` seconds, ""
+        at EOF. The wait is for the worker's next bytes, not for the whole line: a large
+        result (a long segment's lookups run to megabytes) takes as long as it takes."""
+        assert self.proc and self.proc.stdout
+        fd = self.proc.stdout.fileno()
+        parts = [self._buf]
+        while b"\n" not in parts[-1]:
+            if not select.select([fd], [], [], timeout)[0]:
+                self._buf = b"".join(parts)
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                self._eof, self._buf = True, b""
+                return b"".join(parts).decode(errors="replace")
+            parts.append(chunk)
+        line, _, self._buf = b"".join(parts).partition(b"\n")
+        return line.decode(errors="replace") + "\n"
+
+    def send(self, msg: dict) -> None:
+        """One message to the worker (a dead one is seen at the next read)."""
+        assert self.proc and self.proc.stdin
+        try:
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
 
     def stderr_tail(self, n: int = 2000) -> str:
         self._err.flush()
@@ -79,12 +141,7 @@ class Worker:
         return self._err.read()[-n:]
 
     def run(self, case_id: int, case: dict) -> dict:
-        assert self.proc and self.proc.stdin
-        try:
-            self.proc.stdin.write(json.dumps({"id": case_id, "case": case}) + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # seen as a dead worker below
+        self.send({"id": case_id, "case": case})
         line = self._readline(WORKERS.case_timeout_s)
         if line is None:
             self.stop()

@@ -6,6 +6,8 @@ deps venv, where kvbound is not installed, as part of the side package. From her
 protocol loop (``serve``), the failing assert of an exception (``assert_site``), portable
 vLLM paths (``portable_path``) and whether an exception was raised by vLLM or by
 kvbound's own harness (``raised_in_harness``). Booting vLLM on CPU is ``adapter.py``'s.
+Also what ties a process's life to its parent's (``die_with_parent``), which the host's
+campaign pool uses too: a worker never outlives the process that started it.
 
 Standard library only.
 """
@@ -13,10 +15,17 @@ Standard library only.
 import ast
 import json
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 
 PROTOCOL = 1
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# set by the host (kvbound/conform/runner.py Worker.start): who started this worker, and how
+# often it says how far its start has come (kvbound/options.py ProcessOptions)
+PARENT_ENV, HEARTBEAT_ENV = "KVBOUND_PARENT_PID", "KVBOUND_HEARTBEAT_S"
 KVBOUND_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../kvbound
 
 
@@ -25,15 +34,72 @@ def send(out, obj):
     out.flush()
 
 
+def die_with_parent(parent_pid=None, sig=signal.SIGKILL):
+    """Have the kernel send ``sig`` to this process when the thread that started it ends
+    (Linux ``prctl(PR_SET_PDEATHSIG)``), however it ends (``kill -9`` included); with
+    ``parent_pid``, end now if that parent is already gone. True when tied; elsewhere
+    nothing is tied (a worker then ends at its next read of stdin, which its parent held)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        tied = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+    if tied and parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(128 + int(sig))  # the parent ended before the tie was made
+    return tied
+
+
+class Heartbeat:
+    """While the worker starts (importing vLLM: seconds on an idle machine, minutes on a
+    loaded one), a line every ``interval`` seconds saying how far it has come: its CPU
+    seconds and the modules imported, the last one named. The host waits while these grow
+    and gives up only when they stop (kvbound/conform/runner.py ``Worker.start``)."""
+
+    def __init__(self, proto, interval):
+        self.proto, self.interval = proto, interval
+        self.lock, self.done = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="kvbound-heartbeat", daemon=True)
+
+    def _beat(self):
+        while not self.done.wait(self.interval):
+            try:
+                names = list(sys.modules)
+            except RuntimeError:  # the dict changed size under us: next beat
+                continue
+            with self.lock:
+                if not self.done.is_set():
+                    send(self.proto, {"starting": "import", "cpu_s": round(time.process_time(), 3),
+                                      "modules": len(names), "last_module": names[-1] if names else None})
+
+    def __enter__(self):
+        if self.interval > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        with self.lock:
+            self.done.set()
+        return False
+
+
 def serve(make_release, handle, hello_extra=None):
     """The worker protocol: stdout is the protocol channel (whatever vLLM prints goes to
-    stderr); a hello line (or one ``fatal: import`` line), then one JSON message per
-    stdin line -> ``handle(release, message)``'s JSON result, tagged with the message id."""
+    stderr); heartbeats while the release loads (``Heartbeat``), a hello line (or one
+    ``fatal: import`` line), then one JSON message per stdin line -> ``handle(release,
+    message)``'s JSON result, tagged with the message id. The worker dies with its parent
+    (``die_with_parent``)."""
+    parent = os.environ.get(PARENT_ENV)
+    if parent:
+        die_with_parent(int(parent))
     proto = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     try:
-        rel = make_release()
+        with Heartbeat(proto, float(os.environ.get(HEARTBEAT_ENV) or 0)):
+            rel = make_release()
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which explains it
         send(proto, {"fatal": "import", "error": "%s: %s" % (type(e).__name__, e),
                      "traceback": traceback.format_exc()[-4000:], "python": sys.version})

@@ -9,7 +9,7 @@ merged document (``merge``) is the same, byte for byte, wherever it ran, but for
 ``detect.cpu_s``, a measurement (``kvbound.records.reproducible`` leaves it out).
 
 Reproducible: the shard plan is computed from the command line alone. ``--budget`` is
-turned into requests per layout by a fixed planning rate (``kvbound.options.PlanOptions``),
+turned into requests per layout by a fixed cost table (``kvbound.options.PlanOptions``),
 not by a clock, so two runs of one command trace the same requests; the worker runs
 with a fixed ``PYTHONHASHSEED`` (``kvbound.options.WORKERS.hash_seed``). Wall-clock
 figures never enter the document; they go to ``timings`` beside it. With ``--coverage`` each
@@ -19,11 +19,14 @@ shard also returns the union of its jobs' connector coverage (``kvbound/trace/co
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvbound.errors import UsageError
+from kvbound.errors import Terminated, UsageError
 from kvbound.options import RunOptions, ShrinkOptions, TraceOptions
 from kvbound.records import CampaignFinding, CampaignRecord
 
@@ -67,8 +70,42 @@ def run_shard(shard_json: dict, progress=None, out_dir: str | None = None) -> di
 # ------------------------------------------------------------------------------ executors
 
 
+@contextmanager
+def ended_by_signals():
+    """SIGTERM (what ``timeout`` and CI runners send) and SIGINT become ``Terminated`` in the
+    main thread, so the executors below end what they started on the way out: the local
+    pool's processes are killed, a Ray instance is shut down, and every vLLM worker, tied to
+    its parent (``sidecar.die_with_parent``), dies with the process that started it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; the caller's own then apply
+        return
+
+    def end(signum, _frame):
+        for s in (signal.SIGTERM, signal.SIGINT):  # a second signal does not cut the cleanup short
+            signal.signal(s, signal.SIG_IGN)
+        raise Terminated(signum)
+
+    old = {s: signal.signal(s, end) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _pool_process() -> None:
+    """Each pool process: the default action on SIGTERM and SIGINT (not the handler it
+    inherits from the main process), and death with its parent."""
+    from kvbound.side.sidecar import die_with_parent
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, signal.SIG_DFL)
+    die_with_parent()
+
+
 def local_shards(shards: list, workers: int, progress=None, out_dir: str | None = None) -> list:
-    """Every shard in a pool of ``workers`` processes; results in shard order."""
+    """Every shard in a pool of ``workers`` processes; results in shard order. Ended early
+    (``Terminated``, an error), it kills the pool's processes, and their workers die with them."""
     if workers <= 1 or len(shards) <= 1:
         out = []
         for i, sh in enumerate(shards):
@@ -76,15 +113,23 @@ def local_shards(shards: list, workers: int, progress=None, out_dir: str | None 
             if progress:
                 progress(i + 1, len(shards), out[-1])
         return out
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     res = [None] * len(shards)
-    with ProcessPoolExecutor(max_workers=workers) as ex:
-        futs = {ex.submit(run_shard, sh.to_json(), None, out_dir): i for i, sh in enumerate(shards)}
-        for done, fut in enumerate(as_completed(futs), 1):
-            res[futs[fut]] = fut.result()
-            if progress:
-                progress(done, len(shards), res[futs[fut]])
+    with ProcessPoolExecutor(max_workers=workers, initializer=_pool_process) as ex:
+        try:
+            futs = {ex.submit(run_shard, sh.to_json(), None, out_dir): i for i, sh in enumerate(shards)}
+            for done, fut in enumerate(as_completed(futs), 1):
+                res[futs[fut]] = fut.result()
+                if progress:
+                    progress(done, len(shards), res[futs[fut]])
+        except BaseException:
+            ex.shutdown(wait=False, cancel_futures=True)
+            for p in multiprocessing.active_children():  # the pool's processes: nothing else here starts one
+                p.kill()
+                p.join()
+            raise
     return res
 
 
@@ -105,11 +150,14 @@ def ray_shards(shards: list, address: str, progress=None, out_dir: str | None = 
         # empty working_dir makes every worker, on any node, import the installed kvbound.
         kw = {"include_dashboard": False, "log_to_driver": False,
               "runtime_env": {"working_dir": (empty := tempfile.mkdtemp(prefix="kvbound-ray-"))}}
+        ours = signal.getsignal(signal.SIGTERM)
         if address == "local":
             ray.init(num_cpus=num_cpus or 2, **kw)
         else:
             ray.init(address=address, **kw)
         started = True
+        if ours is not None:  # ray.init sets its own (sys.exit(15)); ended_by_signals' stays
+            signal.signal(signal.SIGTERM, ours)
     try:
         task = ray.remote(num_cpus=1)(run_shard)
         refs = [task.remote(sh.to_json(), None, out_dir) for sh in shards]

@@ -299,3 +299,10 @@ def max_prompt_tokens(layout: dict, engine: dict) -> int:
     b = max(block_sizes(layout))
     n_groups = len(layout["groups"])
     return max(b, (engine["num_gpu_blocks"] - 1) // n_groups * b // 2)
+
+
+def cost_family(layout: Layout) -> str:
+    """The layout's costliest group kind, the row of the plan's table it is costed by
+    (``kvbound.options.PlanOptions.seconds_per_request``): Mamba, then a window, then full."""
+    kinds = {g["kind"] for g in layout.groups}
+    return next(k for k in (MAMBA, SWA, CL, FA) if k in kinds or k == FA)

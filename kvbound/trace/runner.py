@@ -44,12 +44,7 @@ class TraceWorker(Worker):
     def job(self, job: dict) -> dict:
         import json
 
-        assert self.proc and self.proc.stdin
-        try:
-            self.proc.stdin.write(json.dumps({"id": 0, "job": job}) + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass
+        self.send({"id": 0, "job": job})
         line = self._readline(WORKERS.job_timeout_s)
         if not line:
             tail = self.stderr_tail()
