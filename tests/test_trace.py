@@ -152,6 +152,10 @@ def test_each_need_of_a_layout_is_a_release_table_column():
     ("eagle", "0.28.0", "kv_cache_coordinator.py:682"),
     ("full-scripted", "0.22.1", "on_schedule_end"),
     ("swa-sync", "0.32.0", "sync_load_budget_bytes"),
+    ("mamba-all", "0.32.0", "vllm/config/cache.py:63"),
+    ("full-tiering-fs", "0.21.0", "tiering"),
+    ("full-tiering-fs", "0.29.0", "chunk_ids"),
+    ("full-tiering-fs", "0.22.1", "on_schedule_end"),
 ])
 def test_a_layout_the_release_cannot_run_is_one_line_with_the_vllm_lines(layout, version, why):
     from kvbound.trace.space import support

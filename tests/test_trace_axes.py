@@ -24,17 +24,6 @@ def test_the_new_axes_leave_every_other_layouts_job_as_it_was():
         assert ("pd_p" in lay.params()) == (lay.composition is not None), name
 
 
-@pytest.mark.parametrize("layout,version,why", [
-    ("mamba-all", "0.32.0", "vllm/config/cache.py:63"),
-    ("full-tiering-fs", "0.21.0", "tiering"),
-    ("full-tiering-fs", "0.29.0", "chunk_ids"),
-    ("full-tiering-fs", "0.22.1", "on_schedule_end"),
-])
-def test_a_release_without_the_axis_value_is_one_line(layout, version, why):
-    line = support(layout, version)
-    assert line and why in line and "\n" not in line
-
-
 def test_each_axis_value_runs_where_the_table_says():
     assert support("mamba-all", "0.23.0") is None and support("mamba-all", "0.31.0") is None
     assert support("full-tiering-fs", "0.30.0") is None and support("full-multi-pd", "0.21.0") is None

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, KvboundError, PrepareError, ReportInputError, UsageError
 from kvbound.options import CAMPAIGN_COVERAGE, CAMPAIGN_PLAN, CAMPAIGN_SHRINK, RunOptions, ShrinkOptions, TraceOptions
-from kvbound.trace import space
 from kvbound.records import CampaignRecord
+from kvbound.trace import space
 
 
 def register(sub):

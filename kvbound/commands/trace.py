@@ -13,9 +13,9 @@ from pathlib import Path
 
 from kvbound.conform.prepare import ReleaseEnv
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, PrepareError, TraceError, UsageError
-from kvbound.trace import space
 from kvbound.options import TRACE_PLAN, TRACE_SHRINK, RunOptions, ShrinkOptions, TraceOptions
 from kvbound.records import TraceRecord
+from kvbound.trace import space
 from kvbound.spec import case_from_dict, plan_for_version, variant_for_version
 
 

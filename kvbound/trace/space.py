@@ -25,6 +25,8 @@ import itertools
 import random
 from dataclasses import dataclass
 
+from kvbound.errors import UsageError
+
 from . import layouts as L
 
 MAMBA_KINDS = (L.MAMBA,)
@@ -54,7 +56,7 @@ class Axis:
 
     def parse(self, text: str):
         if self.target == "engine":
-            return L.OVERRIDES[self.name].parse(text) if self.name in L.OVERRIDES else float(text)
+            return L.OVERRIDES[self.name].parse(text)  # every engine axis is an --engine key
         return int(text) if text.isdigit() else text
 
     def value_of(self, lay: L.Layout) -> str:
@@ -69,11 +71,12 @@ class Axis:
         if self.target == "engine":
             return dataclasses.replace(lay, engine=dict(lay.engine, **{self.name: value}),
                                        needs=lay.needs + self.needs.get(text, ()))
-        field_value = None if text == self.values[0] and self.name in _NONE_DEFAULT else value
-        return dataclasses.replace(lay, needs=lay.needs + self.needs.get(text, ()), **{self.name: field_value})
+        if text == self.values[0] and _LAYOUT_DEFAULTS[self.name] is None:  # a field's None is its first value
+            value = None
+        return dataclasses.replace(lay, needs=lay.needs + self.needs.get(text, ()), **{self.name: value})
 
 
-_NONE_DEFAULT = ("mamba_cache_mode", "composition", "offload_spec")  # Layout fields whose None is the first value
+_LAYOUT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(L.Layout)}
 
 AXES = (
     Axis("blocks_per_chunk", ("1", "2", "4"), "GPU blocks per offloaded chunk", "field"),
@@ -99,22 +102,16 @@ AXES = (
 BY_NAME = {a.name: a for a in AXES}
 
 
-def _usage(msg: str):
-    from kvbound.errors import UsageError
-
-    return UsageError(msg)
-
-
 def parse_axis(item: str) -> tuple:
     """One ``--axis K=V1,V2``: (axis, (values...)), or a UsageError naming the axis or value
     and what is allowed."""
     k, sep, v = item.partition("=")
     if not sep or k not in BY_NAME:
-        raise _usage(f"--axis {item!r}: expected K=V[,V...] with K one of {', '.join(BY_NAME)}")
+        raise UsageError(f"--axis {item!r}: expected K=V[,V...] with K one of {', '.join(BY_NAME)}")
     values = tuple(dict.fromkeys(x.strip().lower() for x in v.split(",") if x.strip()))
     bad = [x for x in values if x not in BY_NAME[k].values]
     if bad or not values:
-        raise _usage(f"--axis {item!r}: {k} takes {', '.join(BY_NAME[k].values)}")
+        raise UsageError(f"--axis {item!r}: {k} takes {', '.join(BY_NAME[k].values)}")
     return k, values
 
 
@@ -129,13 +126,13 @@ def split(name: str) -> tuple:
     """(layout, {axis: value}) of a point's name; a UsageError names what is wrong."""
     base, _, rest = name.partition("@")
     if base not in L.LAYOUTS:
-        raise _usage(f"point {name!r}: layout {base!r} is not one of {', '.join(sorted(L.LAYOUTS))}")
+        raise UsageError(f"point {name!r}: layout {base!r} is not one of {', '.join(sorted(L.LAYOUTS))}")
     moved = {}
     for item in filter(None, rest.split(",")):
         k, sep, v = item.partition("=")
         if not sep or k not in BY_NAME or v not in BY_NAME[k].values:
             allowed = f"{k} takes {', '.join(BY_NAME[k].values)}" if k in BY_NAME else f"K one of {', '.join(BY_NAME)}"
-            raise _usage(f"point {name!r}: {item!r} is not an axis value K=V ({allowed})")
+            raise UsageError(f"point {name!r}: {item!r} is not an axis value K=V ({allowed})")
         moved[k] = v
     return base, moved
 
@@ -212,7 +209,7 @@ def chosen(args) -> list:
     """The points a command line names: each --layout (every layout, unless only --point is
     given) times the --axis values, then each --point, then --explore's draws."""
     if args.explore < 0:
-        raise _usage("--explore must be >= 0")
+        raise UsageError("--explore must be >= 0")
     pinned = dict(parse_axis(item) for item in args.axis)
     named = [point_name(*split(name)) for name in args.point]
     bases = list(dict.fromkeys(args.layout)) or ([] if named and not pinned else list(L.LAYOUTS))
