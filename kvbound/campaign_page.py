@@ -321,15 +321,35 @@ def coverage_section(coverage: dict | None, columns: list) -> Section:
 # --------------------------------------------------------------------------- the page
 
 
-def html_page(doc: CampaignRecord, findings_dir: str) -> str:
+def review_section(base: str, patched: str, review: dict, doc: CampaignRecord, cov: dict | None) -> Section:
+    """``kvbound review``'s verdict, above the campaign page of both trees (``doc``): the
+    finding keys gone, new and kept, linked to their drawings, and the coverage change."""
+    numbers = _numbers(doc)
+    rows = [[html("<b>{}</b>", what), str(len(review[what])),
+             join(html('<div><a href="#f{}">#{}</a> <span class="mono">{}</span></div>', numbers[k], numbers[k], k)
+                  for k in review[what])] for what in ("gone", "new", "kept")]
+    body = html('<p class="small">The same points, traffic and seeds on vllm {} and on {} (the patch applied to a'
+                ' copy of it); findings compared by key.</p>{}', base, patched,
+                _table(["", "findings", "keys"], rows))
+    if cov is not None:
+        side = lambda x: "absent" if x is None else f"{x[0]} / {x[1]}"  # noqa: E731
+        body += _table(["file", f"vllm {base}: run / statements", f"{patched}: run / statements"],
+                       [[mono("all files"), side(cov["total"]["base"]), side(cov["total"]["patched"])]]
+                       + [[mono(rel), side(f["base"]), side(f["patched"])] for rel, f in cov["files"].items()])
+    summary = f"{len(review['gone'])} gone, {len(review['new'])} new, {len(review['kept'])} kept"
+    return Section("review", "The patch: findings gone, new and kept", body, summary=summary,
+                   failed=bool(review["new"]))
+
+
+def html_page(doc: CampaignRecord, findings_dir: str, lead=()) -> str:
     """The page for ``doc``; replay commands name the trace files under ``findings_dir``
-    (the campaign's ``--out``, as given)."""
+    (the campaign's ``--out``, as given); ``lead``: sections above the matrix (a review's)."""
     from kvbound.svg import content_legend_svg, legend_svg
 
     numbers = _numbers(doc)
     figures = [finding_figure(f, numbers[f.key], len(doc.columns), findings_dir) for f in doc.findings]
     n_safety = sum(f.safety for f in doc.findings)
-    sections = [matrix_section(doc, numbers), classes_section(doc, numbers),
+    sections = [*lead, matrix_section(doc, numbers), classes_section(doc, numbers),
                 Section("findings", "Distinct findings, drawn", join(figures) if figures else Markup("<p>none</p>"),
                         summary=f"{len(doc.findings)} distinct: {n_safety} safety,"
                                 f" {len(doc.findings) - n_safety} efficiency", failed=bool(n_safety)),

@@ -20,7 +20,7 @@ from kvbound.errors import EXIT_OK, KvboundError
 
 # Each name is a module kvbound.commands.<name> with register(subparsers) -> parser and
 # run(args) -> exit code; order is the order ``kvbound --help`` lists them.
-COMMANDS = ["plan", "explain", "prove", "premises", "report", "catalogue", "conform", "diff", "bench", "trace", "campaign"]
+COMMANDS = ["plan", "explain", "prove", "premises", "report", "catalogue", "conform", "diff", "bench", "trace", "campaign", "review"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,8 +17,6 @@ from kvbound.trace import space
 
 
 def register(sub):
-    from kvbound.trace.layouts import LAYOUTS
-
     p = sub.add_parser(
         "campaign",
         help="trace every release x layout: one matrix, each distinct finding once",
@@ -34,6 +32,24 @@ def register(sub):
                    help="a release (0.33.0), a range (0.21.0..0.33.0) or a comma list; repeatable")
     p.add_argument("--vllm-src", metavar="DIR", help="a checkout's root (a fork): joins the matrix as one column,"
                    " judged as the newest release named")
+    add_run_arguments(p)
+    p.add_argument("--ray", metavar="ADDRESS", help="run the shards on Ray: auto (a running cluster), an"
+                   " address, or local (a fresh local instance of --workers CPUs)")
+    p.add_argument("--out", default="campaign-findings", metavar="DIR", help="where trace files go")
+    p.add_argument("--json", metavar="FILE", help="the campaign document (deterministic)")
+    p.add_argument("--timings", metavar="FILE", help="wall-clock figures per shard and layout (not reproducible)")
+    p.add_argument("--html", metavar="FILE", help="the matrix and the findings drawn, one HTML page")
+    p.add_argument("--baseline", metavar="FILE", help="an earlier campaign's JSON: exit 1 only on a finding"
+                   " (key, release) it does not hold, and name the ones it holds that are gone (for CI)")
+    return p
+
+
+def add_run_arguments(p) -> None:
+    """What ``kvbound campaign`` and ``kvbound review`` share: the points (``--layout`` and the
+    space's options), the traffic (``--budget`` or ``--requests``, ``--seed``), the local pool,
+    shrinking, coverage, the progress bar."""
+    from kvbound.trace.layouts import LAYOUTS
+
     p.add_argument("--layout", action="append", choices=sorted(LAYOUTS), default=[],
                    help="repeatable; default: every layout")
     p.add_argument("--budget", type=float, default=None, metavar="S",
@@ -44,23 +60,14 @@ def register(sub):
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--workers", type=int, default=None, metavar="W",
                    help="local worker processes (default: the CPU count)")
-    p.add_argument("--ray", metavar="ADDRESS", help="run the shards on Ray: auto (a running cluster), an"
-                   " address, or local (a fresh local instance of --workers CPUs)")
     p.add_argument("--shrink-budget", type=int, default=CAMPAIGN_SHRINK.budget, metavar="R",
                    help="reruns per distinct finding")
     p.add_argument("--coverage", action=argparse.BooleanOptionalAction, default=CAMPAIGN_COVERAGE,
                    help="measure the line coverage of each release's connector code (coverage.py in the worker;"
                         " the document's 'coverage', per file and release). Default off: it costs about 2/3 of"
                         " the traffic rate on Python 3.11 (docs/benchmarks.md)")
-    p.add_argument("--out", default="campaign-findings", metavar="DIR", help="where trace files go")
-    p.add_argument("--json", metavar="FILE", help="the campaign document (deterministic)")
-    p.add_argument("--timings", metavar="FILE", help="wall-clock figures per shard and layout (not reproducible)")
-    p.add_argument("--html", metavar="FILE", help="the matrix and the findings drawn, one HTML page")
-    p.add_argument("--baseline", metavar="FILE", help="an earlier campaign's JSON: exit 1 only on a finding"
-                   " (key, release) it does not hold, and name the ones it holds that are gone (for CI)")
     space.add_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
 
 
 def local_workers(args) -> int:
@@ -73,7 +80,6 @@ def plan(args) -> tuple[list, list]:
     from kvbound.spec import variant_for_version
     from kvbound.spec.versions import expand_releases
     from kvbound.trace.campaign import Shard
-    from kvbound.trace.layouts import cost_family
     from kvbound.trace.session import checkout
 
     if not args.vllm and not args.vllm_src:
@@ -90,28 +96,36 @@ def plan(args) -> tuple[list, list]:
             raise UsageError("--vllm-src DIR needs --vllm X: the release whose spec the fork is judged by")
         src_col = f"src:{src.resolve().name}"
         columns.append(src_col)
-    workers = 1 if args.ray else local_workers(args)
+    judged_as = releases + ([releases[-1]] if src_col else [])  # a checkout runs what its base runs
+    options = trace_options(args, judged_as, layouts, (args.workers or 2) if args.ray else local_workers(args))
+    shards = [Shard(v, layouts, options, column=v) for v in releases]
+    if src_col:
+        shards.append(Shard(releases[-1], layouts, options, src=str(src.resolve()), column=src_col))
+    return columns, shards
+
+
+def trace_options(args, judged_as: list, layouts: tuple, pool: int) -> TraceOptions:
+    """The options every shard runs with, from the command line alone: ``--requests`` per
+    point, else ``--budget`` turned into requests per point by the fixed cost table for one
+    column per entry of ``judged_as`` (the release each column is judged as) on ``pool``
+    processes; ``--seed``, ``--coverage``, ``--shrink-budget``."""
+    from kvbound.trace.layouts import cost_family
+
     if args.requests is not None:
         if args.requests < 1:
             raise UsageError("--requests must be >= 1")
         n = args.requests
     else:
         plan_options = CAMPAIGN_PLAN if args.budget is None else replace(CAMPAIGN_PLAN, budget_s=args.budget)
-        judged_as = releases + ([releases[-1]] if src_col else [])  # a checkout runs what its base runs
         costs = [[cost_family(space.resolve(l)) for l in layouts if space.support(l, v) is None]
                  for v in judged_as]
-        pool = workers if not args.ray else (args.workers or 2)
         n = plan_options.requests_per_layout(costs, args.shrink_budget, pool)
         planned = plan_options.seconds(costs, n, args.shrink_budget, pool)
         if planned > plan_options.budget_s:  # the floor of traffic alone costs more: say so, run it
-            print(f"kvbound campaign: --budget {plan_options.budget_s:.0f} is below what this campaign costs at"
+            print(f"kvbound {getattr(args, 'command', 'campaign')}: --budget {plan_options.budget_s:.0f} is below what this campaign costs at"
                   f" the floor of {n} requests per layout (worker starts, shrinking): planned at {planned:.0f} s",
                   file=sys.stderr)
-    options = TraceOptions(RunOptions(n, args.seed, coverage=args.coverage), ShrinkOptions(args.shrink_budget))
-    shards = [Shard(v, layouts, options, column=v) for v in releases]
-    if src_col:
-        shards.append(Shard(releases[-1], layouts, options, src=str(src.resolve()), column=src_col))
-    return columns, shards
+    return TraceOptions(RunOptions(n, args.seed, coverage=args.coverage), ShrinkOptions(args.shrink_budget))
 
 
 def _bar(quiet, t0):

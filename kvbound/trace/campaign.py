@@ -103,13 +103,16 @@ def _pool_process() -> None:
     die_with_parent()
 
 
-def local_shards(shards: list, workers: int, progress=None, out_dir: str | None = None) -> list:
-    """Every shard in a pool of ``workers`` processes; results in shard order. Ended early
-    (``Terminated``, an error), it kills the pool's processes, and their workers die with them."""
+def local_shards(shards: list, workers: int, progress=None, out_dir: str | list | None = None) -> list:
+    """Every shard in a pool of ``workers`` processes; results in shard order. Trace files go
+    under ``out_dir``, or (a list) under each shard's own (``kvbound review``: the base and the
+    patched tree find the same findings under the same names). Ended early (``Terminated``, an
+    error), it kills the pool's processes, and their workers die with them."""
+    out_dirs = list(out_dir) if isinstance(out_dir, (list, tuple)) else [out_dir] * len(shards)
     if workers <= 1 or len(shards) <= 1:
         out = []
         for i, sh in enumerate(shards):
-            out.append(run_shard(sh.to_json(), None, out_dir))
+            out.append(run_shard(sh.to_json(), None, out_dirs[i]))
             if progress:
                 progress(i + 1, len(shards), out[-1])
         return out
@@ -119,7 +122,7 @@ def local_shards(shards: list, workers: int, progress=None, out_dir: str | None 
     res = [None] * len(shards)
     with ProcessPoolExecutor(max_workers=workers, initializer=_pool_process) as ex:
         try:
-            futs = {ex.submit(run_shard, sh.to_json(), None, out_dir): i for i, sh in enumerate(shards)}
+            futs = {ex.submit(run_shard, sh.to_json(), None, out_dirs[i]): i for i, sh in enumerate(shards)}
             for done, fut in enumerate(as_completed(futs), 1):
                 res[futs[fut]] = fut.result()
                 if progress:

@@ -1,0 +1,189 @@
+"""``kvbound review``: what a patch to vLLM changes in what the trace finds.
+
+The patch (a unified diff, ``kvbound.trace.patchfile``) is applied to a copy of the prepared
+release tree (``--vllm X``) or of a checkout (``--vllm-src DIR --base X``); the base and the
+patched tree then run the same campaign points, traffic and seeds, as two shards of one
+campaign (``kvbound.trace.campaign``: the patched tree is a ``src`` shard, judged by the base
+release's spec), and the findings are compared by key: gone (the base has it, the patched tree
+not), new, kept. Exit 1 on a new finding, 0 otherwise, 2 on bad input (a patch that does not
+apply: one line naming the file and the hunk), a harness fault or a worker that died.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, PrepareError, UsageError
+from kvbound.records import CampaignRecord, reproducible
+
+PATCHED = "patched"  # the patched tree's column
+REVIEW_FORMAT = 1
+
+
+def register(sub):
+    from .campaign import add_run_arguments
+
+    p = sub.add_parser(
+        "review",
+        help="a patch to vLLM: findings gone, new and kept against the tree it applies to",
+        description="Apply a unified diff (git diff or diff -u, paths vllm/..., a/ and b/ prefixes accepted) to a "
+        "copy of the prepared release tree (--vllm X) or of a checkout (--vllm-src DIR --base X), run the same "
+        "campaign points and seeds on the base and the patched tree, and print the findings gone, new and kept "
+        "(by finding key) and, with --coverage, the change in the connector's line coverage. Exit 1 on a new "
+        "finding, 0 otherwise, 2 on bad input (a patch that does not apply), a harness fault or a dead worker.",
+    )
+    p.add_argument("--vllm", metavar="X", help="the release the patch applies to (its prepared tree, copied)")
+    p.add_argument("--vllm-src", metavar="DIR", help="a checkout's root the patch applies to (its vllm/, copied)")
+    p.add_argument("--base", metavar="X", help="with --vllm-src: the release whose spec both trees are judged by")
+    p.add_argument("--patch", required=True, metavar="FILE", help="the unified diff")
+    add_run_arguments(p)
+    p.add_argument("--out", default="review-findings", metavar="DIR",
+                   help="where trace files go: DIR/base and DIR/patched")
+    p.add_argument("--keep-tree", metavar="DIR", help="keep the patched tree at DIR (it must not exist), so a"
+                   " new finding replays: kvbound trace --vllm X --vllm-src DIR --replay FILE")
+    p.add_argument("--json", metavar="FILE", help="the review document (deterministic): the base's and the"
+                   " patched tree's campaign documents, the keys gone, new and kept")
+    p.add_argument("--html", metavar="FILE", help="both trees in one campaign page, the review at its top")
+    return p
+
+
+def _sources(args) -> tuple:
+    """(the release both are judged by, the base tree's root, the base's src for its shard
+    (None: the prepared release), the base's column)."""
+    from kvbound.conform.prepare import prepare_release
+    from kvbound.spec import variant_for_version
+    from kvbound.trace.session import checkout
+
+    if args.vllm_src:
+        if args.vllm or not args.base:
+            raise UsageError("--vllm-src DIR takes --base X (the release whose spec it is judged by), not --vllm")
+        variant_for_version(args.base)
+        src = checkout(args.vllm_src).resolve()
+        return args.base, src, str(src), f"src:{src.name}"
+    if args.base:
+        raise UsageError("--base X goes with --vllm-src DIR; for a release give --vllm X alone")
+    if not args.vllm or "," in args.vllm or ".." in args.vllm:
+        raise UsageError("name one release with --vllm X (e.g. --vllm 0.33.0) or a checkout with --vllm-src DIR"
+                         " --base X")
+    variant_for_version(args.vllm)
+    env = prepare_release(args.vllm, lambda m: print(m, file=sys.stderr, flush=True))
+    return args.vllm, Path(env.tree), None, args.vllm
+
+
+def compare(base: CampaignRecord, patched: CampaignRecord) -> dict:
+    """{"gone", "new", "kept"}: finding keys the base has and the patched tree not, the
+    reverse, and both; each sorted."""
+    b, p = {f.key for f in base.findings}, {f.key for f in patched.findings}
+    return {"gone": sorted(b - p), "new": sorted(p - b), "kept": sorted(b & p)}
+
+
+def coverage_change(base: CampaignRecord, patched: CampaignRecord) -> dict | None:
+    """Per file: [executed, statements] on the base and on the patched tree, for the files
+    whose figures differ, and the totals; None when coverage was not measured."""
+    if not base.coverage or not patched.coverage:
+        return None
+    b, p = next(iter(base.coverage.values())), next(iter(patched.coverage.values()))
+    fig = lambda files, rel: [files[rel]["executed"], files[rel]["statements"]] if rel in files else None  # noqa: E731
+    files = {rel: {"base": fig(b, rel), "patched": fig(p, rel)} for rel in sorted(set(b) | set(p))
+             if fig(b, rel) != fig(p, rel)}
+    total = lambda files: [sum(f["executed"] for f in files.values()), sum(f["statements"] for f in files.values())]  # noqa: E731
+    return {"files": files, "total": {"base": total(b), "patched": total(p)}}
+
+
+def render(base_col: str, review: dict, both: CampaignRecord, cov: dict | None) -> str:
+    by_key = {f.key: f for f in both.findings}
+    lines = ["", f"== review: {base_col} against {PATCHED} =="]
+    for what in ("gone", "new", "kept"):
+        lines.append(f"{what}: {len(review[what])}")
+        for key in review[what]:
+            f = by_key[key]
+            where = "; ".join(f"{col}: {', '.join(sorted({c[1] for c in f.cells if c[0] == col}))}"
+                              for col in f.columns)
+            lines.append(f"  [{f.finding_class}{'' if f.safety else ', efficiency'}] {key}  ({where})")
+    if cov is not None:
+        pct = lambda ex, st: 100.0 * ex / st if st else 100.0  # noqa: E731
+        (be, bs), (pe, ps) = cov["total"]["base"], cov["total"]["patched"]
+        lines.append(f"coverage: {be} / {bs} statements ({pct(be, bs):.1f}%) -> {pe} / {ps} ({pct(pe, ps):.1f}%)")
+        for rel, f in cov["files"].items():
+            side = lambda x: "absent" if x is None else f"{x[0]} / {x[1]}"  # noqa: E731
+            lines.append(f"  {rel}: {side(f['base'])} -> {side(f['patched'])}")
+    return "\n".join(lines)
+
+
+def _prefix_files(result: dict, sub: str) -> dict:
+    """A shard's result with each trace file named under its own subdirectory of --out."""
+    for cell in result["cells"]:
+        for f in cell["findings"]:
+            if f.get("file"):
+                f["file"] = f"{sub}/{f['file']}"
+    return result
+
+
+def run(args) -> int:
+    from dataclasses import replace
+
+    from kvbound.trace import campaign as C
+    from kvbound.trace import space
+    from kvbound.trace.patchfile import copy_and_apply
+
+    from .campaign import _bar, local_workers, trace_options
+
+    patch = Path(args.patch)
+    try:
+        release, tree, base_src, base_col = _sources(args)
+    except PrepareError as e:
+        print(f"kvbound review: vllm {args.vllm} could not be prepared:\n  {e}", file=sys.stderr)
+        return EXIT_INPUT
+    layouts = tuple(space.chosen(args))
+    workers = min(local_workers(args), 2)
+    options = trace_options(args, [release, release], layouts, workers)
+    if args.keep_tree and Path(args.keep_tree).exists():
+        raise UsageError(f"--keep-tree {args.keep_tree}: exists already (give a new directory)")
+    work = Path(args.keep_tree) if args.keep_tree else Path(tempfile.mkdtemp(prefix="kvbound-review-")) / "tree"
+    try:
+        changed, skipped = copy_and_apply(tree, work, patch)
+        for rel in skipped:
+            print(f"kvbound review: {rel} left out: outside vllm/, no run imports it", file=sys.stderr)
+        print(f"kvbound review: {patch} applied to a copy of {base_col} ({len(changed)} file(s));"
+              f" {len(layouts)} point(s), {options.run.requests} requests each, seed {args.seed}, on both",
+              file=sys.stderr, flush=True)
+        base = C.Shard(release, layouts, options, src=base_src, column=base_col)
+        shards = [base, replace(base, src=str(work.resolve()), column=PATCHED)]
+        out = Path(args.out).resolve()
+        t0 = time.monotonic()
+        with C.ended_by_signals():
+            results = C.local_shards(shards, workers, _bar(args.quiet, t0),
+                                     [str(out / "base"), str(out / PATCHED)])
+    finally:
+        if not args.keep_tree:
+            shutil.rmtree(work.parent, ignore_errors=True)
+    results = [_prefix_files(r, sub) for r, sub in zip(results, ("base", PATCHED))]
+    base_doc, patched_doc = C.merge([base_col], results[:1]), C.merge([PATCHED], results[1:])
+    both = C.merge([base_col, PATCHED], results)
+    review = compare(base_doc, patched_doc)
+    cov = coverage_change(base_doc, patched_doc)
+    print(render(base_col, review, both, cov))
+    print(f"\n{2 * len(layouts)} cells in {time.monotonic() - t0:.0f} s")
+    if args.json:
+        doc = {"format": REVIEW_FORMAT, "release": release, "base": base_col,
+               "patch": {"file": args.patch, "sha256": hashlib.sha256(patch.read_bytes()).hexdigest(),
+                         "changed": changed, "left_out": skipped},
+               "base_doc": reproducible(base_doc.to_json()), "patched_doc": reproducible(patched_doc.to_json()),
+               **review, **({"coverage": cov} if cov is not None else {})}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    if args.html:
+        from kvbound.campaign_page import html_page, review_section
+
+        Path(args.html).write_text(html_page(both, args.out, lead=[review_section(base_col, PATCHED, review, both,
+                                                                                   cov)]))
+    if any(f.finding_class == "harness" for f in both.findings) or any(
+            cell["outcome"] == "worker_failed" for col in both.matrix.values() for cell in col.values()):
+        return EXIT_INPUT
+    return EXIT_FAIL if review["new"] else EXIT_OK
