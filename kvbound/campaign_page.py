@@ -329,8 +329,9 @@ def review_section(base: str, patched: str, review: dict, doc: CampaignRecord, c
              join(html('<div><a href="#f{}">#{}</a> <span class="mono">{}</span></div>', numbers[k], numbers[k], k)
                   for k in review[what])] for what in ("gone", "new", "kept")]
     body = html('<p class="small">The same points, traffic and seeds on vllm {} and on {} (the patch applied to a'
-                ' copy of it); findings compared by key.</p>{}', base, patched,
-                _table(["", "findings", "keys"], rows))
+                ' copy of it); findings compared by key. A trace file of {} replays on the patched tree only:'
+                ' <code>kvbound review --keep-tree DIR</code> keeps it, then <code>kvbound trace --vllm-src DIR'
+                ' --replay FILE</code>.</p>{}', base, patched, patched, _table(["", "findings", "keys"], rows))
     if cov is not None:
         side = lambda x: "absent" if x is None else f"{x[0]} / {x[1]}"  # noqa: E731
         body += _table(["file", f"vllm {base}: run / statements", f"{patched}: run / statements"],

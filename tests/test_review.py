@@ -1,0 +1,165 @@
+"""``kvbound review``: a patch to vLLM against the tree it applies to (docs/trace.md, "kvbound review").
+
+The patch applier (``kvbound.trace.patchfile``, pure Python) on small texts: what ``diff -u``
+and ``git diff`` write, shifted hunks, new and deleted files, and every way a patch fails to
+apply, each one line naming the patch, the file and the hunk. Then the command on the real
+0.33.0 tree, each run one point and 40 requests:
+
+* a genuine fix of the 0.33.0 reservation defect (``tests/data/review/0-33-0-mamba-sync-
+  reservation-fix.diff``: ``MambaManager.get_num_blocks_to_allocate`` counts the block a
+  connector-loaded state takes, docs/findings.md) reports ``allocation_exceeds_reservation``
+  gone and nothing new, exit 0;
+* a planted defect (``0-33-0-planted-load-skips-first-block.diff``: the load's scan starts one
+  block past the first fresh one) reports new findings, exit 1;
+* a patch that does not apply exits 2 with one line, and the prepared tree is never written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from kvbound.cli import main
+from kvbound.errors import UsageError
+from kvbound.trace.patchfile import apply_file, copy_and_apply, parse
+
+from conftest import DATA
+
+PATCHES = DATA / "review"
+FIX = PATCHES / "0-33-0-mamba-sync-reservation-fix.diff"
+PLANTED = PATCHES / "0-33-0-planted-load-skips-first-block.diff"
+MANAGER = "vllm/v1/core/single_type_kv_cache_manager.py"
+TEXT = "".join(f"line {i}\n" for i in range(1, 21))
+
+
+def _apply(diff: str, text: str | None = TEXT) -> str | None:
+    (fd,) = parse(diff, "p.diff")
+    return apply_file(fd, text, "p.diff")
+
+
+def test_a_git_diff_applies_with_its_prefixes_stripped():
+    diff = ("diff --git a/vllm/x.py b/vllm/x.py\nindex 1..2 100644\n--- a/vllm/x.py\n+++ b/vllm/x.py\n"
+            "@@ -4,3 +4,4 @@ def f():\n line 4\n-line 5\n+line five\n+line 5.5\n line 6\n")
+    (fd,) = parse(diff, "p.diff")
+    assert fd.path == "vllm/x.py"
+    assert apply_file(fd, TEXT, "p.diff") == TEXT.replace("line 5\n", "line five\nline 5.5\n")
+
+
+def test_a_shifted_hunk_applies_at_its_nearest_match_and_shifts_the_next():
+    # diff -u style (timestamps after a tab, no prefixes); the file gained 2 lines above both hunks
+    diff = ("--- vllm/x.py\t2026-01-01 00:00:00\n+++ vllm/x.py\t2026-01-01 00:00:01\n"
+            "@@ -2,2 +2,2 @@\n line 2\n-line 3\n+line three\n@@ -10,1 +10,1 @@\n-line 10\n+line ten\n")
+    text = "new a\nnew b\n" + TEXT
+    assert _apply(diff, text) == text.replace("line 3\n", "line three\n").replace("line 10\n", "line ten\n")
+
+
+def test_new_and_deleted_files_and_a_missing_final_newline():
+    assert _apply("--- /dev/null\n+++ b/vllm/n.py\n@@ -0,0 +1,2 @@\n+a\n+b\n\\ No newline at end of file\n",
+                  None) == "a\nb"
+    assert _apply("--- a/vllm/n.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-a\n-b\n", "a\nb\n") is None
+
+
+@pytest.mark.parametrize("diff, text, says", [
+    ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -5,2 +5,2 @@\n line 5\n-line 7\n+line seven\n", TEXT,
+     "vllm/x.py hunk 1 (@@ -5,2 +5,2 @@) does not apply"),
+    ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,1 +1,1 @@\n-line 1\n+one\n@@ -3,1 +3,1 @@\n-line 99\n+x\n", TEXT,
+     "vllm/x.py hunk 2 (@@ -3,1 +3,1 @@) does not apply"),
+    ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,1 +1,1 @@\n-line 1\n+one\n", None,
+     "vllm/x.py hunk 1 (@@ -1,1 +1,1 @@) does not apply: no such file in the tree"),
+    ("--- /dev/null\n+++ b/vllm/x.py\n@@ -0,0 +1,1 @@\n+one\n", TEXT, "creates a file that exists"),
+    ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,3 +1,3 @@\n-line 1\n+one\n", TEXT,
+     "its body has 1 old and 1 new line(s), the header says 3 and 3"),
+    ("--- a/../etc/x\n+++ b/../etc/x\n@@ -1 +1 @@\n-a\n+b\n", TEXT, "must be relative to the tree's root"),
+    ("--- a/vllm/x.py\n+++ b/vllm/y.py\n@@ -1 +1 @@\n-a\n+b\n", TEXT, "renames"),
+    ("just prose\n", TEXT, "no file diff in it"),
+])
+def test_a_patch_that_does_not_apply_is_one_line_naming_the_file_and_the_hunk(diff, text, says):
+    with pytest.raises(UsageError) as e:
+        _apply(diff, text)
+    assert says in str(e.value) and str(e.value).startswith("patch p.diff") and "\n" not in str(e.value)
+
+
+def test_the_copy_is_patched_and_the_source_never_written(tmp_path):
+    src = tmp_path / "src"
+    (src / "vllm").mkdir(parents=True)
+    (src / "vllm" / "x.py").write_text(TEXT)
+    (src / "README").write_text("not copied")
+    patch = tmp_path / "p.diff"
+    patch.write_text("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,1 +1,1 @@\n-line 1\n+one\n"
+                     "--- a/tests/test_x.py\n+++ b/tests/test_x.py\n@@ -1,1 +1,1 @@\n-a\n+b\n")
+    changed, left_out = copy_and_apply(src, tmp_path / "dst", patch)
+    assert (changed, left_out) == (["vllm/x.py"], ["tests/test_x.py"])  # a regression test outside vllm/: left out
+    assert (tmp_path / "dst" / "vllm" / "x.py").read_text() == TEXT.replace("line 1\n", "one\n", 1)
+    assert (src / "vllm" / "x.py").read_text() == TEXT
+    bad = tmp_path / "bad.diff"
+    bad.write_text("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,1 +1,1 @@\n-nope\n+one\n")
+    with pytest.raises(UsageError):
+        copy_and_apply(src, tmp_path / "dst2", bad)
+    assert not (tmp_path / "dst2").exists()  # checked before anything is copied
+
+
+# ------------------------------------------------------------------------------ on the real 0.33.0 tree
+
+
+def _review(tmp_path, patch, point, *extra):
+    out = tmp_path / "review.json"
+    rc = main(["review", "--vllm", "0.33.0", "--patch", str(patch), "--point", point, "--requests", "40",
+               "--shrink-budget", "0", "--workers", "2", "--quiet", "--out", str(tmp_path / "findings"),
+               "--json", str(out), *extra])
+    return rc, json.loads(out.read_text()) if out.exists() else None
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_fix_of_the_0_33_reservation_defect_reports_it_gone_and_nothing_new(tmp_path, prepared, capsys):
+    tree = Path(prepared("0.33.0").tree)
+    before = _digest(tree / MANAGER)
+    rc, doc = _review(tmp_path, FIX, "mamba-block-sync", "--html", str(tmp_path / "r.html"))
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert doc["gone"] == ["lifecycle:allocation_exceeds_reservation"] and doc["new"] == [], doc
+    assert doc["patch"]["changed"] == [MANAGER]
+    assert doc["base_doc"]["columns"] == ["0.33.0"] and doc["patched_doc"]["columns"] == ["patched"]
+    assert doc["patched_doc"]["findings"] == []
+    assert "gone: 1\n  [lifecycle] lifecycle:allocation_exceeds_reservation" in out and "new: 0" in out
+    text = json.dumps(doc)
+    assert "kvbound-review-" not in text and "cpu_s" not in text  # no temporary path, no measurement
+    page = (tmp_path / "r.html").read_text()
+    assert "findings gone, new and kept" in page and "vllm patched" in page
+    assert _digest(tree / MANAGER) == before  # the prepared tree is only read
+
+
+def test_a_planted_load_that_skips_a_block_reports_a_new_finding_and_exits_1(tmp_path, prepared, capsys):
+    prepared("0.33.0")
+    rc, doc = _review(tmp_path, PLANTED, "full")
+    assert rc == 1, capsys.readouterr().out
+    assert doc["base_doc"]["findings"] == []  # the point runs clean on 0.33.0 itself
+    assert "plan:spec_disagreement" in doc["new"], doc["new"]
+    assert doc["gone"] == [] and doc["kept"] == []
+
+
+def test_a_patch_that_does_not_apply_exits_2_with_one_line(tmp_path, prepared, capsys):
+    prepared("0.33.0")
+    stale = tmp_path / "stale.diff"
+    stale.write_text(FIX.read_text().replace(" physical_block_cap = 1 + int(has_partial_hit)",
+                                             " physical_block_cap = 2 + int(has_partial_hit)"))
+    rc, doc = _review(tmp_path, stale, "mamba-block-sync")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and doc is None
+    assert len(err) == 1, err
+    assert f"patch {stale}: {MANAGER} hunk 1 (@@ -1787,6 +1787,17 @@) does not apply" in err[0], err
+    assert not (tmp_path / "findings").exists()
+
+
+def test_bad_options_are_one_line(capsys):
+    assert main(["review", "--patch", str(FIX)]) == 2
+    assert main(["review", "--vllm", "0.29.0,0.33.0", "--patch", str(FIX)]) == 2
+    assert main(["review", "--vllm", "0.33.0", "--base", "0.33.0", "--patch", str(FIX)]) == 2
+    assert main(["review", "--vllm-src", "/nonexistent", "--base", "0.33.0", "--patch", str(FIX)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4 and all(line.startswith("kvbound review: error: ") for line in err), err
