@@ -11,7 +11,8 @@ apply, each one line naming the patch, the file and the hunk. Then the command o
   gone and nothing new, exit 0;
 * a planted defect (``0-33-0-planted-load-skips-first-block.diff``: the load's scan starts one
   block past the first fresh one) reports new findings, exit 1;
-* a patch that does not apply exits 2 with one line, and the prepared tree is never written.
+* a patch that does not apply exits 2 with one line, and the prepared tree is never written;
+* a patched tree whose vLLM does not import exits 2, never a review with the base's findings gone.
 """
 
 from __future__ import annotations
@@ -163,3 +164,18 @@ def test_bad_options_are_one_line(capsys):
     assert main(["review", "--vllm-src", "/nonexistent", "--base", "0.33.0", "--patch", str(FIX)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 4 and all(line.startswith("kvbound review: error: ") for line in err), err
+
+
+def test_a_patched_tree_that_does_not_import_is_exit_2_never_a_clean_review(tmp_path, prepared, capsys):
+    """A point that did not run has no findings: none of the base's may count as gone."""
+    tree = Path(prepared("0.33.0").tree)
+    first = (tree / "vllm/v1/core/block_pool.py").read_text().splitlines()[0]
+    broken = tmp_path / "broken.diff"
+    broken.write_text(f"--- a/vllm/v1/core/block_pool.py\n+++ b/vllm/v1/core/block_pool.py\n@@ -1,1 +1,2 @@\n"
+                      f" {first}\n+def broken(:\n")
+    out = tmp_path / "review.json"
+    rc = main(["review", "--vllm", "0.33.0", "--patch", str(broken), "--point", "full", "--requests", "5",
+               "--shrink-budget", "0", "--quiet", "--out", str(tmp_path / "findings"), "--json", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "full did not run on patched:" in err and "SyntaxError" in err, err

@@ -6,7 +6,9 @@ patched tree then run the same campaign points, traffic and seeds, as two shards
 campaign (``kvbound.trace.campaign``: the patched tree is a ``src`` shard, judged by the base
 release's spec), and the findings are compared by key: gone (the base has it, the patched tree
 not), new, kept. Exit 1 on a new finding, 0 otherwise, 2 on bad input (a patch that does not
-apply: one line naming the file and the hunk), a harness fault or a worker that died.
+apply: one line naming the file and the hunk), a harness fault, or a point that did not run on
+either tree (a patched tree whose vLLM does not import has no findings, and none of the base's
+is "gone" for that).
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ def run(args) -> int:
     from kvbound.trace import campaign as C
     from kvbound.trace import space
     from kvbound.trace.patchfile import copy_and_apply
+    from kvbound.trace.session import NOT_RUN, WORKER_FAILED
 
     from .campaign import _bar, local_workers, trace_options
 
@@ -183,7 +186,10 @@ def run(args) -> int:
 
         Path(args.html).write_text(html_page(both, args.out, lead=[review_section(base_col, PATCHED, review, both,
                                                                                    cov)]))
-    if any(f.finding_class == "harness" for f in both.findings) or any(
-            cell["outcome"] == "worker_failed" for col in both.matrix.values() for cell in col.values()):
+    failed = [(col, layout, cell.get("why")) for col, cells in both.matrix.items() for layout, cell in cells.items()
+              if cell["outcome"] in (WORKER_FAILED, NOT_RUN)]
+    for col, layout, why in failed:  # a tree that did not run has no findings to compare: never "gone"
+        print(f"kvbound review: {layout} did not run on {col}: {why}", file=sys.stderr)
+    if failed or any(f.finding_class == "harness" for f in both.findings):
         return EXIT_INPUT
     return EXIT_FAIL if review["new"] else EXIT_OK
