@@ -122,9 +122,9 @@ def trace_options(args, judged_as: list, layouts: tuple, pool: int) -> TraceOpti
         n = plan_options.requests_per_layout(costs, args.shrink_budget, pool)
         planned = plan_options.seconds(costs, n, args.shrink_budget, pool)
         if planned > plan_options.budget_s:  # the floor of traffic alone costs more: say so, run it
-            print(f"kvbound {getattr(args, 'command', 'campaign')}: --budget {plan_options.budget_s:.0f} is below what this campaign costs at"
-                  f" the floor of {n} requests per layout (worker starts, shrinking): planned at {planned:.0f} s",
-                  file=sys.stderr)
+            print(f"kvbound {getattr(args, 'command', 'campaign')}: --budget {plan_options.budget_s:.0f} is below"
+                  f" what this campaign costs at the floor of {n} requests per layout (worker starts, shrinking):"
+                  f" planned at {planned:.0f} s", file=sys.stderr)
     return TraceOptions(RunOptions(n, args.seed, coverage=args.coverage), ShrinkOptions(args.shrink_budget))
 
 

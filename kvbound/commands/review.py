@@ -94,7 +94,7 @@ def coverage_change(base: CampaignRecord, patched: CampaignRecord) -> dict | Non
     fig = lambda files, rel: [files[rel]["executed"], files[rel]["statements"]] if rel in files else None  # noqa: E731
     files = {rel: {"base": fig(b, rel), "patched": fig(p, rel)} for rel in sorted(set(b) | set(p))
              if fig(b, rel) != fig(p, rel)}
-    total = lambda files: [sum(f["executed"] for f in files.values()), sum(f["statements"] for f in files.values())]  # noqa: E731
+    total = lambda files: [sum(f[k] for f in files.values()) for k in ("executed", "statements")]  # noqa: E731
     return {"files": files, "total": {"base": total(b), "patched": total(p)}}
 
 
@@ -109,7 +109,9 @@ def render(base_col: str, review: dict, both: CampaignRecord, cov: dict | None) 
                               for col in f.columns)
             lines.append(f"  [{f.finding_class}{'' if f.safety else ', efficiency'}] {key}  ({where})")
     if cov is not None:
-        pct = lambda ex, st: 100.0 * ex / st if st else 100.0  # noqa: E731
+        from kvbound.trace.coverage import percent
+
+        pct = lambda ex, st: percent({"executed": ex, "statements": st})  # noqa: E731
         (be, bs), (pe, ps) = cov["total"]["base"], cov["total"]["patched"]
         lines.append(f"coverage: {be} / {bs} statements ({pct(be, bs):.1f}%) -> {pe} / {ps} ({pct(pe, ps):.1f}%)")
         for rel, f in cov["files"].items():
