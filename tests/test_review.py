@@ -95,6 +95,10 @@ def test_the_copy_is_patched_and_the_source_never_written(tmp_path):
     assert (changed, left_out) == (["vllm/x.py"], ["tests/test_x.py"])  # a regression test outside vllm/: left out
     assert (tmp_path / "dst" / "vllm" / "x.py").read_text() == TEXT.replace("line 1\n", "one\n", 1)
     assert (src / "vllm" / "x.py").read_text() == TEXT
+    outside = tmp_path / "outside.diff"  # paths below vllm/ (as if -p2): nothing a run imports would change
+    outside.write_text("--- a/v1/x.py\n+++ b/v1/x.py\n@@ -1,1 +1,1 @@\n-line 1\n+one\n")
+    with pytest.raises(UsageError, match="changes no file under vllm/"):
+        copy_and_apply(src, tmp_path / "dst3", outside)
     bad = tmp_path / "bad.diff"
     bad.write_text("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,1 +1,1 @@\n-nope\n+one\n")
     with pytest.raises(UsageError):

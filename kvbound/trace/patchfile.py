@@ -193,6 +193,9 @@ def copy_and_apply(source: Path, dest: Path, patch: Path) -> tuple:
         target = source / fd.path
         before = results[fd.path] if fd.path in results else (target.read_text() if target.is_file() else None)
         results[fd.path] = apply_file(fd, before, str(patch))
+    if not results:  # nothing the runs import would differ: a review of two equal trees says nothing
+        raise UsageError(f"patch {patch}: changes no file under {PACKAGE}/ (only {', '.join(sorted(set(skipped)))});"
+                         f" paths must be relative to the tree's root: {PACKAGE}/...")
     shutil.copytree(source / PACKAGE, dest / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
     for rel, after in results.items():
         target = dest / rel
