@@ -63,6 +63,31 @@ def test_contract_clauses():
     assert check_lookup(wait, feats, None, None) == []
 
 
+def test_mixed_chunk_grids_judged_per_group():
+    """Issue 24's input (tests/cases_v2/lookup_mixed_chunk_grids.json, replayed on real vLLM by
+    .ci/conform): groups of 12- and 16-token chunks, N=48, T=85, keys 0:4..0:6 and 1:3..1:4 HIT.
+    Every release's lookup hits 32 tokens (boundary 80, group 1's grid): inside group 0's ready
+    chunk 6 [72, 84), which the load reads whole, so no false hit; a hit of 16 (boundary 64,
+    inside group 0's chunk 5, on group 1's grid) loses 16 tokens; claiming 80 with 0:6 not
+    ready is a false hit naming it."""
+    from kvbound.spec.lookup_case import load_any_case_paths
+    from kvbound.spec.lookup_contract import best_boundary
+
+    (case,) = load_any_case_paths([ROOT / "tests" / "cases_v2" / "lookup_mixed_chunk_grids.json"])
+    for v in ("0.21.0", "0.29.0", "0.33.0"):
+        feats = release_features(v)
+        got = lookup_for_version(case, v)
+        assert (got.hit, got.queries) == (32, ["0:4", "0:5", "0:6", "1:3", "1:4"]), v
+        assert best_boundary(case, feats) == 80 and check_lookup(case, feats, 32, None) == []
+        (lost,) = check_lookup(case, feats, 16, None)
+        assert lost.clause == "lost_hit" and lost.tokens == 16 and "boundary 80" in lost.message
+    unready = lookup_case_from_dict({"name": "c", "lookup": dict(lookup_case_to_dict(case)["lookup"], tier={
+        **{k: "HIT" for k in ("0:4", "0:5", "1:3", "1:4")}, "0:6": "HIT_PENDING"})})
+    (false,) = check_lookup(unready, release_features("0.33.0"), 32, None)
+    assert false.clause == "false_hit" and "0:6" in false.message
+    assert best_boundary(unready, release_features("0.33.0")) == 72  # inside group 1's ready chunk 4
+
+
 @st.composite
 def _contract_cases(draw):
     """Lookup cases of one to three groups of mixed chunk sizes, windows, drafters, caps and
@@ -90,7 +115,7 @@ def _contract_cases(draw):
 @settings(max_examples=400, deadline=None)
 @given(_contract_cases(), st.sampled_from(["0.24.0", "0.30.0", "0.33.0"]))
 def test_best_boundary_is_the_token_by_token_scan(case, release):
-    """The search tries the cap and the common chunk grid only; the answer is the scan's."""
+    """The search tries the cap and each group's chunk grid only; the answer is the scan's."""
     from kvbound.spec.lookup_contract import MAYBE, READY, best_boundary, supports
 
     feats = release_features(release)
