@@ -88,6 +88,35 @@ def test_mixed_chunk_grids_judged_per_group():
     assert best_boundary(unready, release_features("0.33.0")) == 72  # inside group 1's ready chunk 4
 
 
+def test_trace_compares_the_keys_asked():
+    """kvbound/trace/lookup_checks.py: a captured call whose answer is the spec's is also judged on
+    the keys it asked, in order (the mixed-grid case: 0:4, 0:5, 0:6, 1:3, 1:4). Another order or
+    another set is ``lookup:keys_disagreement``; a call whose tier answered no LookupResult (a test
+    double's ``return_value = 0``: 0.33.0's ``match`` takes no branch and asks on, offloading/
+    scheduler.py:786-802) is set aside, not judged."""
+    import json
+
+    from kvbound.trace.lookup_checks import check_lookups
+
+    doc = json.loads((ROOT / "tests" / "cases_v2" / "lookup_mixed_chunk_grids.json").read_text())
+    asked = ["0:4", "0:5", "0:6", "1:3", "1:4"]
+
+    def judge(queries, **extra):
+        rec = {"step": 1, "request": "0", "case": doc, "spec_hit_shift": None,
+               "real": {"hit": 32, "partial_tail_boundary": None, "queries": queries}, **extra}
+        found, tally = check_lookups("0.33.0", {"lookups": [rec]})
+        return [(k, d) for k, d, _ in found], tally
+
+    found, tally = judge(asked)
+    assert found == [] and tally["lookup_keys_agree"] == 1
+    (kind, d), = judge(asked[:3] + asked[:0:-1][:2])[0]  # 1:4 before 1:3
+    assert kind == "lookup:keys_disagreement" and d["first_difference"] == 3 and "another order" in d["message"]
+    (kind, d), = judge(["0:b:84"] + asked)[0]
+    assert kind == "lookup:keys_disagreement" and d["only_real"] == ["0:b:84"] and d["first_difference"] == 0
+    found, tally = judge(asked[:1], foreign_answers=["0"])
+    assert found == [] and tally["lookup_not_judged"] == 1 and tally["lookup_keys_agree"] == 0
+
+
 @st.composite
 def _contract_cases(draw):
     """Lookup cases of one to three groups of mixed chunk sizes, windows, drafters, caps and
