@@ -91,8 +91,8 @@ def test_mixed_chunk_grids_judged_per_group():
 def test_trace_compares_the_keys_asked():
     """kvbound/trace/lookup_checks.py: a captured call whose answer is the spec's is also judged on
     the keys it asked, in order (the mixed-grid case: 0:4, 0:5, 0:6, 1:3, 1:4). Another order or
-    another set is ``lookup:keys_disagreement``; a call whose tier answered no LookupResult (a test
-    double's ``return_value = 0``: 0.33.0's ``match`` takes no branch and asks on, offloading/
+    another set is ``lookup:keys_disagreement``; a call whose tier answered no LookupResult (vLLM's
+    test double answers ``False``: 0.33.0's ``match`` takes no branch and asks on, offloading/
     scheduler.py:786-802) is set aside, not judged."""
     import json
 
@@ -113,7 +113,7 @@ def test_trace_compares_the_keys_asked():
     assert kind == "lookup:keys_disagreement" and d["first_difference"] == 3 and "another order" in d["message"]
     (kind, d), = judge(["0:b:84"] + asked)[0]
     assert kind == "lookup:keys_disagreement" and d["only_real"] == ["0:b:84"] and d["first_difference"] == 0
-    found, tally = judge(asked[:1], foreign_answers=["0"])
+    found, tally = judge(asked[:1], foreign_answers=["False"])
     assert found == [] and tally["lookup_not_judged"] == 1 and tally["lookup_keys_agree"] == 0
 
 

@@ -13,7 +13,7 @@ the request from the chunk of ``num_computed_tokens`` on is probed in the tier's
 table (``_policy.get``: absent MISS, not ready HIT_PENDING, else HIT), which changes
 nothing in the tier.
 
-An answer that is no ``LookupResult`` (0.25+; a test double's ``return_value = 0``, say) is
+An answer that is no ``LookupResult`` (0.25+; a test double's ``return_value = False``, say) is
 outside the tier's interface (0.33.0 ``v1/kv_offload/base.py:305-315``): 0.25+'s ``match``
 takes no branch for it, neither counting nor stopping (0.25.1 ``offloading/scheduler.py:398-409``,
 0.33.0 :786-802), so the connector asks on where a MISS would stop it. The record keeps such
