@@ -7,7 +7,8 @@ grid: a group *supports* B when the chunks of that group a load up to B reads (i
 from N's chunk through the one holding token B - 1, the load's ``cdiv(B, tokens_per_chunk)``)
 are answered HIT: full attention every one of them; a sliding window (chunked local
 alike) only its last window of them; a recurrent (Mamba) group only its state chunk, the
-last; an EAGLE/MTP drafter group also the chunk after them (its proof chunk: the trailing
+last, and only for a B on its grid (the chunk's key holds the state at the chunk's end); an
+EAGLE/MTP drafter group also the chunk after them (its proof chunk: the trailing
 chunk is volatile and popped). So a B inside a chunk the tier holds ready is supported
 (two groups of 12- and 16-token chunks meet at 80, inside group 0's chunk 6). The
 release's documented give-aways bound B (``contract_cap``): the last prompt token with
@@ -26,6 +27,7 @@ chunk of any group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from .lookup import load_window_size_in_chunks, round_down
 from .lookup_case import Answer, LookupCase
 from .vocab import ReleaseFeatures, cdiv
@@ -60,8 +62,10 @@ def needed_chunks(case: LookupCase, ci: int, B: int, feats: ReleaseFeatures) -> 
     g = case.groups[ci]
     tpc = g.tokens_per_chunk
     N = case.num_computed_tokens
-    # B on this group's grid or inside one of its chunks: the load reads that whole chunk
-    if B - N < tpc or B > g.num_keys * tpc:
+    # B on this group's grid or inside one of its chunks: the load reads that whole chunk. A
+    # recurrent state chunk holds the state at the chunk's end, so a Mamba group takes its grid
+    # only (the connector rounds the hit to it: 0.33.0 offloading/scheduler.py:137-155)
+    if B - N < tpc or B > g.num_keys * tpc or (g.kind == "mamba" and B % tpc):
         return None
     start, end = N // tpc, cdiv(B, tpc)
     if g.window is None:
@@ -129,7 +133,8 @@ def check_lookup(case: LookupCase, feats: ReleaseFeatures, hit: int | None,
         if hit and partial_tail_boundary is None and not supports(case, B, feats, READY):
             missing = []
             for ci, g in enumerate(case.groups):
-                for c in needed_chunks(case, ci, B, feats) or ["(under one chunk or past its keys)"]:
+                for c in needed_chunks(case, ci, B, feats) or ["(under one chunk, past its keys or off a"
+                                                               " recurrent state's grid)"]:
                     name = f"{g.group_idx}:{c}"
                     if isinstance(c, str) or answer_of(case, name) is not Answer.HIT:
                         missing.append(name if not isinstance(c, str) else f"{g.group_idx} {c}")

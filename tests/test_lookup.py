@@ -88,6 +88,26 @@ def test_mixed_chunk_grids_judged_per_group():
     assert best_boundary(unready, release_features("0.33.0")) == 72  # inside group 1's ready chunk 4
 
 
+def test_mixed_chunk_grids_recurrent_state_on_its_own_grid():
+    """A Mamba group's chunk key holds the state at the chunk's end, so it supports a boundary on
+    its own grid only (the connector rounds the hit to its chunk size, 0.33.0 offloading/
+    scheduler.py:137-155). Beside a full-attention group of 16-token chunks, the lookup ends the
+    hit at 80 (tests/cases_v2/lookup_mixed_grids_mamba.json; real 0.29.0 and 0.33.0 agree with the
+    spec, .ci/conform), inside Mamba chunk 6 [72, 84): a false hit. The best boundary is 72 (0:3,
+    0:4 and 1:5 ready), which vLLM does not take."""
+    from kvbound.spec.lookup_case import load_any_case_paths
+    from kvbound.spec.lookup_contract import best_boundary
+
+    (case,) = load_any_case_paths([ROOT / "tests" / "cases_v2" / "lookup_mixed_grids_mamba.json"])
+    for v in ("0.24.0", "0.29.0", "0.33.0"):
+        feats = release_features(v)
+        got = lookup_for_version(case, v)
+        assert (got.hit, got.queries) == (32, ["0:3", "0:4", "1:6"]), v
+        (false,) = check_lookup(case, feats, 32, None)
+        assert false.clause == "false_hit" and "recurrent" in false.message
+        assert best_boundary(case, feats) == 72 and check_lookup(case, feats, 24, None) == []
+
+
 def test_trace_compares_the_keys_asked():
     """kvbound/trace/lookup_checks.py: a captured call whose answer is the spec's is also judged on
     the keys it asked, in order (the mixed-grid case: 0:4, 0:5, 0:6, 1:3, 1:4). Another order or
@@ -125,7 +145,9 @@ def _contract_cases(draw):
     for gi in range(draw(st.integers(1, 3))):
         tpc = draw(st.sampled_from([4, 8, 12, 16]))
         window = draw(st.sampled_from([None, None, 1, 2, 3]))
-        groups.append({"group_idx": gi, "kind": "full_attention" if window is None else "sliding_window",
+        kind = "full_attention" if window is None else draw(st.sampled_from(["sliding_window", "mamba"]))
+        window = 1 if kind == "mamba" else window
+        groups.append({"group_idx": gi, "kind": kind,
                        "tokens_per_chunk": tpc, "num_keys": draw(st.integers(1, 10)), "window": window,
                        "sliding_window": None if window is None else window * tpc,
                        "eagle": draw(st.booleans())})

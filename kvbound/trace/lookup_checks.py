@@ -2,8 +2,8 @@
 captured (``kvbound/side/lookups.py``), (a) the spec of that release
 (``spec/lookup.py``) must give the real answer (``lookup:spec_disagreement``) and, where it
 does, ask the tier the same keys in the same order (``lookup:keys_disagreement``: what the tier
-sees decides what a tiering backend fetches), and (b) the answer must keep the lookup contract (``spec/lookup_contract.py``;
-docs/lookup.md): ``lookup:false_hit``, ``lookup:lost_hit`` and
+sees decides what a tiering backend fetches), and (b) the answer must keep the lookup contract
+(``spec/lookup_contract.py``; docs/lookup.md): ``lookup:false_hit``, ``lookup:lost_hit`` and
 ``lookup:needless_deferral`` (the last two efficiency findings: kvbound/side/findings.py).
 ``liveness:stuck_request`` comes from the worker (it counts steps). A call whose tier answered
 something that is no ``LookupResult`` (``foreign_answers``: a test double's) is not judged: a
