@@ -55,7 +55,7 @@ class LookupCapture:
             return False
 
     def answer_name(self, r):
-        if r in self.names:
+        if self.is_answer(r):
             return self.names[r]
         return self.bool_names.get(r if r is None else bool(r), "MISS")
 
