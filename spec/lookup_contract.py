@@ -2,14 +2,18 @@
 the vLLM lines each clause is read from).
 
 A lookup of a request (``num_computed_tokens`` N) against the tier's answers may
-return a hit of B - N tokens (B the hit boundary). For a boundary B on every
-group's chunk grid (or at the cap, inside a chunk the tier holds), a group *supports* B when the chunks it needs are answered
-HIT: full attention every chunk from N's chunk up to B; a sliding window (chunked
-local alike) only its last window before B; a recurrent (Mamba) group only its
-state chunk, the one before B; an EAGLE/MTP drafter group also the chunk at B (its
-proof chunk: the trailing chunk is volatile and popped). The release's documented
-give-aways bound B (``contract_cap``): the last prompt token with any windowed group,
-the Mamba alignment, the request's load caps, and no hit under one chunk.
+return a hit of B - N tokens (B the hit boundary). Each group judges B on its own chunk
+grid: a group *supports* B when the chunks of that group a load up to B reads (its chunks
+from N's chunk through the one holding token B - 1, the load's ``cdiv(B, tokens_per_chunk)``)
+are answered HIT: full attention every one of them; a sliding window (chunked local
+alike) only its last window of them; a recurrent (Mamba) group only its state chunk, the
+last, and only for a B on its grid (the chunk's key holds the state at the chunk's end); an
+EAGLE/MTP drafter group also the chunk after them (its proof chunk: the trailing
+chunk is volatile and popped). So a B inside a chunk the tier holds ready is supported
+(two groups of 12- and 16-token chunks meet at 80, inside group 0's chunk 6). The
+release's documented give-aways bound B (``contract_cap``): the last prompt token with
+any windowed group, the Mamba alignment, the request's load caps, and no hit under one
+chunk of any group.
 
 - no false hit: every group supports the returned boundary (a partial tail: every
   group's boundary key is HIT);
@@ -23,8 +27,6 @@ the Mamba alignment, the request's load caps, and no hit under one chunk.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
-from math import lcm
 
 from .lookup import load_window_size_in_chunks, round_down
 from .lookup_case import Answer, LookupCase
@@ -60,8 +62,10 @@ def needed_chunks(case: LookupCase, ci: int, B: int, feats: ReleaseFeatures) -> 
     g = case.groups[ci]
     tpc = g.tokens_per_chunk
     N = case.num_computed_tokens
-    # on the chunk grid, or the cap itself (a hit may end inside the cap's chunk)
-    if (B % tpc and B != contract_cap(case)) or B - N < tpc or B > g.num_keys * tpc:
+    # B on this group's grid or inside one of its chunks: the load reads that whole chunk. A
+    # recurrent state chunk holds the state at the chunk's end, so a Mamba group takes its grid
+    # only (the connector rounds the hit to it: 0.33.0 offloading/scheduler.py:137-155)
+    if B - N < tpc or B > g.num_keys * tpc or (g.kind == "mamba" and B % tpc):
         return None
     start, end = N // tpc, cdiv(B, tpc)
     if g.window is None:
@@ -86,21 +90,28 @@ def supports(case: LookupCase, B: int, feats: ReleaseFeatures, ok) -> bool:
     return True
 
 
+def candidate_boundaries(case: LookupCase, cap: int) -> list[int]:
+    """The boundaries ``best_boundary`` tries, largest first: the cap and every point of any
+    group's chunk grid in (N, cap). Between two neighbours every group's chunks are the same
+    (each group's ``cdiv(B, tokens_per_chunk)`` is constant there) and a larger B widens no
+    window (``load_window_size_in_chunks`` pads less), so the largest supported boundary is
+    one of these (``tests/test_lookup.py`` holds it equal to a scan of every token)."""
+    N = case.num_computed_tokens
+    grid = {B for g in case.groups for B in range(round_down(cap, g.tokens_per_chunk), N, -g.tokens_per_chunk)}
+    return sorted(grid | ({cap} if cap > N else set()), reverse=True)
+
+
 def best_boundary(case: LookupCase, feats: ReleaseFeatures, ok=READY) -> int:
     """The largest boundary every group supports with keys answered in ``ok``; N if none.
-    Only the cap and the boundaries on every group's chunk grid can be supported
-    (``needed_chunks``), so those alone are tried, largest first: the answer of a scan of
-    every token from the cap down (``tests/test_lookup.py`` holds the two equal), at one
-    try per grid step instead of one per token (the trace's host spent most of its time
-    there: docs/benchmarks.md, "Where a campaign's time goes")."""
-    N = case.num_computed_tokens
+    Only the cap and the points of the groups' chunk grids are tried (``candidate_boundaries``):
+    the answer of a scan of every token from the cap down, at one try per grid point instead
+    of one per token (the trace's host spent most of its time there: docs/benchmarks.md,
+    "Where a campaign's time goes")."""
     cap = contract_cap(case)
-    grid = lcm(*(g.tokens_per_chunk for g in case.groups))
-    on_grid = (B for B in range(round_down(cap, grid), N, -grid) if B != cap)
-    for B in chain([cap] if cap > N else [], on_grid):
+    for B in candidate_boundaries(case, cap):
         if supports(case, B, feats, ok):
             return B
-    return N
+    return case.num_computed_tokens
 
 
 @dataclass
@@ -122,7 +133,8 @@ def check_lookup(case: LookupCase, feats: ReleaseFeatures, hit: int | None,
         if hit and partial_tail_boundary is None and not supports(case, B, feats, READY):
             missing = []
             for ci, g in enumerate(case.groups):
-                for c in needed_chunks(case, ci, B, feats) or ["(off the chunk grid)"]:
+                for c in needed_chunks(case, ci, B, feats) or ["(under one chunk, past its keys or off a"
+                                                               " recurrent state's grid)"]:
                     name = f"{g.group_idx}:{c}"
                     if isinstance(c, str) or answer_of(case, name) is not Answer.HIT:
                         missing.append(name if not isinstance(c, str) else f"{g.group_idx} {c}")

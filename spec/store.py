@@ -8,7 +8,8 @@ count. What each release does is the ``next_stored_chunk_idx`` and ``store_*`` c
 ``versions.RELEASES`` (each with its vLLM lines there): the horizon of a finished request
 (``num_tokens``, from 0.30 clamped to ``max(num_prompt_tokens, num_tokens - 1)``, the GPU
 prefix cache's commit point) and of an aborted one (``num_computed_tokens`` from 0.27), and
-whether ``storable_chunks`` caps at the allocated chunks (from 0.27; 0.26 asserts instead).
+whether ``storable_chunks`` caps at the allocated chunks (from 0.27; 0.26 asserts instead) and
+at the keyed chunks, those whose block hash has arrived (from 0.30).
 
 What the KV promise needs (``computed_tokens``): every stored chunk's tokens were
 forwarded; the final sampled token never is.
@@ -22,7 +23,8 @@ from .vocab import ReleaseFeatures
 RUNNING, FINISHED, ABORTED = "running", "finished", "aborted"
 
 # The columns of RELEASES the store spec reads (each with its source in spec/versions.py).
-STORE_COLUMNS = ("next_stored_chunk_idx", "store_aborted_at_computed", "store_finished_clamp", "store_caps_at_allocated")
+STORE_COLUMNS = ("next_stored_chunk_idx", "store_aborted_at_computed", "store_finished_clamp", "store_caps_at_allocated",
+                 "store_caps_at_keyed")
 
 
 def store_features(version: str) -> ReleaseFeatures:
@@ -65,11 +67,14 @@ def store_horizon(version: str, status: str, num_prompt_tokens: int, num_tokens:
 
 
 def next_stored_chunk_idx(before: int, horizon: int, tokens_per_chunk: int, num_allocated_chunks: int,
-                          caps_at_allocated: bool = True) -> int | None:
+                          caps_at_allocated: bool = True, num_keyed_chunks: int | None = None) -> int | None:
     """A full-attention, non-draft group's ``next_stored_chunk_idx`` after the step (when the
-    tier accepted the store): the allocated whole chunks below the horizon. None where the
+    tier accepted the store): the allocated (and, from 0.30, keyed: ``num_keyed_chunks``, None
+    where the release does not cap there) whole chunks below the horizon. None where the
     release asserts instead (0.26: more chunks than allocated blocks)."""
     n = horizon // tokens_per_chunk
+    if num_keyed_chunks is not None:
+        n = min(n, num_keyed_chunks)
     if not caps_at_allocated and n > max(before, num_allocated_chunks):
         return None
     return max(before, min(n, num_allocated_chunks))

@@ -92,6 +92,9 @@ ARRIVALS: dict[str, tuple[str, str]] = {
                                           ":975 `assert len(offload_keys) == len(offload_block_ids)`)"),
     "store_finished_clamp": ("0.30.0", "a finished request's horizon is max(num_prompt_tokens, num_tokens - 1) (0.30.0 "
                                        f"{_S}:1482-1485)"),
+    "store_caps_at_keyed": ("0.30.0", f"storable_chunks caps at the keyed chunks, len(offload_keys): a chunk whose block "
+                                      f"hash has not arrived waits (0.30.0 {_S}:450-451; 0.33.0 :472-473; 0.29.0 "
+                                      ":382-408 caps at the allocated chunks only)"),
     # the allocator: MambaManager's align-mode code (proofs/allocator.py)
     "allocator_checkpoints": ("0.29.0", f"a prefill checkpoint block: MambaManager._needs_internal_checkpoint (0.29.0 "
                                         f"{_STM}:1565; 0.28.0 has none)"),

@@ -235,6 +235,7 @@ class ReleaseFeatures:
     store_aborted_at_computed: bool = True  # 0.27+: an aborted request stores up to num_computed_tokens
     store_caps_at_allocated: bool = True  # 0.27+: storable_chunks <= allocated chunks (0.26: an assert)
     store_finished_clamp: bool = True  # 0.30+: a finished request stores up to max(prompt, num_tokens - 1)
+    store_caps_at_keyed: bool = True  # 0.30+: storable_chunks <= keyed chunks (len(offload_keys))
     release: str = "0.33.0"  # the release these facts were read from (for reasons)
 
 

@@ -59,8 +59,8 @@ def test_a_refused_store_advances_nothing():
     """The store judge holds a refused prepare_store to "nothing advances" (every release
     ``continue``s past it to retry later) instead of setting it aside."""
     job = R.make_job("full-faults", (0, "x"), 1, 0, "sync")
-    # step, rid, status, P, T, C, S, max_offload_tokens, allocated chunks, before, after, refused
-    call = [5, "1", "running", 64, 64, 64, 0, None, 4, 1]
+    # step, rid, status, P, T, C, S, max_offload_tokens, allocated chunks, keyed chunks, before, after, refused
+    call = [5, "1", "running", 64, 64, 64, 0, None, 4, 4, 1]
     assert judge_store_calls("0.33.0", job, {"store_calls": [call + [1, True]]})[0] == []
     bad, judged = judge_store_calls("0.33.0", job, {"store_calls": [call + [4, True]]})
     assert judged == 1 and bad[0]["check"] == "store:spec_disagreement" and bad[0]["spec"] == 1

@@ -63,6 +63,80 @@ def test_contract_clauses():
     assert check_lookup(wait, feats, None, None) == []
 
 
+def test_mixed_chunk_grids_judged_per_group():
+    """Issue 24's input (tests/cases_v2/lookup_mixed_chunk_grids.json, replayed on real vLLM by
+    .ci/conform): groups of 12- and 16-token chunks, N=48, T=85, keys 0:4..0:6 and 1:3..1:4 HIT.
+    Every release's lookup hits 32 tokens (boundary 80, group 1's grid): inside group 0's ready
+    chunk 6 [72, 84), which the load reads whole, so no false hit; a hit of 16 (boundary 64,
+    inside group 0's chunk 5, on group 1's grid) loses 16 tokens; claiming 80 with 0:6 not
+    ready is a false hit naming it."""
+    from kvbound.spec.lookup_case import load_any_case_paths
+    from kvbound.spec.lookup_contract import best_boundary
+
+    (case,) = load_any_case_paths([ROOT / "tests" / "cases_v2" / "lookup_mixed_chunk_grids.json"])
+    for v in ("0.21.0", "0.29.0", "0.33.0"):
+        feats = release_features(v)
+        got = lookup_for_version(case, v)
+        assert (got.hit, got.queries) == (32, ["0:4", "0:5", "0:6", "1:3", "1:4"]), v
+        assert best_boundary(case, feats) == 80 and check_lookup(case, feats, 32, None) == []
+        (lost,) = check_lookup(case, feats, 16, None)
+        assert lost.clause == "lost_hit" and lost.tokens == 16 and "boundary 80" in lost.message
+    unready = lookup_case_from_dict({"name": "c", "lookup": dict(lookup_case_to_dict(case)["lookup"], tier={
+        **{k: "HIT" for k in ("0:4", "0:5", "1:3", "1:4")}, "0:6": "HIT_PENDING"})})
+    (false,) = check_lookup(unready, release_features("0.33.0"), 32, None)
+    assert false.clause == "false_hit" and "0:6" in false.message
+    assert best_boundary(unready, release_features("0.33.0")) == 72  # inside group 1's ready chunk 4
+
+
+def test_mixed_chunk_grids_recurrent_state_on_its_own_grid():
+    """A Mamba group's chunk key holds the state at the chunk's end, so it supports a boundary on
+    its own grid only (the connector rounds the hit to its chunk size, 0.33.0 offloading/
+    scheduler.py:137-155). Beside a full-attention group of 16-token chunks, the lookup ends the
+    hit at 80 (tests/cases_v2/lookup_mixed_grids_mamba.json; real 0.29.0 and 0.33.0 agree with the
+    spec, .ci/conform), inside Mamba chunk 6 [72, 84): a false hit. The best boundary is 72 (0:3,
+    0:4 and 1:5 ready), which vLLM does not take."""
+    from kvbound.spec.lookup_case import load_any_case_paths
+    from kvbound.spec.lookup_contract import best_boundary
+
+    (case,) = load_any_case_paths([ROOT / "tests" / "cases_v2" / "lookup_mixed_grids_mamba.json"])
+    for v in ("0.24.0", "0.29.0", "0.33.0"):
+        feats = release_features(v)
+        got = lookup_for_version(case, v)
+        assert (got.hit, got.queries) == (32, ["0:3", "0:4", "1:6"]), v
+        (false,) = check_lookup(case, feats, 32, None)
+        assert false.clause == "false_hit" and "recurrent" in false.message
+        assert best_boundary(case, feats) == 72 and check_lookup(case, feats, 24, None) == []
+
+
+def test_trace_compares_the_keys_asked():
+    """kvbound/trace/lookup_checks.py: a captured call whose answer is the spec's is also judged on
+    the keys it asked, in order (the mixed-grid case: 0:4, 0:5, 0:6, 1:3, 1:4). Another order or
+    another set is ``lookup:keys_disagreement``; a call whose tier answered no LookupResult (vLLM's
+    test double answers ``False``: 0.33.0's ``match`` takes no branch and asks on, offloading/
+    scheduler.py:786-802) is set aside, not judged."""
+    import json
+
+    from kvbound.trace.lookup_checks import check_lookups
+
+    doc = json.loads((ROOT / "tests" / "cases_v2" / "lookup_mixed_chunk_grids.json").read_text())
+    asked = ["0:4", "0:5", "0:6", "1:3", "1:4"]
+
+    def judge(queries, **extra):
+        rec = {"step": 1, "request": "0", "case": doc, "spec_hit_shift": None,
+               "real": {"hit": 32, "partial_tail_boundary": None, "queries": queries}, **extra}
+        found, tally = check_lookups("0.33.0", {"lookups": [rec]})
+        return [(k, d) for k, d, _ in found], tally
+
+    found, tally = judge(asked)
+    assert found == [] and tally["lookup_keys_agree"] == 1
+    (kind, d), = judge(asked[:3] + asked[:0:-1][:2])[0]  # 1:4 before 1:3
+    assert kind == "lookup:keys_disagreement" and d["first_difference"] == 3 and "another order" in d["message"]
+    (kind, d), = judge(["0:b:84"] + asked)[0]
+    assert kind == "lookup:keys_disagreement" and d["only_real"] == ["0:b:84"] and d["first_difference"] == 0
+    found, tally = judge(asked[:1], foreign_answers=["False"])
+    assert found == [] and tally["lookup_not_judged"] == 1 and tally["lookup_keys_agree"] == 0
+
+
 @st.composite
 def _contract_cases(draw):
     """Lookup cases of one to three groups of mixed chunk sizes, windows, drafters, caps and
@@ -71,7 +145,9 @@ def _contract_cases(draw):
     for gi in range(draw(st.integers(1, 3))):
         tpc = draw(st.sampled_from([4, 8, 12, 16]))
         window = draw(st.sampled_from([None, None, 1, 2, 3]))
-        groups.append({"group_idx": gi, "kind": "full_attention" if window is None else "sliding_window",
+        kind = "full_attention" if window is None else draw(st.sampled_from(["sliding_window", "mamba"]))
+        window = 1 if kind == "mamba" else window
+        groups.append({"group_idx": gi, "kind": kind,
                        "tokens_per_chunk": tpc, "num_keys": draw(st.integers(1, 10)), "window": window,
                        "sliding_window": None if window is None else window * tpc,
                        "eagle": draw(st.booleans())})
@@ -90,7 +166,7 @@ def _contract_cases(draw):
 @settings(max_examples=400, deadline=None)
 @given(_contract_cases(), st.sampled_from(["0.24.0", "0.30.0", "0.33.0"]))
 def test_best_boundary_is_the_token_by_token_scan(case, release):
-    """The search tries the cap and the common chunk grid only; the answer is the scan's."""
+    """The search tries the cap and each group's chunk grid only; the answer is the scan's."""
     from kvbound.spec.lookup_contract import MAYBE, READY, best_boundary, supports
 
     feats = release_features(release)

@@ -243,10 +243,34 @@ def test_store_spec_rows_and_judge():
     assert ST.next_stored_chunk_idx(0, 600, 16, 10, caps_at_allocated=False) is None  # 0.26 asserts
     job = {"layout": {"groups": [{"tokens_per_block": 16}], "blocks_per_chunk": 1},
            "params": {"offload_prompt_only": False}}
-    ok = [[3, "7", "finished", 1, 16, 15, 0, None, 1, 0, 0, False]]  # 0.30: chunk 0 not stored
+    ok = [[3, "7", "finished", 1, 16, 15, 0, None, 1, 1, 0, 0, False]]  # 0.30: chunk 0 not stored
     assert judge_store_calls("0.30.0", job, {"store_calls": ok}) == ([], 1)
     bad, n = judge_store_calls("0.29.0", job, {"store_calls": ok})  # 0.29 would have stored it
     assert n == 1 and bad[0]["check"] == "store:spec_disagreement" and bad[0]["spec"] == 1
+
+
+def test_store_spec_caps_at_the_keyed_chunks():
+    """Issue 24's input: a running request, P=8, T=9, C=8, S=0, 4-token chunks, 2 allocated, 1 keyed
+    (its second block hash not yet arrived). 0.30+'s storable_chunks caps at the keyed chunks
+    (0.33.0 offloading/scheduler.py:472-473): vLLM advances next_stored_chunk_idx 0 -> 1, and so does
+    the spec; 0.29's caps at the allocated ones only (:382-408), so there the spec says 2. A release
+    that stores past its keys (the record advancing to 2) is a disagreement."""
+    from kvbound.spec import store as ST
+    from kvbound.trace.storecheck import judge_store_calls
+
+    assert ST.next_stored_chunk_idx(0, 8, 4, 2, num_keyed_chunks=1) == 1
+    assert ST.next_stored_chunk_idx(0, 8, 4, 2) == 2
+    job = {"layout": {"groups": [{"tokens_per_block": 4}], "blocks_per_chunk": 1},
+           "params": {"offload_prompt_only": True}}
+    # step, rid, status, P, T, C, S, max_offload_tokens, allocated, keyed, before, after, refused
+    call = [7, "0", "running", 8, 9, 8, 0, None, 2, 1, 0]
+    for v in ("0.30.0", "0.33.0"):
+        assert judge_store_calls(v, job, {"store_calls": [call + [1, False]]}) == ([], 1), v
+        (bad,), _ = judge_store_calls(v, job, {"store_calls": [call + [2, False]]})
+        assert bad["spec"] == 1 and "1 keyed" in bad["message"], v
+    (old,), _ = judge_store_calls("0.29.0", job, {"store_calls": [call + [1, False]]})
+    assert old["spec"] == 2
+    assert judge_store_calls("0.29.0", job, {"store_calls": [call + [2, False]]}) == ([], 1)
 
 
 def test_draw_content_marks_what_the_reader_does_not_own():

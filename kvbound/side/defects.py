@@ -38,6 +38,8 @@ DEFECTS = (
            " chunk gets another key's file)", "tier", ("data:wrong_kv",), "full-tiering-fs", "0.33.0"),
     Defect("lookup_extra_chunk", "the lookup's hit claims one more chunk than the tier holds",
            "lookups", ("lookup:false_hit",), "full", "0.33.0"),
+    Defect("lookup_extra_key", "the lookup also asks the tier, first, for the key of the request's last block"
+           " hash (the hit unchanged)", "lookups", ("lookup:keys_disagreement",), "full", "0.33.0"),
     # the faults (engine settings refuse_p, late_p, store_fail_p / fail_p; docs/trace.md "Faults")
     Defect("failed_transfer_reported_ok", "one transfer job in five moves nothing yet is reported a success"
            " (a connector that ignores a failed load or store)", "fakes", ("data:wrong_kv",), "full", "0.33.0"),

@@ -122,6 +122,8 @@ _ROWS = (
                 EFFICIENCY),
     FindingKind("lookup:spec_disagreement", "get_num_new_matched_tokens answered other than the release's"
                 " lookup spec (spec/lookup.py)"),
+    FindingKind("lookup:keys_disagreement", "get_num_new_matched_tokens gave the spec's answer but asked the"
+                " tier other keys, or in another order, than the release's lookup spec (spec/lookup.py)"),
     FindingKind("lookup:false_hit", "the lookup claimed tokens the tier does not hold ready"),
     FindingKind("lookup:lost_hit", "the lookup claimed fewer tokens than the tier holds ready", EFFICIENCY),
     FindingKind("lookup:needless_deferral", "the lookup deferred, yet no pending key can make the hit"

@@ -13,8 +13,15 @@ the request from the chunk of ``num_computed_tokens`` on is probed in the tier's
 table (``_policy.get``: absent MISS, not ready HIT_PENDING, else HIT), which changes
 nothing in the tier.
 
+An answer that is no ``LookupResult`` (0.25+; a test double's ``return_value = False``, say) is
+outside the tier's interface (0.33.0 ``v1/kv_offload/base.py:305-315``): 0.25+'s ``match``
+takes no branch for it, neither counting nor stopping (0.25.1 ``offloading/scheduler.py:398-409``,
+0.33.0 :786-802), so the connector asks on where a MISS would stop it. The record keeps such
+answers (``foreign_answers``) and the host judges no such call: a lookup case cannot express
+them. 0.21-0.24 read the answer's truth (0.24.0 :397-403), which the True/None/False names keep.
+
 Planted defects (tests only, ``params["mutant"]``): the ``lookup_*`` rows of
-``defects.DEFECTS``, planted in ``mutate``.
+``defects.DEFECTS``, planted in ``mutate`` (the hit) and ``subscribe`` (the keys asked).
 """
 
 from .adapter import first_attr, kind_of
@@ -28,7 +35,8 @@ class LookupCapture:
     def __init__(self, eng):
         self.eng = eng
         self.cs = eng.csched
-        self.asked = None  # [(key, answer name)] while a real call runs
+        self.asked = None  # [(key, answer)] while a real call runs
+        self.extra_key = None  # lookup_extra_key: the key the planted defect asks first
         self.lookups = []
         self.deferred_since = {}  # request id -> step of its first deferral in a row
         self.stuck = set()
@@ -40,8 +48,14 @@ class LookupCapture:
             self.names = {lr.HIT: "HIT", lr.HIT_PENDING: "HIT_PENDING", lr.RETRY: "RETRY", lr.MISS: "MISS"}
         self.bool_names = {True: "HIT", None: "HIT_PENDING", False: "MISS"}  # 0.21-0.24
 
+    def is_answer(self, r):
+        try:
+            return r in self.names
+        except TypeError:  # unhashable: no LookupResult
+            return False
+
     def answer_name(self, r):
-        if r in self.names:
+        if self.is_answer(r):
             return self.names[r]
         return self.bool_names.get(r if r is None else bool(r), "MISS")
 
@@ -49,6 +63,9 @@ class LookupCapture:
         cap = self
 
         def lookup(call, key, *a, **k):
+            if cap.extra_key is not None and cap.asked is not None:  # planted: lookup_extra_key
+                extra, cap.extra_key = cap.extra_key, None
+                cap.asked.append((extra, call(extra, *a, **k)))
             r = call(key, *a, **k)
             if cap.asked is not None:
                 cap.asked.append((key, r))
@@ -65,12 +82,16 @@ class LookupCapture:
         prior_boundary = getattr(st, "partial_tail_boundary", None)
         loading = first_attr(cs, "_chunks_being_loaded", "_blocks_being_loaded", default=None)
         being_loaded = set(loading) if loading else set()
+        mutant = self.eng.mutant
         self.asked = []
+        if mutant == "lookup_extra_key" and request.block_hashes:
+            # planted: the lookup also asks, first, the key of the request's last block hash
+            gi = getattr(cs.config.kv_group_configs[0], "group_idx", 0)
+            self.extra_key = self.eng.rel.obase.make_offload_key(request.block_hashes[-1], gi)
         try:
             res = orig(request, num_computed_tokens, *a, **k)
         finally:
-            asked, self.asked = self.asked, None
-        mutant = self.eng.mutant
+            asked, self.asked, self.extra_key = self.asked, None, None
         hit = res[0]
         try:
             case, real_extra = self.describe(request, num_computed_tokens, asked, transfer_jobs,
@@ -86,6 +107,7 @@ class LookupCapture:
                 res = (hit, bool(hit)) if hit is not None else (None, False)
         if case is not None:
             st = cs._req_status.get(rid)
+            foreign = [repr(r) for _, r in asked if self.names and not self.is_answer(r)]
             self.lookups.append({
                 "step": self.eng.step_no, "request": rid, "case": case,
                 "real": {"hit": hit, "partial_tail_boundary": getattr(st, "partial_tail_boundary", None)
@@ -93,6 +115,8 @@ class LookupCapture:
                          "queries": real_extra["queries"]},
                 "spec_hit_shift": None if hit == real_hit else [real_hit, hit],
             })
+            if foreign:
+                self.lookups[-1]["foreign_answers"] = foreign[:8]
         self.progress(request, hit, case)
         return res
 

@@ -170,8 +170,9 @@ class StoreContract:
     def subscribe(self, tap):
         """Every ``_build_store_jobs`` call, per request, for group 0 when it is full
         attention and not a drafter's: [status, num_prompt_tokens, num_tokens,
-        num_computed_tokens, num_scheduled_tokens, max_offload_tokens, allocated chunks,
-        next_stored_chunk_idx before, after, refused] (judged by spec/store.py on the host)."""
+        num_computed_tokens, num_scheduled_tokens, max_offload_tokens, allocated chunks, keyed
+        chunks (``len(offload_keys)``, what 0.30+'s ``storable_chunks`` caps at), next_stored_chunk_idx
+        before, after, refused] (judged by spec/store.py on the host)."""
         eng, tier = self.eng, self.tier
         cs = eng.csched
         if self.content.kinds[0] != "full_attention" or eng.lay["groups"][0].get("eagle") \
@@ -199,7 +200,7 @@ class StoreContract:
                     continue  # before 0.26 the per-group store state is not this shape: not captured
                 before[rid] = [status, req.num_prompt_tokens, req.num_tokens, req.num_computed_tokens,
                                so.num_scheduled_tokens.get(rid, 0), getattr(st, "max_offload_tokens", None),
-                               len(gs.block_ids) // self.bpc, gs.next_stored_chunk_idx]
+                               len(gs.block_ids) // self.bpc, len(gs.offload_keys), gs.next_stored_chunk_idx]
             refused0 = dict(tier.refused_by)
             out = call(so, *a, **k)
             for rid, rec in before.items():

@@ -1,8 +1,8 @@
 """Host side: every captured ``_build_store_jobs`` call judged by the store spec.
 
-The worker (``side/store_contract.py``) records, per request and call, group 0's inputs and its
-``next_stored_chunk_idx`` before and after; ``spec/store.py`` says where the release
-advances it. A call the tier refused (``prepare_store`` returned None) advances nothing:
+The worker (``side/store_contract.py``) records, per request and call, group 0's inputs (its
+allocated and keyed chunks among them) and its ``next_stored_chunk_idx`` before and after;
+``spec/store.py`` says where the release advances it. A call the tier refused (``prepare_store`` returned None) advances nothing:
 every release ``continue``s past it to retry the chunks at a later step (0.33.0
 ``offloading/scheduler.py:1991-1996``, 0.29.0 ``:1406-1411``, 0.26.0 ``:1006-1012``).
 """
@@ -30,15 +30,16 @@ def judge_store_calls(release: str, job: dict, res: dict) -> tuple[list[dict], i
     lay, par = job["layout"], job["params"]
     tpc = lay["groups"][0]["tokens_per_block"] * lay.get("blocks_per_chunk", 1)
     prompt_only = bool(par.get("offload_prompt_only", True))
-    caps = store_features(release).store_caps_at_allocated
+    feats = store_features(release)
     bad, judged = [], 0
-    for step, rid, status, P, T, C, S, mot, alloc, before, after, refused in calls:
+    for step, rid, status, P, T, C, S, mot, alloc, keyed, before, after, refused in calls:
         judged += 1
         if refused:
             h, want = None, before
         else:
             h = store_horizon(release, status, P, T, C, S, prompt_only, mot)
-            want = next_stored_chunk_idx(before, h, tpc, alloc, caps)
+            want = next_stored_chunk_idx(before, h, tpc, alloc, feats.store_caps_at_allocated,
+                                         keyed if feats.store_caps_at_keyed else None)
         if want is None:
             continue  # the release asserts here: a crash:exception, reported as such
         if want != after:
@@ -46,7 +47,7 @@ def judge_store_calls(release: str, job: dict, res: dict) -> tuple[list[dict], i
                         "message": f"request {rid} ({status}, {P} prompt tokens, {T} tokens, {C} computed,"
                                    f" {S} scheduled): the release advanced group 0's next_stored_chunk_idx"
                                    f" {before} -> {after}, the store spec says {want} ("
-                                   + (f"horizon {h} tokens, {alloc} chunks allocated)" if h is not None
+                                   + (f"horizon {h} tokens, {alloc} chunks allocated, {keyed} keyed)" if h is not None
                                       else "the tier refused the store: nothing advances)"),
                         "real": after, "spec": want, "horizon": h})
     if bad:
