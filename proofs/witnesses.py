@@ -113,7 +113,7 @@ class CopyWitness:
     requests: tuple
     lcp: tuple
 
-    replayed_on = "the model's terms, folded"  # tests/test_copy.py replays it on the real 0.33.0 KVCacheManager
+    replayed_on = "the step model"  # tests/test_copy.py replays it on the real 0.33.0 KVCacheManager
 
     def glyphs(self, q: dict) -> list[str]:
         """A request's blocks as the step leaves them at its scheduling."""
@@ -154,13 +154,13 @@ class CopyWitness:
                  "  legend [c] computed before the step  [H] hit (shared)  [C] private copy of a partial hit  "
                  "[F] allocated this step (zeroed; the forward writes it)"]
         width = max(len(self.glyphs(q)) for q in self.requests)
-        lines.append("  " + " " * 14 + "idx " + "".join(f"{i:<{W}}" for i in range(width)))
+        lines.append("  " + " " * 15 + "idx " + "".join(f"{i:<{W}}" for i in range(width)).rstrip())
         for q in self.requests:
             role = "before step" if q["name"] == "E" else ("new" if q["new"] else "running")
             info = (f"T={q['T']} c={q['c']}" if q["name"] == "E" else
                     f"T={q['T']} c={q['c']} h={q['h']} s={q['s']}")
-            lines.append(f"  {q['name']:<3}{role:<11}     " + "".join(f"{g:<{W}}" for g in self.glyphs(q)) +
-                         f"  {info}")
+            lines.append(f"  {q['name']:<3}{role:<11}     " + "".join(f"{g:<{W}}" for g in self.glyphs(q)).ljust(width * W)
+                         + info)
         common = ", ".join(f"{a}~{b} {n}" for a, b, n in self.lcp if n)
         lines.append(f"  common prefixes: {common or 'none'}")
         return "\n".join(lines + self.copies())
