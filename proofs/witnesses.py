@@ -158,7 +158,7 @@ class CopyWitness:
         for q in self.requests:
             role = "before step" if q["name"] == "E" else ("new" if q["new"] else "running")
             info = (f"T={q['T']} c={q['c']}" if q["name"] == "E" else
-                    f"T={q['T']} c={q['c']} h={q['h']} s={q['s']}")
+                    f"T={q['T']} c={q['c']} hit={q['h']} sched={q['s']}")
             lines.append(f"  {q['name']:<3}{role:<11}     " + "".join(f"{g:<{W}}" for g in self.glyphs(q)).ljust(width * W)
                          + info)
         common = ", ".join(f"{a}~{b} {n}" for a, b, n in self.lcp if n)

@@ -73,11 +73,12 @@ def witnesses():
 def test_witness_cases_replay_on_the_spec(witnesses):
     """Every refuted load obligation's witness is a case the spec replays (the reservation
     obligations' witnesses are allocate_slots calls: tests/test_reservation.py replays them;
-    the lookup obligations' are lookup cases: tests/test_lookup.py replays them)."""
-    from kvbound.proofs import lookup, reservation, store
+    the lookup obligations' are lookup cases: tests/test_lookup.py replays them; the copy
+    obligations' are scheduler steps: tests/test_copy.py replays them)."""
+    from kvbound.proofs import copy_contract, lookup, reservation, store
 
     cases = witnesses
-    other = {o.id for m in (reservation, lookup, store) for o in m.OBLIGATIONS}
+    other = {o.id for m in (reservation, lookup, store, copy_contract) for o in m.OBLIGATIONS}
     refuted = [o for o in OBLIGATIONS if o.expected == Verdict.REFUTED and o.id not in other]
     assert sorted(c.name for c in cases) == sorted(f"witness-{o.id}" for o in refuted)
     by_name = {c.name: c for c in cases}
