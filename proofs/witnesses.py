@@ -147,19 +147,18 @@ class CopyWitness:
         return out
 
     def draw(self) -> str:
-        from kvbound.draw import W
-
+        """The step's tables, a column per block index: a glyph and two spaces."""
         lines = [f"case {self.name}: vLLM {self.release}, one step, full-attention group, block {self.B} tokens, "
                  f"hash unit {self.U}",
                  "  legend [c] computed before the step  [H] hit (shared)  [C] private copy of a partial hit  "
                  "[F] allocated this step (zeroed; the forward writes it)"]
         width = max(len(self.glyphs(q)) for q in self.requests)
-        lines.append("  " + " " * 15 + "idx " + "".join(f"{i:<{W}}" for i in range(width)).rstrip())
+        lines.append("  " + " " * 15 + "idx " + "".join(f"{i:<5}" for i in range(width)).rstrip())
         for q in self.requests:
             role = "before step" if q["name"] == "E" else ("new" if q["new"] else "running")
             info = (f"T={q['T']} c={q['c']}" if q["name"] == "E" else
                     f"T={q['T']} c={q['c']} hit={q['h']} sched={q['s']}")
-            lines.append(f"  {q['name']:<3}{role:<11}     " + "".join(f"{g:<{W}}" for g in self.glyphs(q)).ljust(width * W)
+            lines.append(f"  {q['name']:<3}{role:<11}     " + "".join(f"{g}  " for g in self.glyphs(q)).ljust(width * 5)
                          + info)
         common = ", ".join(f"{a}~{b} {n}" for a, b, n in self.lcp if n)
         lines.append(f"  common prefixes: {common or 'none'}")
