@@ -57,6 +57,10 @@ def main(path):
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.request import Request
 
+    if not hasattr(KVCacheManager, "take_kv_cache_block_copies"):  # the copy-on-write path arrives in 0.26.0
+        print("vllm %s cannot replay a copy step: its KVCacheManager makes no block copies "
+              "(take_kv_cache_block_copies, KVCacheBlockCopy arrive in 0.26.0)" % __import__("vllm").__version__)
+        return 2
     w = json.load(open(path))
     B, U = w["B"], w["U"]
     sha = adapter.hashing()

@@ -1,7 +1,7 @@
 """The copy contract (proofs/copy_contract.py) against real vLLM, and its checks able to fail.
 
 * the refutation's witness ↔ the real manager: ``copy.same-step``'s witness, replayed on the real
-  0.33.0 ``KVCacheManager`` (``scripts/repro_copy_step.py``), makes the copy the model says: the
+  ``KVCacheManager`` of 0.26.0 and 0.33.0 (the range's ends; 0.25.1 has no block copies) (``scripts/repro_copy_step.py``), makes the copy the model says: the
   reader's hit, the source block (its owner's block, allocated in the step) and its owner's
   computed tokens short of the hit;
 * the model ↔ the fix: the patched lookup is proved, and the mutant that undoes it is refuted;
@@ -68,7 +68,7 @@ def test_the_model_refutes_the_chained_shape_too():
     assert "itself a copy destination of this step" in w.draw()
 
 
-def _replay_real(version: str, w: CopyWitness) -> dict:
+def _replay_real(version: str, w: CopyWitness, rc: int = 0):
     env = release_env_for(version)
     path = ROOT / ".pytest_cache" / f"copy-witness-{version}-{os.getpid()}.json"
     path.parent.mkdir(exist_ok=True)
@@ -78,7 +78,9 @@ def _replay_real(version: str, w: CopyWitness) -> dict:
                            env=dict(os.environ, PYTHONPATH=env.tree or "", VLLM_TARGET_DEVICE="cpu"))
     finally:
         path.unlink(missing_ok=True)
-    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    assert p.returncode == rc, (p.stdout[-2000:], p.stderr[-3000:])
+    if rc:
+        return p.stdout.strip().splitlines()[-1]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["vllm"] == version
     return out
@@ -111,8 +113,9 @@ def uncomputed_copy_problems(real: dict, w: CopyWitness) -> list[str]:
     return problems
 
 
-def test_the_witness_copies_an_uncomputed_block_on_real_0_33(witness):
-    real = _replay_real("0.33.0", witness)
+@pytest.mark.parametrize("version", ["0.26.0", "0.33.0"])  # the range's ends (every release between: docs/findings.md)
+def test_the_witness_copies_an_uncomputed_block_on_the_real_manager(witness, version):
+    real = _replay_real(version, witness)
     assert uncomputed_copy_problems(real, witness) == []
     cp = next(c for c in real["copies"] if c["group"] == 0)
     assert cp["src_allocated_this_step"] is True  # zeroed before the copy runs: the plain shape
@@ -121,6 +124,12 @@ def test_the_witness_copies_an_uncomputed_block_on_real_0_33(witness):
     claimed = replace(witness, requests=tuple(dict(q, c=by["r1"]["h"]) if q["name"] == "r0" else q
                                               for q in witness.requests))
     assert any("real computed" in p for p in uncomputed_copy_problems(real, claimed))
+
+
+def test_the_release_before_the_range_makes_no_block_copy(witness):
+    """0.25.1's manager has no copy-on-write path: the replay says so in one line."""
+    line = _replay_real("0.25.1", witness, rc=2)
+    assert line.startswith("vllm 0.25.1 cannot replay a copy step") and "0.26.0" in line
 
 
 def test_the_patched_lookup_is_proved_and_its_mutant_refuted():
