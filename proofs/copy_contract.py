@@ -160,11 +160,15 @@ def witness_terms(w: CopyWitness) -> tuple[CopyTerms, dict]:
     return t, src
 
 
+PREMISES = ("copy-hash-unit", "copy-prefixes", "copy-scheduled-within", "copy-lookup-on-first-schedule",
+            "copy-cached-computed", "copy-mamba-state-before-step")
+
+
 def replay_copy(w: CopyWitness, premises=None) -> str | None:
     """None when the witness, folded through the same terms, is a step the premises admit, the
     releases' lookup takes, and whose copy carries tokens not computed before the step."""
     t, src = witness_terms(w)
-    bad = [p for p in (premises or COPY_PREMISES_OF_REFUTED) if COPY_BY_ID[p].check(t)]
+    bad = [p for p in (premises or PREMISES) if COPY_BY_ID[p].check(t)]
     if bad:
         return f"the witness breaks {', '.join(bad)}"
     if AND(*lookup(t, src, True)) is not True:
@@ -176,9 +180,6 @@ def replay_copy(w: CopyWitness, premises=None) -> str | None:
 
 # --- the obligations -------------------------------------------------------------------------
 
-PREMISES = ("copy-hash-unit", "copy-prefixes", "copy-scheduled-within", "copy-lookup-on-first-schedule",
-            "copy-cached-computed", "copy-mamba-state-before-step")
-COPY_PREMISES_OF_REFUTED = PREMISES
 # The releases with partial-hit copies: prefix_match_unit (a hash unit below the block size) and the
 # copy-on-write path (KVCacheBlockCopy, _apply_cow: 0.26.0 v1/core/single_type_kv_cache_manager.py:381,
 # gpu_model_runner.py:1199-1203) both arrive in 0.26.0; 0.25.1 has neither.
