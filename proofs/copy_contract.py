@@ -123,15 +123,16 @@ class CopyWorld:
         end = (FLOORDIV(t.h["r1"], t.B) + 1) * t.B
         out = [t.B == 64, t.U == 16, t.T[HOLDER] == t.c[HOLDER] + 1, t.c[HOLDER] % t.U == 0, t.K0[HOLDER] == t.c[HOLDER],
                *[t.T[n] <= 6 * t.B for n in NAMES], t.new["r1"], self.src["r1"] == 1, t.h["r1"] == t.c[HOLDER],
-               t.s["r1"] == t.T["r1"] - t.h["r1"], t.c[HOLDER] < end, end <= t.common("r0", "r1"),
-               end <= t.T["r1"] - 1, t.common("r0", "r1") < t.T["r0"],
+               t.s["r1"] == t.T["r1"] - t.h["r1"], t.c[HOLDER] < end, t.common("r0", "r1") < t.T["r0"],
                t.new["r2"], t.h["r2"] == 0, t.T["r2"] == 1, t.common("r2", "r0") == 0, t.common("r2", "r1") == 0,
                t.common("r2", HOLDER) == 0, t.K0["r0"] == t.c["r0"]]
         if shape == "plain":
-            out += [NOT(t.new["r0"]), t.c["r0"] % t.B == 0, t.s["r0"] == t.T["r0"] - t.c["r0"], end <= t.T["r0"]]
+            out += [NOT(t.new["r0"]), t.c["r0"] % t.B == 0, t.s["r0"] == t.T["r0"] - t.c["r0"], end <= t.T["r0"],
+                    end <= t.common("r0", "r1"), end <= t.T["r1"] - 1]
         else:
             out += [t.new["r0"], self.src["r0"] == 0, t.h["r0"] == t.c[HOLDER], t.s["r0"] == t.T["r0"] - t.h["r0"],
-                    t.common("r0", "r1") + t.B <= t.T["r0"]]
+                    t.h["r1"] + t.U <= t.common("r0", "r1"), t.h["r1"] + t.U <= t.T["r1"] - 1,
+                    t.common("r0", "r1") < end]
         return out
 
     def to_witness(self, model, name: str, release: str) -> CopyWitness:

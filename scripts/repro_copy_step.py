@@ -88,22 +88,30 @@ def main(path):
             raise SystemExit(f"vLLM did not admit {name} (hit {n}, {new} new tokens)")
         return n, new
 
+    mgrs = mgr.coordinator.single_type_managers
+
+    def drain_step():
+        """What the scheduler takes off the manager at the end of a step: the blocks to zero and the
+        copies (handed to that step's worker), then the next step starts."""
+        zeroed = set()
+        for m in mgrs:
+            if hasattr(m, "take_new_block_ids"):
+                zeroed |= set(m.take_new_block_ids())
+        copies = mgr.take_kv_cache_block_copies()[0]
+        mgr.new_step_starts()
+        return zeroed, copies
+
     # earlier steps: the holder and the running requests compute their c tokens
     for name in sorted((q["name"] for q in w["requests"] if q["c"] > 0), key=lambda n: (by[n]["c"], n)):
         _, new = schedule(name, upto=by[name]["c"])
         reqs[name].num_computed_tokens = by[name]["c"]
-        mgr.new_step_starts()
+        drain_step()
     before = {n: reqs[n].num_computed_tokens for n in reqs}
     step = [q["name"] for q in w["requests"] if q["name"] != "E"]
     hits = {}
     for name in step:
         hits[name] = schedule(name)
-    copies, _ = mgr.take_kv_cache_block_copies()
-    mgrs = mgr.coordinator.single_type_managers
-    zeroed = set()
-    for m in mgrs:
-        if hasattr(m, "take_new_block_ids"):
-            zeroed |= set(m.take_new_block_ids())
+    zeroed, copies = drain_step()
     tables = {n: [[None if b.is_null else b.block_id for b in m.req_to_blocks.get(n, [])] for m in mgrs] for n in reqs}
     dsts = {cp.dst_block_id for cp in copies}
     out = []

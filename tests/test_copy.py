@@ -52,9 +52,10 @@ def test_the_witness_draws_the_plain_shape_and_round_trips(witness):
     assert witness_from_dict(json.loads(json.dumps(witness_to_dict(witness)))) == witness
 
 
-def test_the_model_refutes_the_chained_shape_too():
-    """A copy whose source is another copy's destination of the same step (docs/findings.md, the
-    chained shape): r0 is new and partial-hits the holder's block, r1's source is r0's copy."""
+@pytest.fixture(scope="module")
+def chained() -> CopyWitness:
+    """The same refutation shaped as the chained form: r0 is new and partial-hits the holder's
+    block, r1's source is r0's copy destination."""
     import z3
 
     ob = BY_ID["copy.same-step"]
@@ -63,9 +64,21 @@ def test_the_model_refutes_the_chained_shape_too():
     s.add(*[as_bool(p) for p in prob.premises + prob.constraints], as_bool(NOT(prob.claim)))
     s.add(*[as_bool(c) for c in prob.world.small("chained")])
     assert s.check() == z3.sat
-    w = prob.witness(s.model())
-    assert replay_copy(w) is None
-    assert "itself a copy destination of this step" in w.draw()
+    return prob.witness(s.model())
+
+
+def test_the_model_refutes_the_chained_shape_too(chained):
+    """A copy whose source is another copy's destination of the same step (docs/findings.md)."""
+    assert replay_copy(chained) is None
+    assert "itself a copy destination of this step" in chained.draw()
+
+
+def test_the_chained_witness_copies_a_copy_destination_on_real_0_33(chained):
+    """vLLM applies a step's copies at once: r1's copy reads r0's destination before r0's copy fills it."""
+    real = _replay_real("0.33.0", chained)
+    assert uncomputed_copy_problems(real, chained) == []
+    cp = next(c for c in real["copies"] if c["group"] == 0 and c["reader"] == "r1")
+    assert cp["src_copied_this_step"] is True and set(cp["src_holders"]) == {"r0"}
 
 
 def _replay_real(version: str, w: CopyWitness, rc: int = 0):
@@ -89,8 +102,9 @@ def _replay_real(version: str, w: CopyWitness, rc: int = 0):
 def uncomputed_copy_problems(real: dict, w: CopyWitness) -> list[str]:
     """Empty when the real step makes the witness's copy: every request's computed tokens before the
     step and hit as the model has them, a
-    full-attention copy into the reader's block at the hit's index, from its source's block, which
-    the source's owner had not computed up to the hit before the step."""
+    full-attention copy into each reader's block at the hit's index, from its source's block, whose
+    owner had computed up to the hit before the step exactly where the model says so (for the
+    witness's broken copy: not)."""
     by = {q["name"]: q for q in w.requests}
     problems = []
     for q in w.requests:
@@ -108,8 +122,9 @@ def uncomputed_copy_problems(real: dict, w: CopyWitness) -> list[str]:
         holder = got[0]["src_holders"].get(src["name"])
         if holder is None or holder["idx"] != j:
             problems.append(f"the copy's source is not {src['name']}'s block {j}: {got[0]['src_holders']}")
-        elif holder["computed_before_step"] >= q["h"]:
-            problems.append(f"{src['name']} had computed {holder['computed_before_step']} >= {q['h']}")
+        elif (holder["computed_before_step"] >= q["h"]) != (src["c"] >= q["h"]):
+            problems.append(f"{src['name']} had computed {holder['computed_before_step']} before the step, the "
+                            f"model {src['c']}, of {q['name']}'s hit {q['h']}")
     return problems
 
 
