@@ -54,6 +54,11 @@ witness Z3 found, drawn as block tables and replayed through the executable spec
   contract (no false hit, no lost hit, no needless deferral, progress), each clause with the vLLM
   lines it is read from, is stated in [docs/lookup.md](lookup.md#the-contract); their witnesses are
   lookup cases (docs/case-format.md, "Lookup cases").
+* The `copy.*` obligations are about one scheduler step of the KV-cache manager, not the
+  connector: every token a partial-hit copy (`KVCacheBlockCopy`) carries was computed before the
+  step. Their witnesses are one step's requests, drawn as block tables (`[c]` computed before the
+  step, `[H]` shared hit, `[C]` private copy, `[F]` allocated in the step), and tests/test_copy.py
+  replays them on the real 0.33.0 `KVCacheManager`.
 
 Witness drawings: """ + LEGEND.replace("legend  ", "") + """; `^` marks f, k and
 each variant's load start, `~` the load region.
@@ -114,6 +119,7 @@ def entry(result) -> str:
 
 def premises_section() -> str:
     from kvbound.proofs.allocation_premises import ALLOCATION_PREMISES
+    from kvbound.proofs.copy_premises import COPY_PREMISES
     from kvbound.proofs.premises import PREMISES
     from kvbound.proofs.store_premises import STORE_PREMISES
 
@@ -123,9 +129,11 @@ def premises_section() -> str:
            "included): its one term, folded on the call's numbers. The `alloc-*` premises are about allocate_slots "
            "calls (the reservation obligations); their terms fold on a witness's numbers, and "
            "tests/test_reservation.py checks them on the calls it replays on real vLLM. The `store-*` premises are "
-           "about one `_build_store_jobs` call (the store obligations)."]
+           "about one `_build_store_jobs` call (the store obligations). The `copy-*` premises are about one scheduler "
+           "step (the copy obligations); their terms fold on a witness's step, and tests/test_copy.py checks each "
+           "can fail."]
 
-    for p in PREMISES + ALLOCATION_PREMISES + STORE_PREMISES:
+    for p in PREMISES + ALLOCATION_PREMISES + STORE_PREMISES + COPY_PREMISES:
         out += ["", f"<a id=\"premise-{p.id}\"></a>", f"## premise `{p.id}` ({p.kinds_label})", "", p.statement, "",
                 "```text", p.math, "```", "", "Read from:", "", *[f"* {src}" for src in p.sources]]
     return "\n".join(out)

@@ -5,7 +5,7 @@ the encoding ↔ spec relation (docs/architecture.md).
 
 Imports only kvbound.spec (and z3). Organised by property: ``obligations`` is the index
 (``PROPERTIES``, one module each: ``safe_load``, ``group_plan``, ``alignment``, ``reservation``,
-``lookup``, ``store``, every ``Obligation`` in ``OBLIGATIONS``); the mechanism below them is
+``lookup``, ``store``, ``copy_contract``, every ``Obligation`` in ``OBLIGATIONS``); the mechanism below them is
 the encoding (``terms``, ``encoding``), the worlds (``world``, ``hybrid``), the models
 (``allocator``), the premises, the witnesses, ``problem`` (an obligation's shape) and
 ``runner``. ``check_plan`` holds any plan to the encoding; ``witness_cases`` gives every

@@ -54,6 +54,8 @@ class Knobs:
     tail_chunk_dropped: bool = True  # False: mutant, a partial tail's last chunk stays a chunk key
     tail_margin: bool = True  # False: mutant, a partial tail's key ignores the EAGLE proof margin
     tail_assert: bool = True  # False: mutant, the request-level assert partial_tail_boundary == num_cached_tokens
+    copy_same_step_sources: bool = False  # mutant of the patched lookup (proofs/copy_contract.py): a partial hit's source
+    # may again be a block cached in the current step
 
 
 @dataclass(frozen=True)

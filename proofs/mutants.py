@@ -27,7 +27,7 @@ CHECKERS = ("encoding", "spec", "impl")
 class Mutant:
     name: str
     what: str  # the planted fault, in words
-    cls: str  # the mutant class of issue 11: scan, assert, sync, keys, partial-tail, groups, plan
+    cls: str  # the mutant class of issue 11: scan, assert, sync, keys, partial-tail, groups, plan; copy (issue 23)
     encoding: dict | None = None  # Knobs changes; None: see not_for["encoding"]
     not_for: dict = field(default_factory=dict)  # checker -> why it cannot express this mutant
     killer: str | None = None  # the obligation expected to kill it in the encoding (tried first; prove checks it)
@@ -35,6 +35,9 @@ class Mutant:
 
 _GROUPS = ("the encoding states one group's plan; which table a group reads (blocks.blocks[group_idx]) "
            "is the case-to-inputs mapping that check_plan, conform and diff exercise")
+
+_COPY = ("the spec and the torch impl execute the connector's load plan; the copy contract is a scheduler "
+         "step's, modelled only in proofs/copy_contract.py (tests/test_copy.py holds the model to the real KVCacheManager)")
 
 MUTANTS: tuple[Mutant, ...] = (
     # the scan
@@ -78,6 +81,10 @@ MUTANTS: tuple[Mutant, ...] = (
            dict(tail_margin=False), killer="partial-tail.full-attention"),
     Mutant("partial-tail-assert", "the request-level partial_tail assert (boundary == T) is gone", "partial-tail",
            dict(tail_assert=False), killer="partial-tail.guard"),
+    # the copy contract (proofs/copy_contract.py): a scheduler step, not the load plan
+    Mutant("copy-same-step-source", "the patched lookup takes a partial hit's source from blocks cached in the "
+           "current step again (the fix undone)", "copy", dict(copy_same_step_sources=True), killer="copy.patched",
+           not_for={"spec": _COPY, "impl": _COPY}),
     # group iteration
     Mutant("group-iteration", "groups iterated by position, not by their group_idx (non-offloaded groups)",
            "groups", not_for={"encoding": _GROUPS}),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from . import alignment, group_plan, lookup, reservation, safe_load, store
+from . import alignment, copy_contract, group_plan, lookup, reservation, safe_load, store
 from .problem import Obligation
 
 
@@ -41,6 +41,8 @@ PROPERTIES: tuple[Property, ...] = (
              "encoding ↔ spec (lookup) and the lookup contract", lookup),
     Property("store", "every chunk _build_store_jobs stores was computed by the forward",
              "encoding ↔ spec (store)", store),
+    Property("copy contract", "every token a partial-hit copy carries was computed before the step",
+             "step model ↔ vLLM's KV-cache manager", copy_contract),
 )
 
 OBLIGATIONS: list[Obligation] = [o for p in PROPERTIES for o in p.obligations]

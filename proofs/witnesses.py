@@ -3,7 +3,8 @@
 A refutation's witness is what the claim is about, concrete: a load (a spec ``Case``, the load
 plan's properties), a pair of ``allocate_slots`` calls (``allocator.AllocCalls``, reservation),
 a lookup case and its release (``LookupWitness``, the lookup window), one request at a
-``_build_store_jobs`` call (``StoreWitness``, the store). ``witness_to_dict`` and
+``_build_store_jobs`` call (``StoreWitness``, the store), one scheduler step (``CopyWitness``, the
+copy contract). ``witness_to_dict`` and
 ``witness_from_dict`` carry any of them through a file (``kvbound prove --json``, the report)
 or a worker process (the runner); a non-load kind names itself in the ``"witness"`` field.
 Every non-load kind has ``name``, ``draw()``, ``replayed_on``, ``replay_hint`` and ``to_dict()``.
@@ -99,7 +100,88 @@ class StoreWitness:
         return cls(**{k: v for k, v in d.items() if k != "witness"})
 
 
-WITNESS_KINDS = {"allocate_slots": AllocCalls, "lookup": LookupWitness, "store": StoreWitness}  # the "witness" field -> its kind
+@dataclass(frozen=True)
+class CopyWitness:
+    """A refuted copy obligation's witness: one scheduler step (``proofs.copy``), the holder ``E``
+    computed before it and the requests scheduled in it in order, each as a dict (``T``, ``c``,
+    ``s``, ``h``, ``new``, ``K0``, ``src``), and every pair's common token prefix ``(a, b, n)``."""
+
+    name: str
+    release: str
+    B: int
+    U: int
+    requests: tuple
+    lcp: tuple
+
+    replayed_on = "the step model"  # tests/test_copy.py replays it on the real 0.33.0 KVCacheManager
+
+    def glyphs(self, q: dict) -> list[str]:
+        """A request's blocks as the step leaves them at its scheduling."""
+        B, h, c = self.B, q["h"], q["c"]
+        end = c if q["name"] == "E" else (h if q["new"] else c) + q["s"]
+        out = []
+        for i in range(-(-end // B)):
+            if q["name"] == "E" or (not q["new"] and i * B < c):
+                out.append("[c]")
+            elif q["new"] and i < h // B:
+                out.append("[H]")
+            elif q["new"] and i == h // B and h % B:
+                out.append("[C]")
+            else:
+                out.append("[F]")
+        return out
+
+    def copies(self) -> list[str]:
+        by = {q["name"]: q for q in self.requests}
+        out = []
+        for q in self.requests:
+            if not q["new"] or not q["h"] % self.B:
+                continue
+            j, src = q["h"] // self.B, by[q["src"]]
+            kind = self.glyphs(src)[j] if j < len(self.glyphs(src)) else "?"
+            why = {"[F]": "allocated in this step: zeroed, its forward has not run",
+                   "[C]": "itself a copy destination of this step: the copies run at once, it holds zeros",
+                   "[c]": "computed before the step"}.get(kind, kind)
+            out.append(f"  {q['name']} idx {j} [C] = copy of {src['name']}'s block {j} ({kind}: {why}): tokens "
+                       f"[{j * self.B}, {q['h']}), {src['name']} had computed {src['c']} before the step")
+        return out
+
+    def draw(self) -> str:
+        """The step's tables, a column per block index: a glyph and two spaces."""
+        lines = [f"case {self.name}: vLLM {self.release}, one step, full-attention group, block {self.B} tokens, "
+                 f"hash unit {self.U}",
+                 "  legend [c] computed before the step  [H] hit (shared)  [C] private copy of a partial hit  "
+                 "[F] allocated this step (zeroed; the forward writes it)"]
+        width = max(len(self.glyphs(q)) for q in self.requests)
+        lines.append("  " + " " * 15 + "idx " + "".join(f"{i:<5}" for i in range(width)).rstrip())
+        for q in self.requests:
+            role = "before step" if q["name"] == "E" else ("new" if q["new"] else "running")
+            info = (f"T={q['T']} c={q['c']}" if q["name"] == "E" else
+                    f"T={q['T']} c={q['c']} hit={q['h']} sched={q['s']}")
+            lines.append(f"  {q['name']:<3}{role:<11}     " + "".join(f"{g}  " for g in self.glyphs(q)).ljust(width * 5)
+                         + info)
+        common = ", ".join(f"{a}~{b} {n}" for a, b, n in self.lcp if n)
+        lines.append(f"  common prefixes: {common or 'none'}")
+        return "\n".join(lines + self.copies())
+
+    @property
+    def replay_hint(self) -> str:
+        return ("tests/test_copy.py replays it on the real KVCacheManager of 0.33.0 "
+                "(scripts/repro_copy_step.py FILE: the holder and the running requests computed in earlier "
+                "steps, then the step's requests scheduled in order)")
+
+    def to_dict(self) -> dict:
+        return {"witness": "copy", "name": self.name, "release": self.release, "B": self.B, "U": self.U,
+                "requests": [dict(q) for q in self.requests], "lcp": [list(x) for x in self.lcp]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CopyWitness":
+        return cls(d["name"], d["release"], d["B"], d["U"], tuple(dict(q) for q in d["requests"]),
+                   tuple(tuple(x) for x in d["lcp"]))
+
+
+WITNESS_KINDS = {"allocate_slots": AllocCalls, "lookup": LookupWitness, "store": StoreWitness,
+                 "copy": CopyWitness}  # the "witness" field -> its kind
 
 
 def witness_to_dict(w) -> dict:
@@ -113,4 +195,4 @@ def witness_from_dict(d: dict):
     return case_from_dict(d) if kind is None else WITNESS_KINDS[kind].from_dict(d)
 
 
-__all__ = ["WITNESS_KINDS", "LookupWitness", "StoreWitness", "witness_from_dict", "witness_to_dict"]
+__all__ = ["WITNESS_KINDS", "CopyWitness", "LookupWitness", "StoreWitness", "witness_from_dict", "witness_to_dict"]

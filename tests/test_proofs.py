@@ -73,11 +73,12 @@ def witnesses():
 def test_witness_cases_replay_on_the_spec(witnesses):
     """Every refuted load obligation's witness is a case the spec replays (the reservation
     obligations' witnesses are allocate_slots calls: tests/test_reservation.py replays them;
-    the lookup obligations' are lookup cases: tests/test_lookup.py replays them)."""
-    from kvbound.proofs import lookup, reservation, store
+    the lookup obligations' are lookup cases: tests/test_lookup.py replays them; the copy
+    obligations' are scheduler steps: tests/test_copy.py replays them)."""
+    from kvbound.proofs import copy_contract, lookup, reservation, store
 
     cases = witnesses
-    other = {o.id for m in (reservation, lookup, store) for o in m.OBLIGATIONS}
+    other = {o.id for m in (reservation, lookup, store, copy_contract) for o in m.OBLIGATIONS}
     refuted = [o for o in OBLIGATIONS if o.expected == Verdict.REFUTED and o.id not in other]
     assert sorted(c.name for c in cases) == sorted(f"witness-{o.id}" for o in refuted)
     by_name = {c.name: c for c in cases}
@@ -145,7 +146,7 @@ def test_check_plan_rejects_the_spec_plans_under_every_mutant():
     plans = [(c, v, plan_load(c, v).to_json(c.name)) for c in cases for v in Variant]
     unseen = []
     for m in MUTANTS:
-        if m.encoding is None:
+        if m.encoding is None or m.cls == "copy":  # the copy contract's mutant plants no load-plan change
             continue
         if not any(check_plan(c, v, p, code=Code(variant_features(v)).mutate(**m.encoding)).verdict == "not_forced"
                    for c, v, p in plans):
