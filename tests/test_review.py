@@ -13,6 +13,11 @@ apply, each one line naming the patch, the file and the hunk. Then the command o
   block past the first fresh one) reports new findings, exit 1;
 * a patch that does not apply exits 2 with one line, and the prepared tree is never written;
 * a patched tree whose vLLM does not import exits 2, never a review with the base's findings gone.
+
+And ``--replay F`` on the real 0.26.0 tree, with the 5-request reproducer of the boundary assert
+(docs/upstream/seed-pr-scan-from-boundary): the seed PR's scan from ``f`` alone turns the crash
+into a read of a block nothing wrote (``data:wrong_kv[full_attention: unwritten]``, exit 1); with
+the hit every group agrees on as the start as well, the crash is gone and nothing is new (exit 0).
 """
 
 from __future__ import annotations
@@ -27,11 +32,15 @@ from kvbound.cli import main
 from kvbound.errors import UsageError
 from kvbound.trace.patchfile import apply_file, copy_and_apply, parse
 
-from conftest import DATA
+from conftest import DATA, ROOT
 
 PATCHES = DATA / "review"
 FIX = PATCHES / "0-33-0-mamba-sync-reservation-fix.diff"
 PLANTED = PATCHES / "0-33-0-planted-load-skips-first-block.diff"
+SEED_PR = ROOT / "docs" / "upstream" / "seed-pr-scan-from-boundary"
+BOUNDARY_5REQ = ROOT / "docs" / "trace-findings" / "0-26-0-mamba-vllm-exception-update-state-after-alloc-5req.json"
+BOUNDARY = ("crash:exception@update_state_after_alloc:assert num_locally_computed_tokens <= "
+            "num_locally_computed_gpu_blocks * tokens_per_block")
 MANAGER = "vllm/v1/core/single_type_kv_cache_manager.py"
 TEXT = "".join(f"line {i}\n" for i in range(1, 21))
 
@@ -183,3 +192,55 @@ def test_a_patched_tree_that_does_not_import_is_exit_2_never_a_clean_review(tmp_
     err = capsys.readouterr().err
     assert rc == 2
     assert "full did not run on patched:" in err and "SyntaxError" in err, err
+
+
+# ------------------------------------------------------------------------------ --replay, on the real 0.26.0 tree
+
+
+def _replay(tmp_path, patch, *extra):
+    out = tmp_path / "review.json"
+    rc = main(["review", "--vllm", "0.26.0", "--patch", str(patch), "--replay", str(BOUNDARY_5REQ),
+               "--json", str(out), *extra])
+    return rc, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_the_seed_pr_alone_turns_the_0_26_boundary_crash_into_a_read_of_unwritten_kv(tmp_path, prepared, capsys):
+    prepared("0.26.0")
+    keep = tmp_path / "tree"
+    rc, doc = _replay(tmp_path, SEED_PR / "patch-0.26.0.diff", "--keep-tree", str(keep))
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    (r,) = doc["replay"]
+    assert r["key"] == BOUNDARY and r["gone"] == [BOUNDARY], r
+    assert "data:wrong_kv[full_attention: unwritten]" in r["new"], r
+    # drawn: request 536 reads group 0 position 64 from a block below f that is neither hit nor loaded
+    assert "group 0 of request 536 (block size 64), at position 64:" in out, out
+    assert "unwritten 64..127 !!  <-" in out, out
+    assert "kvbound-review-" not in json.dumps(doc)  # no temporary path in the document
+    # the kept tree replays with kvbound trace, and the same requests are drawn as what they give now
+    assert main(["trace", "--vllm-src", str(keep), "--vllm", "0.26.0", "--replay", str(BOUNDARY_5REQ),
+                 "--out", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("not reproduced on vllm 0.26.0: crash:exception (found instead: "
+                          "data:wrong_kv[full_attention: unwritten]"), out
+    assert "-- data:wrong_kv on vllm 0.26.0, layout mamba: 5 request(s)" in out and "unwritten 64..127 !!" in out
+
+
+def test_the_seed_pr_with_the_agreed_start_cures_the_0_26_boundary_crash(tmp_path, prepared, capsys):
+    prepared("0.26.0")
+    rc, doc = _replay(tmp_path, SEED_PR / "patch-0.26.0-with-agreed-start.diff")
+    assert rc == 0, capsys.readouterr().out
+    (r,) = doc["replay"]
+    assert BOUNDARY in r["gone"] and r["new"] == [], r
+
+
+def test_replay_options_are_one_line(tmp_path, prepared, capsys):
+    prepared("0.26.0")
+    pr = str(SEED_PR / "patch-0.26.0.diff")
+    assert main(["review", "--vllm", "0.26.0", "--patch", pr, "--replay", str(BOUNDARY_5REQ), "--layout",
+                 "mamba"]) == 2
+    other = ROOT / "docs" / "trace-findings" / "0-33-0-mamba-block-sync-vllm-exception-get-new-blocks-8req.json"
+    assert main(["review", "--vllm", "0.26.0", "--patch", pr, "--replay", str(other)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("kvbound review: error: --replay") for line in err), err
+    assert "release 0.33.0, but the patch is reviewed against 0.26.0" in err[1], err

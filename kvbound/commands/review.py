@@ -52,6 +52,10 @@ def register(sub):
     p.add_argument("--json", metavar="FILE", help="the review document (deterministic): the base's and the"
                    " patched tree's campaign documents, the keys gone, new and kept")
     p.add_argument("--html", metavar="FILE", help="both trees in one campaign page, the review at its top")
+    p.add_argument("--replay", action="append", default=[], metavar="F",
+                   help="repeatable: instead of a campaign, rerun a trace file's requests (a saved reproducer of the"
+                        " same release) on both trees, as kvbound trace --replay does, and compare what each finds;"
+                        " the findings of the patched tree are drawn")
     return p
 
 
@@ -140,11 +144,15 @@ def run(args) -> int:
     from .campaign import _bar, local_workers, trace_options
 
     patch = Path(args.patch)
+    if args.replay and (args.layout or args.requests is not None or args.html):
+        raise UsageError("--replay F reruns the file's own requests at its own layout: give no --layout, --requests"
+                         " or --html with it")
     try:
         release, tree, base_src, base_col = _sources(args)
     except PrepareError as e:
         print(f"kvbound review: vllm {args.vllm} could not be prepared:\n  {e}", file=sys.stderr)
         return EXIT_INPUT
+    replays = _replay_files(args.replay, release)
     layouts = tuple(space.chosen(args))
     workers = min(local_workers(args), 2)
     options = trace_options(args, [release, release], layouts, workers)
@@ -155,9 +163,12 @@ def run(args) -> int:
         changed, skipped = copy_and_apply(tree, work, patch)
         for rel in skipped:
             print(f"kvbound review: {rel} left out: outside vllm/, no run imports it", file=sys.stderr)
-        print(f"kvbound review: {patch} applied to a copy of {base_col} ({len(changed)} file(s));"
-              f" {len(layouts)} point(s), {options.run.requests} requests each, seed {args.seed}, on both",
+        what = (f"{len(args.replay)} trace file(s) replayed" if args.replay else
+                f"{len(layouts)} point(s), {options.run.requests} requests each, seed {args.seed}")
+        print(f"kvbound review: {patch} applied to a copy of {base_col} ({len(changed)} file(s)); {what}, on both",
               file=sys.stderr, flush=True)
+        if args.replay:
+            return replay(args, replays, release, base_src, base_col, str(work.resolve()), patch, changed, skipped)
         base = C.Shard(release, layouts, options, src=base_src, column=base_col)
         shards = [base, replace(base, src=str(work.resolve()), column=PATCHED)]
         out = Path(args.out).resolve()
@@ -195,3 +206,66 @@ def run(args) -> int:
     if failed or any(f.finding_class == "harness" for f in both.findings):
         return EXIT_INPUT
     return EXIT_FAIL if review["new"] else EXIT_OK
+
+
+def _replay_files(paths: list, release: str) -> list:
+    """[(path, the finding it holds)] for ``--replay``; a UsageError for a file that is no trace
+    file or is one of another release."""
+    from kvbound.trace import tracefile as TF
+
+    files = []
+    for path in paths:
+        try:
+            f = TF.load(path)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if f.release != release:
+            raise UsageError(f"--replay {path}: release {f.release}, but the patch is reviewed against {release}"
+                             " (replay a trace file of that release)")
+        files.append((path, f))
+    return files
+
+
+def replay(args, files: list, release: str, base_src: str | None, base_col: str, patched_src: str, patch: Path,
+           changed: list, skipped: list) -> int:
+    """``--replay F``: each trace file's requests rerun on the base and on the patched tree
+    (``kvbound.trace.session.replay``, what ``kvbound trace --replay`` runs), the finding keys
+    compared per file; the patched tree's findings drawn (``kvbound trace``'s ``describe``)."""
+    from kvbound.errors import TraceError
+    from kvbound.trace.session import release_env
+    from kvbound.trace.session import replay as rerun
+
+    from .trace import _first_per_key, describe
+
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    envs = {base_col: release_env(release, base_src, say), PATCHED: release_env(release, patched_src, say)}
+    out, doc, harness = [], [], False
+    for path, f in files:
+        got = {}
+        for col, env in envs.items():
+            try:
+                got[col] = rerun(env, f)[0]
+            except TraceError as e:
+                print(f"kvbound review: --replay {path} did not run on {col}: {e}", file=sys.stderr)
+                return EXIT_INPUT
+            harness = harness or any(g.finding_class == "harness" for g in got[col])
+        b, p = {g.key() for g in got[base_col]}, {g.key() for g in got[PATCHED]}
+        review = {"gone": sorted(b - p), "new": sorted(p - b), "kept": sorted(b & p)}
+        doc.append({"file": path, "kind": f.kind, "key": f.key(), **review})
+        out.append(f"\n== review of {path} ({len(f.segment['requests'])} requests, layout {f.layout}):"
+                   f" {base_col} against {PATCHED} ==")
+        for what in ("gone", "new", "kept"):
+            out.append(f"{what}: {len(review[what])}" + "".join(f"\n  {k}" for k in review[what]))
+        for g in _first_per_key(got[PATCHED]):
+            out.append(describe(g, f"(on {PATCHED}, the requests of {path})"))
+    print("\n".join(out))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(
+            {"format": REVIEW_FORMAT, "release": release, "base": base_col,
+             "patch": {"file": args.patch, "sha256": hashlib.sha256(patch.read_bytes()).hexdigest(),
+                       "changed": changed, "left_out": skipped},
+             "replay": doc}, indent=1, sort_keys=True) + "\n")
+    if harness:
+        return EXIT_INPUT
+    return EXIT_FAIL if any(r["new"] for r in doc) else EXIT_OK

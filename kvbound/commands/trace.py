@@ -249,4 +249,14 @@ def replay(args) -> int:
         return EXIT_FAIL
     print(f"not reproduced on vllm {env.version}: {f.kind} (found instead: "
           f"{', '.join(sorted({g.key() for g in got})) or 'nothing'})")
+    for g in _first_per_key(got):  # what the same requests give now, drawn as a finding is
+        print(describe(g, f"(the requests of {args.replay})"))
     return EXIT_OK
+
+
+def _first_per_key(findings) -> list:
+    """The first finding of each key, in key order."""
+    first: dict = {}
+    for g in findings:
+        first.setdefault(g.key(), g)
+    return [first[k] for k in sorted(first)]
