@@ -130,9 +130,12 @@ class Planner:
             entry[3] += entry[0] in self._drawn
         return runs
 
+    def weights(self) -> dict:
+        """Each corpus run's weight as a parent in the round being planned (the module docstring)."""
+        return {lab: math.sqrt(energy) / 2 ** rounds for lab, _, energy, rounds in self.corpus}
+
     def _parent(self, rng):
-        weights = [math.sqrt(energy) / 2 ** rounds for _, _, energy, rounds in self.corpus]
-        entry = rng.choices(self.corpus, weights)[0]
+        entry = rng.choices(self.corpus, list(self.weights().values()))[0]
         self._drawn.add(entry[0])
         return entry[0], entry[1]
 
