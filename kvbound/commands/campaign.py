@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -188,8 +189,6 @@ def run(args) -> int:
         if args.ray:
             return C.ray_shards(batch, args.ray, _bar(args.quiet, t0), out_dir, num_cpus=args.workers)
         return C.local_shards(batch, local_workers(args), _bar(args.quiet, t0), out_dir)
-
-    from contextlib import nullcontext
 
     with C.ended_by_signals():  # kill -TERM ends the pool (or Ray) and every vLLM worker: exit 143
         if args.guided:
