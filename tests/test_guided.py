@@ -161,3 +161,31 @@ def test_a_guided_campaign_repeats_itself_on_the_pool_and_on_ray(tmp_path, prepa
     assert sum(n for r in rounds for e in r["runs"] for n in e["new_lines"].values()) == reached
     assert rounds[-1]["executed"][COL] == reached
     assert "round 2: 1 run(s)" in outs["pool"][1] and "== guided rounds" in outs["pool"][0]
+
+
+def test_rounds_are_barriers_through_one_executor():
+    """campaign.guided hands each round's shards (one per column) to the executor at once and
+    plans the next round from what all of them returned; the shards carry each run's seed."""
+    from kvbound.options import RunOptions, ShrinkOptions, TraceOptions
+    from kvbound.trace import campaign as C
+
+    opts = TraceOptions(RunOptions(10, 0, coverage=True), ShrinkOptions(0))
+    shards = [C.Shard(v, ("full", "mamba"), opts, column=v) for v in ("0.29.0", COL)]
+    calls = []
+
+    def execute(batch):  # a run's lines: a hash of its label, so every run adds some
+        calls.append([(sh.column, sh.layouts, sh.seeds) for sh in batch])
+        return [{"shard": sh.to_json(), "cells": [],
+                 "point_coverage": {G.label(p, s, 0): _cov([sum(map(ord, G.label(p, s, 0))) % 997])
+                                    for p, s in zip(sh.layouts, sh.seeds)}} for sh in reversed(batch)]
+
+    pl = G.Planner(0, 3)
+    seen = []
+    results = C.guided(shards, pl, 2, execute, seen.append)
+    assert len(calls) == 3 and all([c[0] for c in call] == ["0.29.0", COL] for call in calls)
+    assert calls[0][0][1:] == (("full", "mamba"), (0, 0))
+    assert all(len(call[0][1]) == 3 for call in calls[1:])  # --explore 3 per later round
+    assert seen == pl.rounds and len(results) == 6
+    # a round's points are drawn from the corpus the rounds before it built
+    firsts = {e["point"] for e in pl.rounds[0]["runs"]}
+    assert all(e["parent"] in firsts for e in pl.rounds[1]["runs"])

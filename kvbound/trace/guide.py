@@ -68,7 +68,7 @@ class Planner:
         self.corpus: list = []  # [label, Run, energy, earlier rounds it was drawn in]
         self.ran: set = set()  # the labels planned so far
         self.rounds: list = []  # what the campaign document holds (record)
-        self._drawn: set = set()  # the parents drawn in the round being planned
+        self._drawn: set = set()  # the parents of the runs planned in the round being planned
 
     def label(self, run: Run) -> str:
         return label(run.point, run.seed, self.seed)
@@ -125,6 +125,7 @@ class Planner:
             if run is None:
                 continue
             self.ran.add(self.label(run))
+            self._drawn.add(run.parent)
             runs.append(run)
         for entry in self.corpus:
             entry[3] += entry[0] in self._drawn
@@ -136,7 +137,6 @@ class Planner:
 
     def _parent(self, rng):
         entry = rng.choices(self.corpus, list(self.weights().values()))[0]
-        self._drawn.add(entry[0])
         return entry[0], entry[1]
 
     def _draw(self, rng) -> Run | None:
