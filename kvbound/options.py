@@ -56,26 +56,32 @@ class PlanOptions:
     shrink_s_per_rerun: float = 0.17
     min_requests: int = 200  # below this a layout's traffic barely evicts: not worth a cell
 
-    def seconds(self, shards, requests: int, shrink_budget: int, workers: int = 1) -> float:
+    def seconds(self, shards, requests: int, shrink_budget: int, workers: int = 1, then=()) -> float:
         """The planned wall seconds of ``shards`` (per shard: the families of the layouts it
         runs) at ``requests`` per layout on ``workers`` processes, each shard taken in order
-        by the first process free (as the pool and Ray hand them out): the last to finish."""
+        by the first process free (as the pool and Ray hand them out): the last to finish.
+        ``then``: further rounds of shards, each begun when the one before has ended (a guided
+        campaign's)."""
         rate = dict(self.seconds_per_request)
         free = [0.0] * max(1, workers)
         for fams in shards:
             i = free.index(min(free))
             free[i] += self.start_s + sum(requests * rate[f] + shrink_budget * self.shrink_s_per_rerun for f in fams)
-        return max(free)
+        return max(free) + sum(self.seconds(r, requests, shrink_budget, workers) for r in then)
 
-    def requests_per_layout(self, shards, shrink_budget: int, workers: int = 1) -> int:
+    def costliest(self) -> str:
+        """The family of the highest rate: what a layout not known when planning is costed as."""
+        return max(self.seconds_per_request, key=lambda fr: fr[1])[0]
+
+    def requests_per_layout(self, shards, shrink_budget: int, workers: int = 1, then=()) -> int:
         """The most requests per layout (in hundreds, at least ``min_requests``) whose planned
         seconds fit the budget."""
         from kvbound.errors import UsageError
 
         if self.budget_s <= 0:
             raise UsageError(f"--budget {self.budget_s}: must be a positive number of seconds")
-        fixed = self.seconds(shards, 0, shrink_budget, workers)
-        per_request = self.seconds(shards, 1, shrink_budget, workers) - fixed
+        fixed = self.seconds(shards, 0, shrink_budget, workers, then)
+        per_request = self.seconds(shards, 1, shrink_budget, workers, then) - fixed
         n = int((self.budget_s - fixed) / per_request) if per_request > 0 else self.min_requests
         return max(self.min_requests, n // 100 * 100)
 

@@ -397,12 +397,17 @@ class CampaignRecord:
     # column -> relpath -> {statements, executed, missing, unreached} (kvbound/trace/coverage.py
     # Coverage.document); None: not measured (--no-coverage)
     coverage: dict | None = None
+    # a guided campaign's rounds (kvbound/trace/guide.py Planner.record): per round its runs, each
+    # with its mutation, parent and the new lines it reached per column; None: not guided
+    guided: list | None = None
 
     def to_json(self) -> dict:
         d = {"format": CAMPAIGN_FORMAT, "columns": self.columns, "matrix": self.matrix,
              "findings": [f.to_json() for f in self.findings], "by_class": self.by_class}
         if self.coverage is not None:
             d["coverage"] = self.coverage
+        if self.guided is not None:
+            d["guided"] = self.guided
         return d
 
     @classmethod
@@ -416,7 +421,8 @@ class CampaignRecord:
                    findings=[CampaignFinding.from_json(f, f"{where}.findings[{i}]")
                              for i, f in enumerate(_list(d, "findings", where))],
                    by_class=need(d, "by_class", where, dict),
-                   coverage=_optional(d, "coverage", where, _OPT_DICT, None))
+                   coverage=_optional(d, "coverage", where, _OPT_DICT, None),
+                   guided=_optional(d, "guided", where, (list, type(None)), None))
 
 
 MEASURED = ("cpu_s",)  # the fields of a campaign document's findings' detect that measure, not count

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,6 +34,11 @@ def register(sub):
     p.add_argument("--vllm-src", metavar="DIR", help="a checkout's root (a fork): joins the matrix as one column,"
                    " judged as the newest release named")
     add_run_arguments(p)
+    p.add_argument("--guided", type=int, default=0, metavar="ROUNDS",
+                   help="coverage-guided exploration: after the points named (round 0), ROUNDS more rounds of"
+                        " --explore N points each, drawn from the runs that reached new connector lines (mutate"
+                        " one or two axes, re-seed the traffic, or move to another layout; docs/trace.md)."
+                        " Implies --coverage")
     p.add_argument("--ray", metavar="ADDRESS", help="run the shards on Ray: auto (a running cluster), an"
                    " address, or local (a fresh local instance of --workers CPUs)")
     p.add_argument("--out", default="campaign-findings", metavar="DIR", help="where trace files go")
@@ -62,10 +68,10 @@ def add_run_arguments(p) -> None:
                    help="local worker processes (default: the CPU count)")
     p.add_argument("--shrink-budget", type=int, default=CAMPAIGN_SHRINK.budget, metavar="R",
                    help="reruns per distinct finding")
-    p.add_argument("--coverage", action=argparse.BooleanOptionalAction, default=CAMPAIGN_COVERAGE,
+    p.add_argument("--coverage", action=argparse.BooleanOptionalAction, default=None,
                    help="measure the line coverage of each release's connector code (coverage.py in the worker;"
-                        " the document's 'coverage', per file and release). Default off: it costs about 2/3 of"
-                        " the traffic rate on Python 3.11 (docs/benchmarks.md)")
+                        " the document's 'coverage', per file and release). Default off (on with --guided): it"
+                        " costs about 2/3 of the traffic rate on Python 3.11 (docs/benchmarks.md)")
     space.add_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -87,7 +93,9 @@ def plan(args) -> tuple[list, list]:
     releases = expand_releases(args.vllm)
     for v in releases:
         variant_for_version(v)  # UnsupportedVersion: one line, exit 2
-    layouts = tuple(space.chosen(args))
+    # guided: round 0 is the points named, --explore N the points of each later round
+    guided_rounds = getattr(args, "guided", 0)
+    layouts = tuple(space.chosen(argparse.Namespace(**dict(vars(args), explore=0)) if guided_rounds else args))
     columns = list(releases)
     src_col = None
     if args.vllm_src:
@@ -119,13 +127,39 @@ def trace_options(args, judged_as: list, layouts: tuple, pool: int) -> TraceOpti
         plan_options = CAMPAIGN_PLAN if args.budget is None else replace(CAMPAIGN_PLAN, budget_s=args.budget)
         costs = [[cost_family(space.resolve(l)) for l in layouts if space.support(l, v) is None]
                  for v in judged_as]
-        n = plan_options.requests_per_layout(costs, args.shrink_budget, pool)
-        planned = plan_options.seconds(costs, n, args.shrink_budget, pool)
+        # a guided round's points are drawn once the round before has run: each costed as the costliest
+        then = [[[plan_options.costliest()] * args.explore for _ in judged_as]] * getattr(args, "guided", 0)
+        n = plan_options.requests_per_layout(costs, args.shrink_budget, pool, then)
+        planned = plan_options.seconds(costs, n, args.shrink_budget, pool, then)
         if planned > plan_options.budget_s:  # the floor of traffic alone costs more: say so, run it
             print(f"kvbound {getattr(args, 'command', 'campaign')}: --budget {plan_options.budget_s:.0f} is below"
                   f" what this campaign costs at the floor of {n} requests per layout (worker starts, shrinking):"
                   f" planned at {planned:.0f} s", file=sys.stderr)
-    return TraceOptions(RunOptions(n, args.seed, coverage=args.coverage), ShrinkOptions(args.shrink_budget))
+    return TraceOptions(RunOptions(n, args.seed, coverage=coverage_of(args)), ShrinkOptions(args.shrink_budget))
+
+
+def coverage_of(args) -> bool:
+    """--coverage as given, else on for --guided (it steers by coverage) and the default
+    otherwise; a UsageError for --guided with --no-coverage or a bad --guided/--explore."""
+    rounds = getattr(args, "guided", 0)
+    if rounds < 0:
+        raise UsageError(f"--guided {rounds}: must be >= 0 (rounds after the points named)")
+    if not rounds:
+        return CAMPAIGN_COVERAGE if args.coverage is None else args.coverage
+    if args.coverage is False:
+        raise UsageError(f"--guided {rounds}: steers by coverage, so it cannot run with --no-coverage")
+    if args.explore < 1:
+        raise UsageError(f"--guided {rounds}: needs --explore N >= 1, the points each round draws")
+    return True
+
+
+def planner(args, shards):
+    """The guided campaign's planner: points drawn only where some release of the campaign runs them."""
+    from kvbound.trace.guide import Planner
+
+    judged_as = [sh.release for sh in shards]
+    return Planner(args.seed, args.explore,
+                   lambda point: any(space.support(point, v) is None for v in judged_as))
 
 
 def _bar(quiet, t0):
@@ -158,18 +192,31 @@ def run(args) -> int:
             print(f"kvbound campaign: vllm {sh.release} could not be prepared:\n  {e}", file=sys.stderr)
             return EXIT_INPUT
     n_cells = sum(len(s.layouts) for s in shards)
-    print(f"kvbound campaign: {len(columns)} column(s) x {len(shards[0].layouts)} layouts = {n_cells} cells,"
+    rounds = f", then {args.guided} guided round(s) of {args.explore} points" if args.guided else ""
+    print(f"kvbound campaign: {len(columns)} column(s) x {len(shards[0].layouts)} layouts = {n_cells} cells{rounds},"
           f" {shards[0].options.run.requests} requests each, seed {args.seed},"
           f" {'Ray ' + args.ray if args.ray else f'{local_workers(args)} local worker(s)'}",
           file=sys.stderr, flush=True)
     t0 = time.monotonic()
     out_dir = str(Path(args.out).resolve())
-    with C.ended_by_signals():  # kill -TERM ends the pool (or Ray) and every vLLM worker: exit 143
+
+    def execute(batch):
         if args.ray:
-            results = C.ray_shards(shards, args.ray, _bar(args.quiet, t0), out_dir, num_cpus=args.workers)
+            return C.ray_shards(batch, args.ray, _bar(args.quiet, t0), out_dir, num_cpus=args.workers)
+        return C.local_shards(batch, local_workers(args), _bar(args.quiet, t0), out_dir)
+
+    with C.ended_by_signals():  # kill -TERM ends the pool (or Ray) and every vLLM worker: exit 143
+        if args.guided:
+            from kvbound.trace.guide import round_line
+
+            guide = planner(args, shards)
+            with C.ray_cluster(args.ray, args.workers) if args.ray else nullcontext():  # one Ray for every round
+                results = C.guided(shards, guide, args.guided, execute,
+                                   lambda rnd: print(f"  {round_line(rnd)}", file=sys.stderr, flush=True))
         else:
-            results = C.local_shards(shards, local_workers(args), _bar(args.quiet, t0), out_dir)
-    doc = C.merge(columns, results)
+            results = execute(shards)
+    doc = C.merge(columns, results, guide.rounds if args.guided else None)
+    n_cells = sum(len(r["cells"]) for r in results)
     wall = time.monotonic() - t0
     print(render(doc))
     print(f"\n{n_cells} cells in {wall:.0f} s")
@@ -258,6 +305,11 @@ def render(doc: CampaignRecord) -> str:
             lines.append(f"  [{f.finding_class}{'' if f.safety else ', efficiency'}] {f.key}: {f.first}"
                          f" .. {f.last} ({len(f.columns)} release(s)){stop}; layouts {where}")
         lines += _time_to_detect(doc)
+    if doc.guided:
+        from kvbound.trace.guide import round_line
+
+        lines += ["", "== guided rounds (runs that reached new connector lines join the corpus) =="]
+        lines += [f"  {round_line(rnd)}" for rnd in doc.guided]
     if doc.coverage:
         from kvbound.trace.coverage import render as coverage_lines
 

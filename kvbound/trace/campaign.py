@@ -23,7 +23,7 @@ import signal
 import tempfile
 import threading
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from kvbound.errors import Terminated, UsageError
@@ -38,17 +38,18 @@ class Shard:
     options: TraceOptions
     src: str | None = None  # a checkout's root (--vllm-src), else the prepared release
     column: str = ""  # the matrix column: the release, or "src:<dir name>"
+    seeds: tuple = ()  # each layout's traffic seed (a guided round's); empty: the options' seed
 
     def to_json(self) -> dict:
         return {"release": self.release, "layouts": list(self.layouts), "options": asdict(self.options),
-                "src": self.src, "column": self.column}
+                "src": self.src, "column": self.column, "seeds": list(self.seeds)}
 
     @classmethod
     def from_json(cls, d: dict) -> "Shard":
         run = dict(d["options"]["run"])
         run["overrides"] = tuple(tuple(kv) for kv in run["overrides"])
         options = TraceOptions(RunOptions(**run), ShrinkOptions(**d["options"]["shrink"]))
-        return cls(d["release"], tuple(d["layouts"]), options, d["src"], d["column"])
+        return cls(d["release"], tuple(d["layouts"]), options, d["src"], d["column"], tuple(d.get("seeds", ())))
 
 
 def run_shard(shard_json: dict, progress=None, out_dir: str | None = None) -> dict:
@@ -57,13 +58,14 @@ def run_shard(shard_json: dict, progress=None, out_dir: str | None = None) -> di
 
     shard = Shard.from_json(shard_json)
     res = run_release(release_env(shard.release, shard.src), shard.layouts, shard.options, progress,
-                      Path(out_dir) if out_dir else None)
+                      Path(out_dir) if out_dir else None, shard.seeds)
     timings = {c.layout: {"seconds": round(c.seconds, 2), "cpu_seconds": round(c.summary.cpu_seconds, 2)}
                for c in res.cells if c.summary is not None}
     timings["seconds"] = round(res.seconds, 2)
     out = {"shard": shard.to_json(), "cells": [c.to_json() for c in res.cells], "timings": timings}
     if res.coverage is not None:
         out["coverage"] = res.coverage.to_json()
+        out["point_coverage"] = {name: c.to_json() for name, c in res.point_coverage.items()}
     return out
 
 
@@ -136,32 +138,46 @@ def local_shards(shards: list, workers: int, progress=None, out_dir: str | list 
     return res
 
 
-def ray_shards(shards: list, address: str, progress=None, out_dir: str | None = None,
-               num_cpus: int | None = None) -> list:
-    """Every shard as a Ray task (one CPU each) on the cluster at ``address`` ("auto": the
-    running cluster; "local": a fresh local instance of ``num_cpus``); results in shard
-    order. The task is ``run_shard`` itself, so a shard's JSON is the same as a local run's."""
+@contextmanager
+def ray_cluster(address: str, num_cpus: int | None = None):
+    """Ray, initialised for what runs inside ("auto": the running cluster; "local": a fresh
+    local instance of ``num_cpus``) and shut down after; nothing when Ray is already
+    initialised (a guided campaign's rounds share one)."""
     try:
         import ray
     except ImportError:
         raise UsageError("--ray needs Ray: pip install 'kvbound[ray]'") from None
-    started, empty = False, None
-    if not ray.is_initialized():
-        # Ray puts the driver's current directory first on every worker's sys.path unless the job
-        # has a working_dir; run from a checkout, the workers would import that tree's kvbound (whose
-        # layers are not mapped: ModuleNotFoundError kvbound.spec) instead of the installed one. An
-        # empty working_dir makes every worker, on any node, import the installed kvbound.
-        kw = {"include_dashboard": False, "log_to_driver": False,
-              "runtime_env": {"working_dir": (empty := tempfile.mkdtemp(prefix="kvbound-ray-"))}}
+    if ray.is_initialized():
+        yield ray
+        return
+    # Ray puts the driver's current directory first on every worker's sys.path unless the job
+    # has a working_dir; run from a checkout, the workers would import that tree's kvbound (whose
+    # layers are not mapped: ModuleNotFoundError kvbound.spec) instead of the installed one. An
+    # empty working_dir makes every worker, on any node, import the installed kvbound.
+    empty = tempfile.mkdtemp(prefix="kvbound-ray-")
+    try:
+        kw = {"include_dashboard": False, "log_to_driver": False, "runtime_env": {"working_dir": empty}}
         ours = signal.getsignal(signal.SIGTERM)
         if address == "local":
             ray.init(num_cpus=num_cpus or 2, **kw)
         else:
             ray.init(address=address, **kw)
-        started = True
-        if ours is not None:  # ray.init sets its own (sys.exit(15)); ended_by_signals' stays
-            signal.signal(signal.SIGTERM, ours)
-    try:
+        try:
+            if ours is not None:  # ray.init sets its own (sys.exit(15)); ended_by_signals' stays
+                signal.signal(signal.SIGTERM, ours)
+            yield ray
+        finally:
+            ray.shutdown()
+    finally:
+        os.rmdir(empty)
+
+
+def ray_shards(shards: list, address: str, progress=None, out_dir: str | None = None,
+               num_cpus: int | None = None) -> list:
+    """Every shard as a Ray task (one CPU each) on the cluster at ``address`` (``ray_cluster``);
+    results in shard order. The task is ``run_shard`` itself, so a shard's JSON is the same as
+    a local run's."""
+    with ray_cluster(address, num_cpus) as ray:
         task = ray.remote(num_cpus=1)(run_shard)
         refs = [task.remote(sh.to_json(), None, out_dir) for sh in shards]
         index = {r: i for i, r in enumerate(refs)}
@@ -175,24 +191,43 @@ def ray_shards(shards: list, address: str, progress=None, out_dir: str | None = 
                 if progress:
                     progress(done, len(shards), res[index[r]])
         return res
-    finally:
-        if started:
-            ray.shutdown()
-        if empty:
-            os.rmdir(empty)
+
+
+def guided(shards: list, planner, rounds: int, execute, on_round=None) -> list:
+    """A coverage-guided campaign (``kvbound/trace/guide.py``): round 0 runs ``shards``' points,
+    then each of ``rounds`` more runs what ``planner`` draws from the corpus, every column's
+    shard of a round through ``execute`` (``local_shards`` or ``ray_shards``, as an unguided
+    campaign runs its shards), a barrier: the next round is planned once every shard of this
+    one has returned. Returns every round's shard results (``merge`` takes them);
+    ``planner.rounds`` holds what each round ran and the new lines each run reached."""
+    columns = [sh.column for sh in shards]
+    runs = planner.first(shards[0].layouts)
+    results: list = []
+    for r in range(rounds + 1):
+        if r:
+            runs = planner.next()
+        batch = [replace(sh, layouts=tuple(x.point for x in runs), seeds=tuple(x.seed for x in runs))
+                 for sh in shards]
+        got = execute(batch) if runs else []
+        results += got
+        rnd = planner.record(runs, {res["shard"]["column"]: res.get("point_coverage", {}) for res in got}, columns)
+        if on_round:
+            on_round(rnd)
+    return results
 
 
 # ------------------------------------------------------------------------------ the document
 
 
-def merge(columns: list, results: list) -> CampaignRecord:
+def merge(columns: list, results: list, rounds: list | None = None) -> CampaignRecord:
     """The campaign document: the matrix (column × layout: outcome, counters, findings),
     each distinct finding once with the columns that have it (first, last, where it
     stops) and when it was first seen (``detect``: the cell that saw it after the fewest
     requests), the count of findings by class per column, and (shards that measured it) the
     coverage of each column's connector code, the union over its shards
     (``kvbound/trace/coverage.py``). Deterministic: sorted keys, no wall-clock figure; the one
-    measurement, each detect's ``cpu_s``, is what ``records.reproducible`` leaves out."""
+    measurement, each detect's ``cpu_s``, is what ``records.reproducible`` leaves out.
+    ``rounds``: a guided campaign's rounds (``guide.Planner.rounds``), kept as they are."""
     from kvbound.side.findings import CLASSES
 
     from .coverage import Coverage
@@ -237,6 +272,6 @@ def merge(columns: list, results: list) -> CampaignRecord:
         for c in f.cells:
             by_class.setdefault(c[0], {k: 0 for k in CLASSES})[f.finding_class] += 1
     coverage = {c: covered[c].document() for c in columns if c in covered} if covered else None
-    return CampaignRecord(list(columns), matrix, found, by_class, coverage)
+    return CampaignRecord(list(columns), matrix, found, by_class, coverage, rounds)
 
 

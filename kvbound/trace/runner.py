@@ -107,7 +107,7 @@ class LayoutSummary:
     cpu_seconds: float = 0.0  # the worker's CPU time stepping (one core), without vLLM's import
     first_finding_requests: int | None = None
     first_finding_seconds: float | None = None
-    new_lines: list = field(default_factory=list)  # per segment: connector statements no job had run
+    new_lines: list = field(default_factory=list)  # per segment: statements new to run_trace's ``coverage``
 
     def add(self, stats: dict) -> None:
         for k in STAT_KEYS:

@@ -89,6 +89,7 @@ class ReleaseResult:
     seconds: float = 0.0
     shrink_seconds: float = 0.0
     coverage: Coverage | None = None  # options.run.coverage: the union of every layout's segments
+    point_coverage: dict = field(default_factory=dict)  # options.run.coverage: cell layout -> its own Coverage
 
     def findings(self) -> list:
         """Every cell's kept findings, each layout's in the order first seen."""
@@ -96,9 +97,14 @@ class ReleaseResult:
 
 
 def run_release(env: ReleaseEnv, points, options: TraceOptions, progress=None,
-                out_dir: Path | None = None) -> ReleaseResult:
+                out_dir: Path | None = None, seeds=()) -> ReleaseResult:
     """Every layout of ``points`` on ``env``'s release. Never raises for a layout the
-    release refuses or a worker that dies on one: those are outcomes of the cell."""
+    release refuses or a worker that dies on one: those are outcomes of the cell.
+    ``seeds``: each point's traffic seed (default: ``options.run.seed``); a point on another
+    seed is the cell ``guide.label`` names. With coverage, each cell's own coverage is kept
+    beside the union (``point_coverage``: what a guided campaign steers by)."""
+    from .guide import label
+
     t0 = time.monotonic()
     run = options.run
     result = ReleaseResult(env.version, [], coverage=Coverage() if run.coverage else None)
@@ -110,12 +116,15 @@ def run_release(env: ReleaseEnv, points, options: TraceOptions, progress=None,
         result.seconds = time.monotonic() - t0
         return result
     try:
-        for name in points:
+        for i, point in enumerate(points):
+            seed = seeds[i] if seeds else run.seed
+            name = label(point, seed, run.seed)
             c0 = time.monotonic()
+            mine = Coverage() if run.coverage else None
             try:
-                summaries, found = R.run_trace(env, [name], run.requests, run.seed, run.segment, run.scheduler,
+                summaries, found = R.run_trace(env, [point], run.requests, seed, run.segment, run.scheduler,
                                                progress, run.stop_on_first, dict(run.overrides), worker=w,
-                                               coverage=result.coverage)
+                                               coverage=mine)
             except LayoutUnsupported as e:  # the release lacks what the layout needs: one line
                 result.cells.append(Cell(name, UNSUPPORTED, str(e).splitlines()[0]))
                 continue
@@ -124,6 +133,10 @@ def run_release(env: ReleaseEnv, points, options: TraceOptions, progress=None,
                     w = R.start_worker(env, run.coverage)
                 result.cells.append(Cell(name, WORKER_FAILED, str(e).splitlines()[0]))
                 continue
+            finally:
+                if mine is not None:
+                    result.coverage.add(mine.to_json())
+                    result.point_coverage[name] = mine
             s0 = time.monotonic()
             kept = keep(w, env, found, options.shrink, out_dir)
             result.shrink_seconds += time.monotonic() - s0
