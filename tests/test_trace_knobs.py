@@ -31,6 +31,9 @@ def _run(w, version, point, mutant=None, n=80):
     ("swa@retention_interval=dense", "0.33.0", "store_past_horizon", ("store:foreign_source",)),
     ("full-tiering-fs@load_tiers_p=0.3", "0.33.0", "promote_reversed_keys", None),
     ("full@prompt_logprobs_p=0.1", "0.33.0", "lookup_extra_chunk", None),
+    ("full@load_limit_p=0.3", "0.33.0", "lookup_extra_chunk", None),
+    # a reset flushes every job in flight (jobs_to_flush): without the fence a reused block is rewritten
+    ("full@reset_p=0.1", "0.33.0", "skip_fence", None),
 ])
 def test_a_knob_finds_its_planted_defect_and_its_clean_point_none(point, version, defect, expect, workers):
     env, w = workers(version)
@@ -39,6 +42,7 @@ def test_a_knob_finds_its_planted_defect_and_its_clean_point_none(point, version
     assert res["stats"]["stores"] > 0 and res["stats"]["loads"] > 0
     for axis, value in S.split(point)[1].items():  # the value reaches the job
         assert str(job["params"][axis]).lower() == value
+    assert (res["stats"]["resets"] > 0) == ("reset_p" in job["params"])
     _, _, kinds = _run(w, version, point, defect)
     assert set(expect or BY_NAME[defect].catches) <= kinds, kinds
 
@@ -60,6 +64,7 @@ def test_the_request_level_traffic_leaves_the_organic_stream_as_it_was():
     ("full@reset_p=0.1", "0.21.0", "0.22.1 kv_connector/v1/offloading_connector.py:177-180"),
     ("full@load_tiers_p=0.3", "0.26.0", "0.27.0 offloading/scheduler.py:61,387"),
     ("swa@retention_interval=dense", "0.29.0", "0.30.0 offloading/scheduler.py:176"),
+    ("full@load_limit_p=0.3", "0.30.0", "0.31.0 offloading/scheduler.py:367,391-393"),
 ])
 def test_a_release_without_the_knob_is_one_line(point, version, says):
     line = S.support(point, version)

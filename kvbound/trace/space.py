@@ -107,6 +107,7 @@ AXES = (
     Axis("reset_p", ("0.0", "0.02", "0.1"), "per step, reset_prefix_cache(reset_connector=True) between steps",
          "engine"),
     Axis("load_tiers_p", ("0.0", "0.3"), "the share of requests with a tier filter (kv_load_tiers)", "engine"),
+    Axis("load_limit_p", ("0.0", "0.3"), "the share of requests with a load limit (max_load_tokens)", "engine"),
     Axis("prompt_logprobs_p", ("0.0", "0.1"), "the share of requests asking prompt logprobs (skip reading the"
          " prefix cache)", "engine"),
 )

@@ -11,7 +11,8 @@ A request is JSON for the worker: ``id``, ``arrive`` (step), ``prompt`` (segment
 ``["doc", d, start, n]``, ``["out", rid, n]`` = rid's first n sampled tokens,
 ``["uniq", rid, n]``), ``max_tokens``, ``abort_after`` (steps, or None); and, only where the
 engine asks for them (drawn from a stream of their own, so the organic stream stays as it was):
-``kv_transfer_params`` (``load_tiers_p``: a tier filter, ``LOAD_TIERS``) and ``prompt_logprobs``
+``kv_transfer_params`` (``load_tiers_p``: a tier filter, ``LOAD_TIERS``; ``load_limit_p``: a cap on
+the tokens one lookup may load, ``LOAD_LIMITS``) and ``prompt_logprobs``
 (``prompt_logprobs_p``: a request that skips reading the prefix cache).
 """
 
@@ -28,6 +29,10 @@ NUM_DOCS = 6
 # secondary tier), and the malformed ones the parser skips or falls back to every tier for.
 LOAD_TIERS = ([{"medium": "cpu"}], [{"medium": "STORAGE", "locality": "local"}], [], [{"locality": "remote"}],
               "cpu", [3, {"medium": "tape"}], [{"medium": 7}], [{"locality": "moon"}, {"medium": "storage"}])
+# The max_load_tokens values under load_limit_p (0.33.0 offloading/scheduler.py:384-396: a non-negative
+# int caps the hit, _lookup_complete_chunks :866-870 and _lookup_partial_tail :1097-1101; anything else is
+# ignored with a warning): none, a token, a block and a few, a long prompt's worth, and two it ignores.
+LOAD_LIMITS = (0, 1, 16, 40, 200, -1, "all")
 
 
 def seg_len(seg) -> int:
@@ -114,15 +119,19 @@ def workload(n: int, seed, layout: dict, engine: dict, first_id: int = 0) -> lis
 
 
 def _request_params(reqs: list, seed, engine: dict) -> None:
-    """``load_tiers_p``, ``prompt_logprobs_p``: the share of requests that carry a tier filter
-    (``LOAD_TIERS``) or ask for prompt logprobs, drawn from a stream of their own."""
+    """``load_tiers_p``, ``load_limit_p``, ``prompt_logprobs_p``: the share of requests that carry
+    a tier filter (``LOAD_TIERS``), a load limit (``LOAD_LIMITS``) or ask for prompt logprobs,
+    drawn from a stream of their own."""
     tiers_p, logprobs_p = engine.get("load_tiers_p") or 0.0, engine.get("prompt_logprobs_p") or 0.0
-    if not (tiers_p or logprobs_p):
+    limit_p = engine.get("load_limit_p") or 0.0
+    if not (tiers_p or logprobs_p or limit_p):
         return
     prng = random.Random(repr(seed) + "-params")
     for r in reqs:
         if prng.random() < tiers_p:
             r["kv_transfer_params"] = {"kv_load_tiers": prng.choice(LOAD_TIERS)}
+        if limit_p and prng.random() < limit_p:
+            r.setdefault("kv_transfer_params", {})["max_load_tokens"] = prng.choice(LOAD_LIMITS)
         if prng.random() < logprobs_p:
             r["prompt_logprobs"] = 1
 
