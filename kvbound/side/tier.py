@@ -105,7 +105,9 @@ class TierTransfers:
             meta = call(so)
             for jid, job in (getattr(meta, "store_jobs", None) or {}).items():
                 sh.store_req[jid] = job.req_id
-                ids = getattr(job.dst_spec, "block_ids", None)
+                # TransferJob(req_id, src_spec, dst_spec); before 0.25 TransferJob(req_id, transfer_spec)
+                dst = job.dst_spec if hasattr(job, "dst_spec") else job.transfer_spec[1]
+                ids = getattr(dst, "block_ids", None)
                 if ids is not None:
                     sh.store_cpu_keys[jid] = {int(cb): sh.cpu_key.get(int(cb)) for cb in ids}
             for jid, job in (getattr(meta, "load_jobs", None) or {}).items():
