@@ -60,8 +60,11 @@ def needed_chunks(case: LookupCase, ci: int, B: int, feats: ReleaseFeatures) -> 
     g = case.groups[ci]
     tpc = g.tokens_per_chunk
     N = case.num_computed_tokens
-    # on the chunk grid, or the cap itself (a hit may end inside the cap's chunk)
-    if (B % tpc and B != contract_cap(case)) or B - N < tpc or B > g.num_keys * tpc:
+    # on the chunk grid, or the cap itself (a hit may end inside the cap's chunk), except under a
+    # request's load limit: the connector rounds that hit down to the group's chunk grid (0.31.0
+    # offloading/scheduler.py:815-818; 0.33.0 :916-919)
+    at_cap = B == contract_cap(case) and case.max_load_tokens is None
+    if (B % tpc and not at_cap) or B - N < tpc or B > g.num_keys * tpc:
         return None
     start, end = N // tpc, cdiv(B, tpc)
     if g.window is None:
