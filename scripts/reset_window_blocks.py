@@ -24,10 +24,15 @@ cs = eng.csched
 kvm = eng.sched.kv_cache_manager
 resets = []
 stale = []
-orig_reset = eng.reset_prefix_cache
-def reset():
-    resets.append(eng.step_no); orig_reset()
-eng.reset_prefix_cache = reset
+orig_reset = E.reset_prefix_cache
+
+
+def reset(e):
+    resets.append(e.step_no)
+    orig_reset(e)
+
+
+E.reset_prefix_cache = reset
 orig = cs._build_store_jobs
 def bsj(so):
     jobs = orig(so)

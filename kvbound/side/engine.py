@@ -342,14 +342,9 @@ class Engine:
     # -- stepping --------------------------------------------------------------------------
     def new_request(self, r):
         rel = self.rel
-        sp = {}
-        if r.get("prompt_logprobs") is not None:  # skip_reading_prefix_cache (0.33.0 sampling_params.py:625-632)
-            sp["prompt_logprobs"] = r["prompt_logprobs"]
-        if r.get("kv_transfer_params") is not None:  # Request reads it from extra_args (0.33.0 v1/request.py:120)
-            sp["extra_args"] = {"kv_transfer_params": r["kv_transfer_params"]}
         req = rel.Request(
             request_id=str(r["id"]), prompt_token_ids=fakes.prompt_tokens(r["prompt"]),
-            sampling_params=rel.SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, **sp),
+            sampling_params=rel.SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, **_request_params(r)),
             pooling_params=None, block_hasher=self.hasher)
         return req
 
@@ -388,12 +383,11 @@ class Engine:
         is_async = bool(self.par.get("async"))
         queue = []  # (scheduler_output, model_output), oldest last
         stalled = 0  # consecutive steps that scheduled nothing with nothing in flight or to come
-        reset_p = self.par.get("reset_p") or 0.0
-        reset_rng = random.Random(repr(self.par.get("seed", 0)) + "-reset") if reset_p else None
+        reset_rng = random.Random(repr(self.par.get("seed", 0)) + "-reset") if self.par.get("reset_p") else None
         while True:
             s = self.step_no
-            if reset_rng is not None and not queue and reset_rng.random() < reset_p:
-                self.reset_prefix_cache()
+            if reset_rng is not None and not queue and reset_rng.random() < self.par["reset_p"]:
+                reset_prefix_cache(self)
             for r in by_step.pop(s, ()):
                 sched.add_request(self.new_request(r))
                 self.stats["requests"] += 1
@@ -452,16 +446,6 @@ class Engine:
             self.shadow.contract.check_lost_chunks()
             self.stats.update(self.shadow.stats)
 
-    def reset_prefix_cache(self):
-        """``reset_p``: between two steps, as the engine core serves the utility call (0.33.0
-        v1/engine/core.py reset_prefix_cache), the scheduler resets the GPU prefix cache and the
-        connector's (0.33.0 v1/core/sched/scheduler.py:3184-3249: the GPU reset fails while running
-        requests hold blocks; the connector's runs either way, offloading/scheduler.py:2401-2459)."""
-        self.sched.reset_prefix_cache(reset_connector=True)
-        self.stats["resets"] += 1
-        if self.shadow is not None:
-            self.shadow.transfers.on_reset()
-
     def engine_busy(self):
         """The engine core's own loop condition (``has_requests``: unfinished requests,
         finished ones not yet sent to the workers, a connector with pending work)."""
@@ -469,3 +453,26 @@ class Engine:
         if hasattr(sched, "has_requests"):
             return sched.has_requests()
         return sched.has_unfinished_requests() or bool(sched.finished_req_ids)
+
+
+def _request_params(r):
+    """A request's SamplingParams beyond its length: prompt logprobs, so it skips reading the prefix
+    cache (0.33.0 sampling_params.py:625-632), and kv_transfer_params, which Request reads from
+    extra_args (0.33.0 v1/request.py:120)."""
+    sp = {}
+    if r.get("prompt_logprobs") is not None:
+        sp["prompt_logprobs"] = r["prompt_logprobs"]
+    if r.get("kv_transfer_params") is not None:
+        sp["extra_args"] = {"kv_transfer_params": r["kv_transfer_params"]}
+    return sp
+
+
+def reset_prefix_cache(eng):
+    """``reset_p``: between two steps, as the engine core serves the utility call (0.33.0
+    v1/engine/core.py reset_prefix_cache), the scheduler resets the GPU prefix cache and the
+    connector's (0.33.0 v1/core/sched/scheduler.py:3184-3249: the GPU reset fails while running
+    requests hold blocks; the connector's runs either way, offloading/scheduler.py:2401-2459)."""
+    eng.sched.reset_prefix_cache(reset_connector=True)
+    eng.stats["resets"] += 1
+    if eng.shadow is not None:
+        eng.shadow.transfers.on_reset()

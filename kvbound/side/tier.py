@@ -97,8 +97,6 @@ class TierTransfers:
                                    and policy is not None and policy.get(key) is None)
                 for key, cb in zip(out.keys_to_store, out.store_spec.block_ids):
                     sh.cpu_key[int(cb)] = key
-                    sh.cpu.pop(int(cb), None)
-                    sh.cpu_via.pop(int(cb), None)
             return out
 
         def build_connector_meta(call, so):
@@ -194,6 +192,13 @@ class TierTransfers:
             # offloading/worker.py:219-244), so the flushed store still writes what it was built for.
             built = self.store_cpu_keys.pop(job_id, None) or {}
             job.cpu_keys = {cb: built[cb] if cb in built else self.cpu_key.get(cb) for _, _, cb, _ in pairs}
+            # The CPU block holds what it held until this store writes it: a load flushed by a reset
+            # still reads the old chunk after the tier gave the block to this store (the worker waits
+            # for flushed loads before it submits new stores, 0.33.0 offloading/worker.py:219-244;
+            # v1/kv_offload/cpu/manager.py:452-456); from here the block is this store's, unwritten.
+            for cb in dict.fromkeys(cb for _, _, cb, _ in pairs):
+                self.cpu.pop(cb, None)
+                self.cpu_via.pop(cb, None)
             job.keys = self.contract.coverage(job)
             for g, bid, cb, sub in pairs:
                 self.source_jobs.setdefault(bid, set()).add(job_id)
