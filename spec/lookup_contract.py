@@ -64,8 +64,11 @@ def needed_chunks(case: LookupCase, ci: int, B: int, feats: ReleaseFeatures) -> 
     N = case.num_computed_tokens
     # B on this group's grid or inside one of its chunks: the load reads that whole chunk. A
     # recurrent state chunk holds the state at the chunk's end, so a Mamba group takes its grid
-    # only (the connector rounds the hit to it: 0.33.0 offloading/scheduler.py:137-155)
-    if B - N < tpc or B > g.num_keys * tpc or (g.kind == "mamba" and B % tpc):
+    # only (the connector rounds the hit to it: 0.33.0 offloading/scheduler.py:137-155); so does
+    # every group under a request's load limit: the connector rounds that hit down to the chunk
+    # grid (0.31.0 offloading/scheduler.py:815-818; 0.33.0 :916-919)
+    on_grid_only = g.kind == "mamba" or case.max_load_tokens is not None
+    if B - N < tpc or B > g.num_keys * tpc or (on_grid_only and B % tpc):
         return None
     start, end = N // tpc, cdiv(B, tpc)
     if g.window is None:

@@ -62,6 +62,18 @@ ARRIVALS: dict[str, tuple[str, str]] = {
                              "what shadow KV follows a file-system tier's copies by; the spec and its file-system "
                              "tier exist from 0.22.1 (tiering/spec.py, tiering/fs/manager.py), but 0.28.0-0.29.0 "
                              "jobs carry no chunk ids and 0.22.1-0.27.0 have no TransferJob"),
+    "connector_reset_cache": ("0.22.1", "OffloadingConnector.reset_cache, which reset_prefix_cache(reset_connector=True)"
+                                        " calls (0.22.1 kv_connector/v1/offloading_connector.py:177-180,"
+                                        " v1/core/sched/scheduler.py:1896; 0.33.0 offloading_connector.py:241-244,"
+                                        f" {_S}:2401-2459; 0.21.0 has none)"),
+    "load_tier_filter": ("0.27.0", "a request's kv_transfer_params kv_load_tiers, parsed into ReqContext.load_tier_filter"
+                                   f" (0.27.0 {_S}:61,387; 0.33.0 {_S}:72,496-552, applied by the tiering manager,"
+                                   " v1/kv_offload/tiering/manager.py:647; 0.26.0 has none)"),
+    "max_load_tokens": ("0.31.0", f"a request's kv_transfer_params max_load_tokens caps its hit (0.31.0 {_S}:367,391-393;"
+                                  f" 0.33.0 {_S}:384-396,866-870,1097-1101; 0.30.0 has none)"),
+    "retention_interval": ("0.30.0", "the connector reads CacheConfig.prefix_cache_retention_interval (0.30.0"
+                                     f" {_S}:176; 0.33.0 {_S}:206,1852-1901; 0.29.0 has the config field,"
+                                     " vllm/config/cache.py:156, but no connector line reads it)"),
     "schedule_end_hook": ("0.23.0", "OffloadingManager.on_schedule_end (0.23.0 v1/kv_offload/base.py:260)"),
     "offload_prompt_only": ("0.23.0", "kv_connector_extra_config offload_prompt_only (0.23.0 v1/kv_offload/base.py:397; "
                                       "no 0.22.1 file names it)"),

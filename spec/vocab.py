@@ -222,6 +222,10 @@ class ReleaseFeatures:
     tiering_fs: bool = True  # 0.22+: TieringOffloadingSpec with its file-system secondary tier
     mamba_cache_all: bool = False  # 0.21-0.31: CacheConfig.mamba_cache_mode "all" (gone in 0.32)
     transfer_failures: bool = False  # no release yet: the worker asserts every transfer succeeded
+    connector_reset_cache: bool = True  # 0.22+: OffloadingConnector.reset_cache (reset_prefix_cache(reset_connector))
+    load_tier_filter: bool = True  # 0.27+: kv_transfer_params kv_load_tiers (a request's tier filter)
+    max_load_tokens: bool = True  # 0.31+: kv_transfer_params max_load_tokens (a request's load limit)
+    retention_interval: bool = True  # 0.30+: the connector reads CacheConfig.prefix_cache_retention_interval
     # the lookup (get_num_new_matched_tokens; spec/lookup.py, docs/lookup.md):
     lookup_eagle: bool = True  # 0.24+: is_eagle_group pops its trailing chunk; Mamba alignment cap
     lookup_defers_on_transfers: bool = True  # 0.24+: defer while transfer_jobs; skip_reading_prefix_cache

@@ -78,6 +78,11 @@ class Release:
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
         if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
             extra["offload_prompt_only"] = bool(par["offload_prompt_only"])
+        # the CPU tier's knobs: its cache policy (0.33.0 v1/kv_offload/cpu/spec.py:142, "lru" or "arc",
+        # cpu/policies/factory.py) and how often a chunk is offered before it is stored (spec.py:156-170)
+        for k in ("eviction_policy", "store_threshold"):
+            if par.get(k):
+                extra[k] = par[k]
         if lay.get("offload_spec") is not None:  # the spec factory's registry (v1/kv_offload/factory.py:55-69)
             extra.update(compose.tiering_config(lay))
         script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p", "stall_p", "refuse_p") if par.get(k)}
@@ -99,6 +104,9 @@ class Release:
             cc["mamba_cache_mode"] = mamba_mode
         if lay.get("prefix_match_unit"):
             cc["prefix_match_unit"] = lay["prefix_match_unit"]
+        if par.get("retention_interval") is not None:  # 0.33.0 vllm/config/cache.py:275 (0: the default)
+            cc["prefix_cache_retention_interval"] = None if par["retention_interval"] == "dense" \
+                else par["retention_interval"]
         cache_config = CacheConfig(**cc)
         cache_config.num_gpu_blocks = nb
         sched_cfg = SchedulerConfig(max_num_seqs=par["max_num_seqs"],
@@ -134,6 +142,7 @@ class Release:
         cls = self.AsyncScheduler if par.get("async") else self.Scheduler
         sched = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                     structured_output_manager=_structured(vllm_config), block_size=bs,
+                    log_stats=bool(par.get("log_stats")),  # the engine core's (not disable_log_stats)
                     **({"hash_block_size": hbs} if hbs is not None else {}))
         wconn = type(sched.connector)(vllm_config, self.KVConnectorRole.WORKER, kv_cache_config)
         return Engine(self, lay, par, vllm_config, kv_cache_config, sched, wconn, hbs or bs)
@@ -217,7 +226,7 @@ class Engine:
         self.cases = []
         self.violations = []
         self.stats = dict(requests=0, steps=0, lookups=0, loads=0, partial_hits=0, partial_tails=0,
-                          stores=0, preemptions=0, aborts=0, failed_loads=0, drafts=0, accepted=0)
+                          stores=0, preemptions=0, aborts=0, failed_loads=0, drafts=0, accepted=0, resets=0)
         sp = lay.get("speculative")
         self.num_spec = sp["num_speculative_tokens"] if sp else 0
         self.accept_p = sp.get("accept_p", 0.7) if sp else 0.0
@@ -335,7 +344,7 @@ class Engine:
         rel = self.rel
         req = rel.Request(
             request_id=str(r["id"]), prompt_token_ids=fakes.prompt_tokens(r["prompt"]),
-            sampling_params=rel.SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True),
+            sampling_params=rel.SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, **_request_params(r)),
             pooling_params=None, block_hasher=self.hasher)
         return req
 
@@ -374,8 +383,11 @@ class Engine:
         is_async = bool(self.par.get("async"))
         queue = []  # (scheduler_output, model_output), oldest last
         stalled = 0  # consecutive steps that scheduled nothing with nothing in flight or to come
+        reset_rng = random.Random(repr(self.par.get("seed", 0)) + "-reset") if self.par.get("reset_p") else None
         while True:
             s = self.step_no
+            if reset_rng is not None and not queue and reset_rng.random() < self.par["reset_p"]:
+                reset_prefix_cache(self)
             for r in by_step.pop(s, ()):
                 sched.add_request(self.new_request(r))
                 self.stats["requests"] += 1
@@ -441,3 +453,26 @@ class Engine:
         if hasattr(sched, "has_requests"):
             return sched.has_requests()
         return sched.has_unfinished_requests() or bool(sched.finished_req_ids)
+
+
+def _request_params(r):
+    """A request's SamplingParams beyond its length: prompt logprobs, so it skips reading the prefix
+    cache (0.33.0 sampling_params.py:625-632), and kv_transfer_params, which Request reads from
+    extra_args (0.33.0 v1/request.py:120)."""
+    sp = {}
+    if r.get("prompt_logprobs") is not None:
+        sp["prompt_logprobs"] = r["prompt_logprobs"]
+    if r.get("kv_transfer_params") is not None:
+        sp["extra_args"] = {"kv_transfer_params": r["kv_transfer_params"]}
+    return sp
+
+
+def reset_prefix_cache(eng):
+    """``reset_p``: between two steps, as the engine core serves the utility call (0.33.0
+    v1/engine/core.py reset_prefix_cache), the scheduler resets the GPU prefix cache and the
+    connector's (0.33.0 v1/core/sched/scheduler.py:3184-3249: the GPU reset fails while running
+    requests hold blocks; the connector's runs either way, offloading/scheduler.py:2401-2459)."""
+    eng.sched.reset_prefix_cache(reset_connector=True)
+    eng.stats["resets"] += 1
+    if eng.shadow is not None:
+        eng.shadow.transfers.on_reset()

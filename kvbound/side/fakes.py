@@ -318,6 +318,11 @@ def fake_transfer_engine_class(obase):
             self.pending = {}  # job_id -> [steps_left, success, kind]
             self.submitted = {}
             self.faults = TransferFaults(eng.par, eng.mutant)
+            self.sizes = {}  # job_id -> (bytes, steps held): what the job's TransferResult reports
+            # the release's TransferResult reports what a job moved and how long it took (0.30+,
+            # 0.33.0 v1/kv_offload/base.py:650-654), as the CPU tier's worker measures it
+            fields = getattr(obase.TransferResult, "__dataclass_fields__", {})
+            self.reports_size = "transfer_size" in fields and "transfer_time" in fields
 
         def _schedule(self, job_id, kind, delay, ok, src_spec, dst_spec, may_be_late=True):
             """Hold the job ``delay`` steps (plus a late fault's) and tell the shadow when it
@@ -326,6 +331,9 @@ def fake_transfer_engine_class(obase):
             if late:
                 self.faults.late.add(job_id)
             copy_delay = self.max_delay if delay is None else delay + late
+            if self.reports_size:
+                gpu = src_spec if kind == "store" else dst_spec
+                self.sizes[job_id] = (self._bytes(gpu), copy_delay)
             if delay is not None:
                 on_time = self.faults.mutant == "late_reported_on_time" and late
                 self.pending[job_id] = [delay if on_time else delay + late, ok, kind]
@@ -334,6 +342,23 @@ def fake_transfer_engine_class(obase):
             sh = self._tier()
             if sh is not None:
                 sh.submit(kind, job_id, src_spec, dst_spec, copy_delay, self.faults.moves(ok))
+
+        def _bytes(self, gpu_spec):
+            """The bytes a job moves: each offloaded group's GPU blocks times its page size."""
+            groups = self.eng.csched.config.kv_group_configs
+            sizes = list(gpu_spec.group_sizes) if getattr(gpu_spec, "group_sizes", None) is not None \
+                else [len(gpu_spec.block_ids)]
+            kcg = self.eng.kv_cache_config.kv_cache_groups
+            return sum(int(n) * kcg[getattr(gc, "group_idx", i)].kv_cache_spec.page_size_bytes
+                       for i, (n, gc) in enumerate(zip(sizes, groups)))
+
+        def _result(self, job_id, ok):
+            size = self.sizes.pop(job_id, None)
+            if size is None:
+                return obase.TransferResult(job_id=job_id, success=ok)
+            # the time: the steps the job was held, at a modelled millisecond each (no clock)
+            return obase.TransferResult(job_id=job_id, success=ok, transfer_size=size[0],
+                                        transfer_time=1e-3 * (size[1] + 1))
 
         def _tier(self):
             sh = getattr(self.eng, "shadow", None)
@@ -374,7 +399,7 @@ def fake_transfer_engine_class(obase):
                 if v[0] <= 0:
                     if sh is not None and j not in early:
                         sh.complete(j)
-                    done.append(obase.TransferResult(job_id=j, success=v[1]))
+                    done.append(self._result(j, v[1]))
                     del self.pending[j]
                 else:
                     v[0] -= 1

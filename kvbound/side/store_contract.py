@@ -38,7 +38,7 @@ class StoreContract:
         where = self.key_positions(req) if req is not None else {}
         out = {}
         for g, bid, cb, sub in job.pairs:
-            loc = where.get(self.tier.cpu_key.get(cb))
+            loc = where.get(job.cpu_keys.get(cb))
             B = self.content.block_size[g]
             if loc is None:
                 out[bid] = B
@@ -58,7 +58,7 @@ class StoreContract:
             return
         where = self.key_positions(req)
         for g, bid, cb, sub in job.pairs:
-            key = self.tier.cpu_key.get(cb)
+            key = job.cpu_keys.get(cb)
             loc = where.get(key)
             if loc is None or loc[0] != g:
                 self.report.violate("store:wrong_key", job.rid, g, bid, None,
@@ -125,7 +125,9 @@ class StoreContract:
         """Every whole chunk of a finished (not aborted) request's full-attention, non-draft
         groups whose KV was computed (the final sampled token never is) and that the policy
         offloads (the prompt only, under ``offload_prompt_only``) is in the tier, unless the
-        tier evicted it, refused to allocate, or (scripted) stalled its write
+        tier evicted it, refused to allocate, declined to store it (``TierTransfers.declined``),
+        lost it to a connector reset and was not given it again (``reset_dropped``), or
+        (scripted) stalled its write
         (``store:lost_chunk``, efficiency)."""
         eng = self.eng
         mgr = eng.csched.manager
@@ -157,7 +159,8 @@ class StoreContract:
                     if (j + 1) * hpc > len(hashes):
                         break
                     key = ob.make_offload_key(hashes[(j + 1) * hpc - 1], gi)
-                    if key in gone or key in self.tier.refused:
+                    if key in gone or key in self.tier.refused or key in self.tier.declined \
+                            or key in self.tier.reset_dropped:
                         continue
                     blk = policy.get(key)
                     if blk is None or not blk.is_ready:

@@ -10,11 +10,12 @@ submission and completion, following the job's specs the way vLLM's CPU worker m
 
 
 class Job:
-    __slots__ = ("kind", "job_id", "rid", "pairs", "copied", "done", "copy_in", "keys", "ok")
+    __slots__ = ("kind", "job_id", "rid", "pairs", "copied", "done", "copy_in", "keys", "ok", "cpu_keys")
 
     def __init__(self, kind, job_id, rid, pairs, copy_in, keys, ok):
         self.kind, self.job_id, self.rid, self.pairs = kind, job_id, rid, pairs
         self.copied, self.done, self.copy_in, self.keys, self.ok = False, False, copy_in, keys, ok
+        self.cpu_keys = {}  # a store's CPU block -> the key prepare_store allocated it for, at submission
 
 
 def job_pairs(gpu_spec, cpu_ids, bpc):
@@ -56,10 +57,15 @@ class TierTransfers:
         self.jobs = {}  # job id -> Job (not yet completed)
         self.source_jobs = {}  # GPU block id -> ids of store jobs reading it, not yet done
         self.store_req = {}  # store job id -> request id (from the connector's metadata)
+        self.store_cpu_keys = {}  # store job id -> {CPU block: its key} when the scheduler built the job
         self.load_meta = {}  # load job id -> request id
         self.finished = {}  # request id -> tokens computed when it finished (not aborted)
         self.refused = set()  # keys a prepare_store refused (the tier could not allocate)
         self.evicted = set()  # keys the tier evicted
+        self.reset_dropped = set()  # keys a connector reset dropped from the tier, not stored again since
+        self.declined = set()  # keys a prepare_store was offered but chose not to store, not holding them
+        # (the CPU tier's store_threshold: a chunk offered fewer times is skipped, 0.33.0
+        # v1/kv_offload/cpu/manager.py:281-291)
         self.refused_by = {}  # request id -> prepare_store calls refused
         stats.update(shadow_copies=0)
 
@@ -84,16 +90,24 @@ class TierTransfers:
                     return eng.rel.obase.PrepareStoreOutput(keys_to_store=[], store_spec=None, evicted_keys=[])
             else:
                 sh.evicted.update(getattr(out, "evicted_keys", None) or ())
+                policy = getattr(mgr, "_policy", None)
+                taken = set(out.keys_to_store)
+                sh.reset_dropped.difference_update(taken)
+                sh.declined.update(key for key in keys if key not in taken
+                                   and policy is not None and policy.get(key) is None)
                 for key, cb in zip(out.keys_to_store, out.store_spec.block_ids):
                     sh.cpu_key[int(cb)] = key
-                    sh.cpu.pop(int(cb), None)
-                    sh.cpu_via.pop(int(cb), None)
             return out
 
         def build_connector_meta(call, so):
             meta = call(so)
             for jid, job in (getattr(meta, "store_jobs", None) or {}).items():
                 sh.store_req[jid] = job.req_id
+                # TransferJob(req_id, src_spec, dst_spec); before 0.25 TransferJob(req_id, transfer_spec)
+                dst = job.dst_spec if hasattr(job, "dst_spec") else job.transfer_spec[1]
+                ids = getattr(dst, "block_ids", None)
+                if ids is not None:
+                    sh.store_cpu_keys[jid] = {int(cb): sh.cpu_key.get(int(cb)) for cb in ids}
             for jid, job in (getattr(meta, "load_jobs", None) or {}).items():
                 sh.load_meta[jid] = job.req_id
                 if eng.mutant == "load_dst_shift":  # planted: a load lands one block off
@@ -170,6 +184,21 @@ class TierTransfers:
         job = Job(kind, job_id, rid, pairs, self.rng.randint(0, delay), {}, ok)
         self.jobs[job_id] = job
         if kind == "store":
+            # The key each CPU block was allocated for when the scheduler built the job: a
+            # connector reset (reset_p) frees every chunk at once, those of stores built but not
+            # yet submitted included (the worker defers a store to the next step), and the tier
+            # allocates them again in the next step's schedule, before the worker submits and
+            # waits for the flushed store (0.33.0 offloading/scheduler.py:2415-2450,
+            # offloading/worker.py:219-244), so the flushed store still writes what it was built for.
+            built = self.store_cpu_keys.pop(job_id, None) or {}
+            job.cpu_keys = {cb: built[cb] if cb in built else self.cpu_key.get(cb) for _, _, cb, _ in pairs}
+            # The CPU block holds what it held until this store writes it: a load flushed by a reset
+            # still reads the old chunk after the tier gave the block to this store (the worker waits
+            # for flushed loads before it submits new stores, 0.33.0 offloading/worker.py:219-244;
+            # v1/kv_offload/cpu/manager.py:452-456); from here the block is this store's, unwritten.
+            for cb in dict.fromkeys(cb for _, _, cb, _ in pairs):
+                self.cpu.pop(cb, None)
+                self.cpu_via.pop(cb, None)
             job.keys = self.contract.coverage(job)
             for g, bid, cb, sub in pairs:
                 self.source_jobs.setdefault(bid, set()).add(job_id)
@@ -179,6 +208,11 @@ class TierTransfers:
                                  % (job_id, rid, g), job=job_id)
         if job.copy_in == 0:
             self.copy(job)
+
+    def on_reset(self):
+        """The connector reset the tier (``reset_prefix_cache(reset_connector=True)``): every
+        chunk it held is gone (0.33.0 v1/kv_offload/cpu/manager.py:450-463)."""
+        self.reset_dropped.update(self.cpu_key.values())
 
     def tick(self):
         """One engine step passes for every job in flight: those whose seeded moment came copy."""

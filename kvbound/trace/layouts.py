@@ -24,6 +24,24 @@ def _flag(v: str) -> bool:
 
 
 _flag.__name__ = "true/false"
+
+
+def _policy(v: str) -> str:
+    if v not in ("lru", "arc"):  # the CPU tier's cache policies (0.33.0 v1/kv_offload/cpu/policies/)
+        raise ValueError(v)
+    return v
+
+
+_policy.__name__ = "lru/arc"
+
+
+def _retention(v: str):
+    if v == "dense":  # CacheConfig.prefix_cache_retention_interval None: checkpoints retained densely
+        return v
+    return int(v)
+
+
+_retention.__name__ = "non-negative int or dense"
 # the --engine help groups
 _ENGINE, _TIER, _SHADOW = "engine", "script the offload tier", "shadow KV and the store path's traffic"
 _TRAFFIC = "shape the traffic"
@@ -62,6 +80,14 @@ ENGINE_PARAMS = (
     EngineParam("refuse_p", float, None, _FAULTS),  # the scripted tier's prepare_store answers None
     EngineParam("late_p", float, None, _FAULTS),  # a job's completion arrives late_steps steps late
     EngineParam("late_steps", int, None, _FAULTS),  # (default 16: past a preemption and re-admission)
+    EngineParam("eviction_policy", _policy, None, _TIER),  # the CPU tier's cache policy: lru (default), arc
+    EngineParam("store_threshold", int, None, _TIER),  # offers of a chunk before the CPU tier stores it
+    EngineParam("log_stats", _flag, None, _ENGINE),  # the scheduler's stats (Scheduler(log_stats=True))
+    EngineParam("retention_interval", _retention, None, _ENGINE),  # CacheConfig.prefix_cache_retention_interval
+    EngineParam("reset_p", float, None, _TRAFFIC),  # per step: reset_prefix_cache(reset_connector=True)
+    EngineParam("load_tiers_p", float, None, _TRAFFIC),  # requests with kv_transfer_params kv_load_tiers
+    EngineParam("load_limit_p", float, None, _TRAFFIC),  # requests with kv_transfer_params max_load_tokens
+    EngineParam("prompt_logprobs_p", float, None, _TRAFFIC),  # requests asking prompt logprobs (skip reading)
 )
 BASE = {p.name: p.base for p in ENGINE_PARAMS if p.base is not None}
 OVERRIDES = {p.name: p for p in ENGINE_PARAMS if p.flag}
@@ -136,11 +162,23 @@ TRANSFER_FAILURES = Need("transfer_failures", "a failed transfer job (TransferRe
                          " (0.33.0 offloading/worker.py:299-301; 0.21.0 :327), and the scheduler never calls"
                          " complete_store(success=False) (0.33.0 offloading/scheduler.py:2291): no release takes"
                          " failed loads or stores")
+CONNECTOR_RESET_CACHE = Need("connector_reset_cache", "reset_prefix_cache(reset_connector=True) resets the connector"
+                             " through OffloadingConnector.reset_cache, which arrived in 0.22 (0.22.1"
+                             " kv_connector/v1/offloading_connector.py:177-180; 0.21.0 has none)")
+LOAD_TIER_FILTER = Need("load_tier_filter", "a request's tier filter (kv_transfer_params kv_load_tiers) arrived in"
+                        " 0.27 (0.27.0 offloading/scheduler.py:61,387 _parse_tier_filter)")
+RETENTION_INTERVAL = Need("retention_interval", "the connector reads CacheConfig.prefix_cache_retention_interval from"
+                          " 0.30 (0.30.0 offloading/scheduler.py:176; the field arrived in 0.29.0"
+                          " vllm/config/cache.py:156)")
+MAX_LOAD_TOKENS = Need("max_load_tokens", "a request's load limit (kv_transfer_params max_load_tokens) arrived in"
+                       " 0.31 (0.31.0 offloading/scheduler.py:367,391-393; 0.30.0 has none)")
 # What a fault setting needs of a release when it is on (a layout's or an --engine value): the scripted
 # tier wraps OffloadingManager.on_schedule_end; a failed transfer needs a connector that takes it.
 SCRIPT_KEYS = ("pending_p", "retry_p", "evict_p", "stall_p", "refuse_p")  # the scripted tier's (side/engine.py)
 PARAM_NEEDS = {"fail_p": TRANSFER_FAILURES, "store_fail_p": TRANSFER_FAILURES,
-               **{k: SCHEDULE_END_HOOK for k in SCRIPT_KEYS}}
+               **{k: SCHEDULE_END_HOOK for k in SCRIPT_KEYS},
+               "reset_p": CONNECTOR_RESET_CACHE, "load_tiers_p": LOAD_TIER_FILTER,
+               "retention_interval": RETENTION_INTERVAL, "load_limit_p": MAX_LOAD_TOKENS}
 _MAMBA = (MAMBA_EXTERNAL_KV,)
 _MAMBA16 = _MAMBA + (PREFIX_MATCH_UNIT,)
 

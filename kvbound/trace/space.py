@@ -98,6 +98,18 @@ AXES = (
     Axis("late_p", ("0.0", "0.1"), "a transfer job's completion arrives late_steps steps late", "engine"),
     Axis("fail_p", ("0.0", "0.05"), "a load job fails (TransferResult success=False)", "engine"),
     Axis("store_fail_p", ("0.0", "0.05"), "a store job fails (TransferResult success=False)", "engine"),
+    # the CPU tier's knobs, the scheduler's, and traffic (docs/trace.md "The configuration space")
+    Axis("eviction_policy", ("lru", "arc"), "the CPU tier's cache policy (kv_connector_extra_config)", "engine"),
+    Axis("store_threshold", ("0", "2"), "offers of a chunk before the CPU tier stores it", "engine"),
+    Axis("log_stats", ("false", "true"), "the scheduler keeps its stats (connector stats, hits by tier)", "engine"),
+    Axis("retention_interval", ("0", "dense"), "CacheConfig.prefix_cache_retention_interval (dense: None)",
+         "engine"),
+    Axis("reset_p", ("0.0", "0.02", "0.1"), "per step, reset_prefix_cache(reset_connector=True) between steps",
+         "engine"),
+    Axis("load_tiers_p", ("0.0", "0.3"), "the share of requests with a tier filter (kv_load_tiers)", "engine"),
+    Axis("load_limit_p", ("0.0", "0.3"), "the share of requests with a load limit (max_load_tokens)", "engine"),
+    Axis("prompt_logprobs_p", ("0.0", "0.1"), "the share of requests asking prompt logprobs (skip reading the"
+         " prefix cache)", "engine"),
 )
 BY_NAME = {a.name: a for a in AXES}
 

@@ -9,7 +9,11 @@ the same seed gives the same requests.
 
 A request is JSON for the worker: ``id``, ``arrive`` (step), ``prompt`` (segments:
 ``["doc", d, start, n]``, ``["out", rid, n]`` = rid's first n sampled tokens,
-``["uniq", rid, n]``), ``max_tokens``, ``abort_after`` (steps, or None).
+``["uniq", rid, n]``), ``max_tokens``, ``abort_after`` (steps, or None); and, only where the
+engine asks for them (drawn from a stream of their own, so the organic stream stays as it was):
+``kv_transfer_params`` (``load_tiers_p``: a tier filter, ``LOAD_TIERS``; ``load_limit_p``: a cap on
+the tokens one lookup may load, ``LOAD_LIMITS``) and ``prompt_logprobs``
+(``prompt_logprobs_p``: a request that skips reading the prefix cache).
 """
 
 from __future__ import annotations
@@ -19,6 +23,16 @@ import random
 from .layouts import block_sizes, max_prompt_tokens
 
 NUM_DOCS = 6
+# The kv_load_tiers values a request's kv_transfer_params carry under load_tiers_p, as a client may
+# send them: each branch of the connector's parser (0.33.0 offloading/scheduler.py:496-537
+# _parse_tier_filter): matchers by medium and by locality (any case), the empty list (load from no
+# secondary tier), and the malformed ones the parser skips or falls back to every tier for.
+LOAD_TIERS = ([{"medium": "cpu"}], [{"medium": "STORAGE", "locality": "local"}], [], [{"locality": "remote"}],
+              "cpu", [3, {"medium": "tape"}], [{"medium": 7}], [{"locality": "moon"}, {"medium": "storage"}])
+# The max_load_tokens values under load_limit_p (0.33.0 offloading/scheduler.py:384-396: a non-negative
+# int caps the hit, _lookup_complete_chunks :866-870 and _lookup_partial_tail :1097-1101; anything else is
+# ignored with a warning): none, a token, a block and a few, a long prompt's worth, and two it ignores.
+LOAD_LIMITS = (0, 1, 16, 40, 200, -1, "all")
 
 
 def seg_len(seg) -> int:
@@ -100,7 +114,26 @@ def workload(n: int, seed, layout: dict, engine: dict, first_id: int = 0) -> lis
         abort = rng.randint(0, 8) if rng.random() < engine.get("abort_p", 0.04) else None
         reqs.append({"id": rid, "arrive": step, "prompt": prompt, "max_tokens": max_tokens,
                      "abort_after": abort})
+    _request_params(reqs, seed, engine)
     return reqs
+
+
+def _request_params(reqs: list, seed, engine: dict) -> None:
+    """``load_tiers_p``, ``load_limit_p``, ``prompt_logprobs_p``: the share of requests that carry
+    a tier filter (``LOAD_TIERS``), a load limit (``LOAD_LIMITS``) or ask for prompt logprobs,
+    drawn from a stream of their own."""
+    tiers_p, logprobs_p = engine.get("load_tiers_p") or 0.0, engine.get("prompt_logprobs_p") or 0.0
+    limit_p = engine.get("load_limit_p") or 0.0
+    if not (tiers_p or logprobs_p or limit_p):
+        return
+    prng = random.Random(repr(seed) + "-params")
+    for r in reqs:
+        if prng.random() < tiers_p:
+            r["kv_transfer_params"] = {"kv_load_tiers": prng.choice(LOAD_TIERS)}
+        if limit_p and prng.random() < limit_p:
+            r.setdefault("kv_transfer_params", {})["max_load_tokens"] = prng.choice(LOAD_LIMITS)
+        if prng.random() < logprobs_p:
+            r["prompt_logprobs"] = 1
 
 
 def _burst_request(rng, source: dict | None, step: int, rid: int, b: int, cap: int) -> dict:

@@ -1,0 +1,72 @@
+"""The axes of issue 25 item 1 that turn the connector's and the CPU tier's knobs, the scheduler's
+stats and the request-level traffic (kvbound/trace/space.py AXES): the CPU tier's cache policy
+(ARC) and store threshold, log_stats (hits by tier), the retention interval, requests with a tier
+filter or asking prompt logprobs, and prefix-cache resets mid-run. Each moved value runs on a real
+release with a planted defect found, and clean on the same point without it; a release without
+what the value needs is one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvbound.side.defects import BY_NAME
+from kvbound.trace import runner as R
+from kvbound.trace import space as S
+from kvbound.trace import workload as W
+
+
+def _run(w, version, point, mutant=None, n=80):
+    job = R.make_job(point, (5, "knob"), n, 0, "sync", {"mutant": mutant} if mutant else None)
+    job["max_steps"] = 3000
+    res = w.job(job)
+    found, _ = R.check_result(version, point, job, res)
+    return job, res, {f.kind for f in found}
+
+
+@pytest.mark.parametrize("point,version,defect,expect", [
+    ("full@eviction_policy=arc", "0.33.0", "drop_store", None),
+    ("full@store_threshold=2", "0.33.0", "drop_store", None),
+    ("full@log_stats=true", "0.33.0", "lookup_extra_chunk", None),
+    # a sliding window's stores: the store one chunk past the horizon reads a block not yet written
+    ("swa@retention_interval=dense", "0.33.0", "store_past_horizon", ("store:foreign_source",)),
+    ("full-tiering-fs@load_tiers_p=0.3", "0.33.0", "promote_reversed_keys", None),
+    ("full@prompt_logprobs_p=0.1", "0.33.0", "lookup_extra_chunk", None),
+    ("full@load_limit_p=0.3", "0.33.0", "lookup_extra_chunk", None),
+    # the chunks a reset dropped are exempt until the tier is given them again: a chunk never offered is not
+    ("full@reset_p=0.1", "0.33.0", "drop_store", None),
+])
+def test_a_knob_finds_its_planted_defect_and_its_clean_point_none(point, version, defect, expect, workers):
+    env, w = workers(version)
+    job, res, kinds = _run(w, version, point)
+    assert kinds == set(), kinds
+    assert res["stats"]["stores"] > 0 and res["stats"]["loads"] > 0
+    for axis, value in S.split(point)[1].items():  # the value reaches the job
+        assert str(job["params"][axis]).lower() == value
+    assert (res["stats"]["resets"] > 0) == ("reset_p" in job["params"])
+    _, _, kinds = _run(w, version, point, defect)
+    assert set(expect or BY_NAME[defect].catches) <= kinds, kinds
+
+
+def test_the_request_level_traffic_leaves_the_organic_stream_as_it_was():
+    lay = S.resolve("full").job_layout()
+    base = R.make_job("full", 3, 120, 0, "sync")
+    moved = R.make_job("full@load_tiers_p=0.3,prompt_logprobs_p=0.1", 3, 120, 0, "sync")
+    strip = [{k: v for k, v in r.items() if k not in ("kv_transfer_params", "prompt_logprobs")}
+             for r in moved["requests"]]
+    assert strip == base["requests"] and "kv_transfer_params" not in str(base["requests"])
+    tiers = [r["kv_transfer_params"]["kv_load_tiers"] for r in moved["requests"] if "kv_transfer_params" in r]
+    assert 20 < len(tiers) < 60 and all(t in W.LOAD_TIERS for t in tiers)
+    assert 3 < sum("prompt_logprobs" in r for r in moved["requests"]) < 30
+    assert lay == moved["layout"] | {"name": "full"}
+
+
+@pytest.mark.parametrize("point,version,says", [
+    ("full@reset_p=0.1", "0.21.0", "0.22.1 kv_connector/v1/offloading_connector.py:177-180"),
+    ("full@load_tiers_p=0.3", "0.26.0", "0.27.0 offloading/scheduler.py:61,387"),
+    ("swa@retention_interval=dense", "0.29.0", "0.30.0 offloading/scheduler.py:176"),
+    ("full@load_limit_p=0.3", "0.30.0", "0.31.0 offloading/scheduler.py:367,391-393"),
+])
+def test_a_release_without_the_knob_is_one_line(point, version, says):
+    line = S.support(point, version)
+    assert line.startswith(f"vllm {version} cannot run layout {point}: ") and says in line and "\n" not in line
+    assert S.support(point, "0.33.0") is None
