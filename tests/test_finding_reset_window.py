@@ -37,3 +37,14 @@ def test_the_trace_reports_it_and_not_without_resets(workers):
     clean = dict(seg, params={k: v for k, v in seg["params"].items() if k != "reset_p"}, max_steps=3000)
     found, _ = R.check_result("0.33.0", "swa", clean, w.job(clean))
     assert not found, [f.kind for f in found]
+
+
+def test_a_release_without_the_reset_refuses_the_replay_in_one_line():
+    # 0.21.0 has no connector reset (the reset_p column): the replay says so before it starts
+    # (or prepares) anything, exit 2, instead of a clean rerun that reads as "not reproduced"
+    from conftest import kvbound
+
+    p = kvbound("trace", "--replay", FILE, "--vllm", "0.21.0")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
+    assert "cannot replay" in p.stderr and "vllm 0.21.0 cannot run layout swa@reset_p=0.1" in p.stderr

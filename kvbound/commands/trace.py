@@ -226,6 +226,10 @@ def replay(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     args.vllm = args.vllm or f.release
+    why = space.support(f.layout, args.vllm, f.segment.get("params"))
+    if why is not None:  # a release that lacks what the file's point needs: one line, not a clean rerun
+        print(f"kvbound trace: cannot replay {args.replay}: {why}", file=sys.stderr)
+        return EXIT_INPUT
     try:
         env = _env(args)
     except PrepareError as e:
