@@ -12,14 +12,16 @@ tokens) prefills, offloads its chunks and decodes until its window has moved pas
 prompt's last window: the core frees those blocks (remove_skipped_blocks) and request
 B, arriving then, is given some of them. Between two steps the engine core serves
 reset_prefix_cache(reset_connector=True), as for an RL weight update. The check, on
-the first step after the reset: every sliding-window block a store job of A reads
-(the job's fenced_block_ids) is in A's own sliding-window table in the
-KVCacheManager. A block A no longer holds is free or another request's: the store
+the first step after the reset: every GPU block a store job of A reads (its src_spec
+in the step's connector metadata, per group) is in A's own table for that group in the
+KVCacheManager, read right after that schedule(). A block A no longer holds is free or another request's: the store
 copies it under A's key, and a later request with A's prefix loads it.
 
-Exit 1 with one line when a store reads such a block (0.33.0), 0 otherwise.
+Exit 1 with one line when a store reads such a block (0.33.0), 0 when every store
+job of A after the reset reads blocks A holds, 2 when A made no store job to check.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -40,7 +42,7 @@ from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec)
+    FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor, SlidingWindowSpec)
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -66,13 +68,22 @@ class ReproNeverBuiltModel(torch.nn.Module):
         raise NotImplementedError
 
 
+def kv_cache_tensor(size, layers, layer_stride, block_stride):
+    """One tensor shared by both groups' layers (the CPU tier sizes its chunks from it), in the
+    release's KVCacheTensor fields (0.33.0: layers and strides; before: shared_by)."""
+    if "shared_by" in {f.name for f in dataclasses.fields(KVCacheTensor)}:
+        return KVCacheTensor(size=size, shared_by=layers)
+    return KVCacheTensor(size=size, layers=layers, layer_stride=layer_stride, block_stride=block_stride)
+
+
 def make_scheduler(model_dir):
     attention = dict(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32)
     specs = [FullAttentionSpec(**attention), SlidingWindowSpec(sliding_window=WINDOW, **attention)]
     page = sum(s.page_size_bytes for s in specs)
     kv_cache_config = KVCacheConfig(
         num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[],
+        kv_cache_tensors=[kv_cache_tensor(NUM_BLOCKS * page, ["full", "swa"], NUM_BLOCKS * max(
+            s.page_size_bytes for s in specs), page)],
         kv_cache_groups=[KVCacheGroupSpec(["full"], specs[0]), KVCacheGroupSpec(["swa"], specs[1])])
     model_config = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
                                max_model_len=4096, dtype="float32", enforce_eager=True)
@@ -99,8 +110,12 @@ def make_request(request_id, prompt, max_tokens):
 
 
 def step(sched):
-    """One engine step: schedule, a fake model's output (one token per request past its prompt)."""
-    so = sched.schedule()
+    """One engine step: schedule, then the model's output."""
+    finish(sched, sched.schedule())
+
+
+def finish(sched, so):
+    """A fake model's output for a scheduled step: one token per request past its prompt."""
     ids = list(so.num_scheduled_tokens)
     sampled = []
     for rid in ids:
@@ -108,7 +123,6 @@ def step(sched):
         sampled.append([1000 + req.num_output_tokens] if req.num_computed_tokens >= req.num_tokens else [])
     sched.update_from_output(so, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                                    sampled_token_ids=sampled))
-    return so
 
 
 def main():
@@ -129,23 +143,31 @@ def main():
             sched.add_request(make_request("B", [5000 + i for i in range(PROMPT_B)], 64))
         step(sched)
     sched.reset_prefix_cache(reset_connector=True)
-    jobs_before = set(cs._jobs)
-    step(sched)
-    table = manager.get_blocks("A").get_block_ids()[1]
-    stores = [jid for jid in sorted(set(cs._jobs) - jobs_before) if cs._jobs[jid].req_id == "A" and cs._jobs[jid].is_store]
-    for jid in stores:
-        job = cs._jobs[jid]
-        foreign = [b for b in job.fenced_block_ids or () if b not in table]
-        if foreign:
-            holders = [f"request {r} (group {g})" for r in sched.requests if r != "A"
-                       for g, ids in enumerate(manager.get_blocks(r).get_block_ids()) if foreign[0] in ids]
-            print(f"FAIL: vllm {vllm.__version__}: after the connector reset, store job {jid} of request A reads"
-                  f" sliding-window blocks {foreign} that A's table no longer holds (block {foreign[0]}:"
-                  f" {'held by ' + holders[0] if holders else 'free'}; A's sliding-window table"
-                  f" {table})")
-            return 1
-    print(f"vllm {vllm.__version__}: A's sliding-window table {table}; ok: the {len(stores)} store job(s) of A after"
-          " the connector reset read only blocks A holds")
+    # the step after the reset: the store jobs its schedule() builds, against A's tables then
+    so = sched.schedule()
+    tables = manager.get_blocks("A").get_block_ids()
+    stores = {jid: job for jid, job in so.kv_connector_metadata.store_jobs.items() if job.req_id == "A"}
+    finish(sched, so)
+    if not stores:
+        print(f"vllm {vllm.__version__}: cannot check: request A made no store job after the connector reset")
+        return 2
+    for jid, job in sorted(stores.items()):
+        ids = [int(b) for b in job.src_spec.block_ids]
+        sizes = list(job.src_spec.group_sizes or [len(ids)])
+        at = 0
+        for group_config, n in zip(cs.config.kv_group_configs, sizes):
+            g = group_config.group_idx
+            foreign = [b for b in ids[at:at + n] if b not in tables[g]]
+            at += n
+            if foreign:
+                holders = [f"request {r} (group {h})" for r in sched.requests if r != "A"
+                           for h, held in enumerate(manager.get_blocks(r).get_block_ids()) if foreign[0] in held]
+                print(f"FAIL: vllm {vllm.__version__}: after the connector reset, store job {jid} of request A reads"
+                      f" group {g} blocks {foreign} that A's table no longer holds (block {foreign[0]}:"
+                      f" {'held by ' + holders[0] if holders else 'free'}; A's group {g} table {tables[g]})")
+                return 1
+    print(f"vllm {vllm.__version__}: A's sliding-window table {tables[1]}; ok: the {len(stores)} store job(s) of A"
+          " after the connector reset read only blocks A holds")
     return 0
 
 

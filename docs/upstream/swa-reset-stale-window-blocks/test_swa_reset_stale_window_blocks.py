@@ -144,8 +144,9 @@ def create_request(request_id, prompt_token_ids, max_tokens):
     )
 
 
-def run_step(scheduler):
-    scheduler_output = scheduler.schedule()
+def run_step(scheduler, scheduler_output=None):
+    if scheduler_output is None:
+        scheduler_output = scheduler.schedule()
     req_ids = list(scheduler_output.num_scheduled_tokens)
     sampled = []
     for req_id in req_ids:
@@ -176,15 +177,22 @@ def test_reset_cache_stores_only_blocks_the_request_holds(tmp_path, reset_after_
         run_step(scheduler)
 
     scheduler.reset_prefix_cache(reset_connector=True)
-    jobs_before = set(connector_scheduler._jobs)
-    run_step(scheduler)
-
-    swa_table = set(kv_cache_manager.get_blocks("A").get_block_ids()[1])
+    scheduler_output = scheduler.schedule()
+    block_ids = kv_cache_manager.get_blocks("A").get_block_ids()
     store_jobs = [
         job
-        for job_id, job in connector_scheduler._jobs.items()
-        if job_id not in jobs_before and job.req_id == "A" and job.is_store
+        for job in scheduler_output.kv_connector_metadata.store_jobs.values()
+        if job.req_id == "A"
     ]
+    run_step(scheduler, scheduler_output)
+
     assert store_jobs  # A re-offloads after the reset
     for job in store_jobs:
-        assert set(job.fenced_block_ids or ()) <= swa_table
+        src = [int(b) for b in job.src_spec.block_ids]
+        start = 0
+        for group_config, num_blocks in zip(
+            connector_scheduler.config.kv_group_configs, job.src_spec.group_sizes
+        ):
+            group_blocks = src[start : start + num_blocks]
+            start += num_blocks
+            assert set(group_blocks) <= set(block_ids[group_config.group_idx])
