@@ -3,10 +3,10 @@
 only GPU blocks the request still holds: a sliding-window request's blocks below its
 window were freed by remove_skipped_blocks and may belong to another request.
 
-Written for vLLM's tests/v1/kv_connector/unit/ (the engine-core Scheduler with the
-OffloadingConnector on CPU); the helpers below stand in for that directory's
-``create_vllm_config`` / ``create_scheduler`` / ``create_request`` so the file also
-runs on its own against a release tree (a local config.json, no model is built)."""
+Written for vLLM's tests/v1/kv_connector/unit/offloading_connector/test_scheduler.py
+(the engine-core Scheduler with the OffloadingConnector on CPU); the helpers below stand
+in for that directory's scheduler and request helpers so the file also runs on its own
+against a release tree (a local config.json, no model is built)."""
 
 import json
 
