@@ -94,8 +94,7 @@ def plan(args) -> tuple[list, list]:
     for v in releases:
         variant_for_version(v)  # UnsupportedVersion: one line, exit 2
     # guided: round 0 is the points named, --explore N the points of each later round
-    guided_rounds = getattr(args, "guided", 0)
-    layouts = tuple(space.chosen(argparse.Namespace(**dict(vars(args), explore=0)) if guided_rounds else args))
+    layouts = tuple(space.chosen(argparse.Namespace(**dict(vars(args), explore=0)) if args.guided else args))
     columns = list(releases)
     src_col = None
     if args.vllm_src:
@@ -128,7 +127,7 @@ def trace_options(args, judged_as: list, layouts: tuple, pool: int) -> TraceOpti
         costs = [[cost_family(space.resolve(l)) for l in layouts if space.support(l, v) is None]
                  for v in judged_as]
         # a guided round's points are drawn once the round before has run: each costed as the costliest
-        then = [[[plan_options.costliest()] * args.explore for _ in judged_as]] * getattr(args, "guided", 0)
+        then = [[[plan_options.costliest()] * args.explore for _ in judged_as]] * args.guided
         n = plan_options.requests_per_layout(costs, args.shrink_budget, pool, then)
         planned = plan_options.seconds(costs, n, args.shrink_budget, pool, then)
         if planned > plan_options.budget_s:  # the floor of traffic alone costs more: say so, run it
@@ -141,7 +140,7 @@ def trace_options(args, judged_as: list, layouts: tuple, pool: int) -> TraceOpti
 def coverage_of(args) -> bool:
     """--coverage as given, else on for --guided (it steers by coverage) and the default
     otherwise; a UsageError for --guided with --no-coverage or a bad --guided/--explore."""
-    rounds = getattr(args, "guided", 0)
+    rounds = args.guided
     if rounds < 0:
         raise UsageError(f"--guided {rounds}: must be >= 0 (rounds after the points named)")
     if not rounds:

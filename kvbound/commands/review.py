@@ -45,6 +45,7 @@ def register(sub):
     p.add_argument("--base", metavar="X", help="with --vllm-src: the release whose spec both trees are judged by")
     p.add_argument("--patch", required=True, metavar="FILE", help="the unified diff")
     add_run_arguments(p)
+    p.set_defaults(guided=0)  # the shared run options read --guided; a review runs the points named only
     p.add_argument("--out", default="review-findings", metavar="DIR",
                    help="where trace files go: DIR/base and DIR/patched")
     p.add_argument("--keep-tree", metavar="DIR", help="keep the patched tree at DIR (it must not exist), so a"
