@@ -14,7 +14,9 @@ is its document (``kvbound.records.CampaignRecord``) drawn for a reviewer:
   each slot's content and provenance for a shadow-KV finding (``svg.content_svg``, read by
   ``draw.content_rows`` like the terminal's ``draw_content``), the load's block tables for
   a plan finding (``report.drawn_case``), the requests that reproduce it; the JSON folded away;
-* coverage per release and file (the document's ``coverage``), what was never reached and why.
+* coverage per release and file (the document's ``coverage``), what was never reached and why;
+* a guided campaign's rounds (the document's ``guided``): each run, where the planner got it, the
+  statements it reached first and those reached after each round.
 
 The same document gives the same bytes: everything is drawn in the document's own order.
 """
@@ -56,6 +58,7 @@ border-radius:6px;padding:8px 10px;white-space:pre-wrap} .replay{user-select:all
 table.matrix{width:auto;min-width:50%}
 .cov{display:inline-block;width:120px;height:10px;background:#ffc9c9;border-radius:3px;vertical-align:middle}
 .cov span{display:block;height:10px;background:#2f9e44;border-radius:3px}
+.cov.guided{background:#e9ecef} .cov.guided span{background:#1c7ed6}
 table.coverage td.c-good{background:#d3f9d8} table.coverage td.c-fair{background:#ffec99}
 table.coverage td.c-poor{background:#ffc9c9} span.covrun{white-space:nowrap}
 .ranges{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11.5px;color:#57606a}
@@ -318,6 +321,46 @@ def coverage_section(coverage: dict | None, columns: list) -> Section:
         glance, join(per_release)), summary=summary, failed=bool(low and low[0] < COVER_GOOD))
 
 
+# --------------------------------------------------------------------------- guided rounds
+
+MUTATION_WORDS = {"chosen": "named on the command line", "move": "axes moved", "reseed": "traffic re-seeded",
+                  "swap": "axes put on another layout", "fresh": "a uniform draw (the corpus was spent)"}
+
+
+def guided_section(guided: list | None, columns: list) -> Section | None:
+    """A guided campaign's rounds (``kvbound/trace/guide.py`` ``Planner.record``): per round each
+    run with where the planner got it (its mutation, parent and the axes moved) and the statements
+    it reached first, per release; the corpus and the statements reached after the round. None for
+    a campaign that was not guided."""
+    if guided is None:
+        return None
+    cols = [c for c in columns if any(c in r.get("executed", {}) for r in guided)] + sorted(
+        {c for r in guided for c in r.get("executed", {})} - set(columns))
+    top = max((r["executed"].get(c, 0) for r in guided for c in cols), default=0) or 1
+    rows = []
+    for r in guided:
+        runs = join(html('<div><span class="mono">{}</span> <span class="small">{}{}{}</span></div>', e["point"],
+                         MUTATION_WORDS.get(e["mutation"], e["mutation"]),
+                         html(" of <span class=\"mono\">{}</span>", e["parent"]) if e.get("parent") else "",
+                         html(" ({})", ", ".join(e["moved"])) if e.get("moved") else "")
+                    for e in r["runs"]) or Markup('<span class="small">no run could be drawn</span>')
+        new = join(html("<div>{}</div>", " · ".join(f"+{e['new_lines'].get(c, 0)}" for c in cols))
+                   for e in r["runs"])
+        reached = join(html('<div><span class="covrun"><span class="cov guided"><span style="width:{:.1f}%"></span>'
+                            '</span> {:,}</span></div>', 100.0 * r["executed"].get(c, 0) / top,
+                            r["executed"].get(c, 0)) for c in cols)
+        rows.append([str(r["round"]), runs, new, str(r["corpus"]), reached])
+    last = guided[-1]["executed"] if guided else {}
+    summary = (f"{len(guided)} round(s), {sum(len(r['runs']) for r in guided)} run(s); reached "
+               + ", ".join(f"{last.get(c, 0):,} on {c}" for c in cols))
+    return Section("guided", "Coverage-guided rounds", html(
+        '<p class="small">Round 0 runs the points named; each later round draws its runs from the corpus (the runs'
+        ' that reached statements no earlier run had), weighted by those new statements. New statements and'
+        ' statements reached are per release ({}).</p>{}', ", ".join(f"vllm {c}" for c in cols),
+        _table(["round", "runs: point, and where the planner got it", "new statements per run", "corpus",
+                "statements reached after the round"], rows, cls="guided")), summary=summary)
+
+
 # --------------------------------------------------------------------------- the page
 
 
@@ -355,6 +398,9 @@ def html_page(doc: CampaignRecord, findings_dir: str, lead=()) -> str:
                         summary=f"{len(doc.findings)} distinct: {n_safety} safety,"
                                 f" {len(doc.findings) - n_safety} efficiency", failed=bool(n_safety)),
                 coverage_section(doc.coverage, doc.columns)]
+    guided = guided_section(doc.guided, doc.columns)
+    if guided is not None:
+        sections.append(guided)
     legend = html('<div>slot contents (data and store findings): {}</div>', Markup(content_legend_svg()))
     if any((f.example or {}).get("case") for f in doc.findings):
         legend += html("<div>a load's block tables (plan findings): {}</div>", Markup(legend_svg()))

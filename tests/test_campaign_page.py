@@ -26,6 +26,10 @@ from conftest import DATA
 DOC = DATA / "campaign" / "campaign-0.29.0-0.33.0.json"
 SCHEDULER = "vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
 MANAGER = "vllm/v1/kv_offload/cpu/manager.py"
+# The rounds of a real guided campaign: ``kvbound campaign --vllm 0.33.0 --layout full --layout
+# mamba-block-sync --requests 60 --seed 0 --shrink-budget 2 --workers 1 --guided 2 --explore 2``
+# (its document's ``guided``, run on b17329a).
+GUIDED = json.loads((DATA / "campaign" / "guided-rounds-0.33.0.json").read_text())
 OUT = "campaign-findings"  # the campaign's --out, as the replay commands name it
 # the brief's coverage schema: release -> file -> statements, executed, missing, unreached by reason
 COVERAGE = {
@@ -157,6 +161,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 @pytest.mark.skipif(not CHROMIUM, reason="headless check needs Debian's chromium (apt-get install -y chromium)")
 def test_the_page_renders_headless_with_every_finding_drawn(tmp_path):
     doc = _doc(COVERAGE)
+    doc.guided = GUIDED
     page = tmp_path / "campaign.html"
     page.write_text(html_page(doc, OUT))
     with tempfile.TemporaryDirectory() as profile:
@@ -173,7 +178,9 @@ def test_the_page_renders_headless_with_every_finding_drawn(tmp_path):
     assert "kvbound campaign" in r.stdout and "the real vLLM scheduler and OffloadingConnector" in r.stdout
     assert "load boundary" not in r.stdout and h1 >= 0
     cards = dom.cards()
-    assert len(cards) == 4
+    assert len(cards) == 5
+    assert any(c.startswith("Coverage-guided rounds") and "3 round(s)" in c for c in cards)
+    assert dom.count("table", "guided") == 1
     classes = next(c for c in cards if c.startswith("Findings by class"))
     assert classes != "Findings by class" and "9 lookup" in classes and "1 data" in classes
     assert any(c.startswith("Coverage of the connector's code") and "lowest 60%" in c for c in cards)
@@ -185,3 +192,29 @@ def test_time_to_detect_is_shown_where_the_document_has_it():
     doc.findings[2].detect = {"point": "full-store-all", "requests": 113, "cpu_s": 4.2}  # the record's item-7 field
     page = html_page(doc, OUT)
     assert page.count("first seen at") == 1 and "first seen at full-store-all after 113 request(s), 4.2 CPU-s" in page
+
+
+def test_guided_rounds_are_drawn_run_by_run_and_absent_when_not_guided():
+    from kvbound.campaign_page import guided_section
+
+    assert guided_section(None, ["0.33.0"]) is None
+    assert 'id="guided"' not in html_page(_doc(), OUT)
+    doc = _doc()
+    doc.guided = GUIDED
+    page = html_page(doc, OUT)
+    assert page.count('id="guided"') == 1
+    sec = guided_section(GUIDED, ["0.33.0"])
+    body = str(sec.body)
+    assert body.count("<tr>") == 1 + len(GUIDED)  # the header and one row per round
+    for r in GUIDED:
+        for e in r["runs"]:
+            assert e["point"] in body and f"+{e['new_lines']['0.33.0']}" in body
+            if e.get("parent"):
+                assert f'of <span class="mono">{e["parent"]}</span>' in body
+    assert "named on the command line" in body and "axes moved" in body and "axes put on another layout" in body
+    last = GUIDED[-1]["executed"]["0.33.0"]
+    assert f"{last:,}" in body and sec.summary == (f"{len(GUIDED)} round(s), "
+                                                   f"{sum(len(r['runs']) for r in GUIDED)} run(s); reached "
+                                                   f"{last:,} on 0.33.0")
+    # the widest bar is the last round's (statements reached only grow)
+    assert 'style="width:100.0%"' in body
