@@ -1,11 +1,15 @@
 """The store property: every chunk ``_build_store_jobs`` stores was computed by the forward.
 
 One obligation per (run of releases over which the store columns of ``RELEASES`` hold, request status,
-``offload_prompt_only``), over unbounded integers: a request with ``P >= 1`` prompt tokens
-and ``T = P + O`` tokens (``O >= 0``), ``C`` computed, ``S`` scheduled this step, ``A`` GPU
+``offload_prompt_only``, scheduling modes), over unbounded integers: a request with ``P >= 1`` prompt
+tokens and ``T = P + O`` tokens (``O >= 0``), ``C`` computed, ``S`` scheduled this step, ``A`` GPU
 blocks allocated, ``B`` tokens per block (one block per chunk; the claim is per full-attention
-group, groups carry no state between them). The premises (``store_premises.STORE_PREMISES``,
-each read from vLLM) say what the scheduler and the allocator hand ``_build_store_jobs``.
+group, groups carry no state between them), ``Ph`` output placeholders, ``K`` draft tokens
+scheduled, ``L`` lookahead slots. The premises (``store_premises.STORE_PREMISES``, each read from
+vLLM per release) say what the scheduler and the allocator hand ``_build_store_jobs`` in every
+mode; ``MODES`` says which modes an obligation covers: sync scheduling, async scheduling and
+speculative decoding under the sync scheduler in one (``Ph = 0`` unless async, ``K = L = 0``
+under async), speculative decoding under async scheduling in the other (every term free).
 
 Claim: the stored chunks, ``min(horizon // B, A)`` of them (``storable_chunks``), end at or
 before ``computed`` (``spec.store.computed_tokens``): ``min(horizon // B, A) * B <= computed``.
@@ -23,20 +27,27 @@ from kvbound.spec.store import (ABORTED, FINISHED, RUNNING, STORE_COLUMNS, compu
 from kvbound.spec.verdicts import Verdict
 from kvbound.spec.versions import spans
 
-from .store_premises import STORE_BY_ID, StoreTerms
+from .store_premises import STORE_BY_ID, StoreTerms, store_premise_ids
 from .problem import Bound, Obligation, Problem
 from .witnesses import StoreWitness
 
 STATUSES = (RUNNING, FINISHED, ABORTED)
+# The scheduling modes an obligation covers, and what each adds to the world (``StoreWorld.mode``).
+SYNC_ASYNC_SPEC, ASYNC_SPEC = "sync/async/spec", "async+spec"
+MODES = {SYNC_ASYNC_SPEC: "sync scheduling, async scheduling (output placeholders) and speculative decoding "
+                          "under the sync scheduler (drafts, lookahead slots)",
+         ASYNC_SPEC: "speculative decoding under async scheduling (placeholders, drafts and lookahead slots)"}
 
 
 class StoreWorld:
     """One request's numbers at one ``_build_store_jobs`` call, as Z3 integers, and the horizon and
     computed tokens of its status under one release row."""
 
-    def __init__(self, feats: ReleaseFeatures, status: str, offload_prompt_only: bool):
-        self.feats, self.status, self.offload_prompt_only = feats, status, offload_prompt_only
+    def __init__(self, feats: ReleaseFeatures, status: str, offload_prompt_only: bool, mode: str = SYNC_ASYNC_SPEC):
+        self.feats, self.status, self.offload_prompt_only, self.mode = feats, status, offload_prompt_only, mode
         self.P, self.O, self.C, self.S, self.A, self.B = z3.Ints("P O C S A B")
+        self.Ph, self.K, self.L = z3.Ints("Ph K L")
+        self.is_async = z3.Bool("async")
         self.T = self.P + self.O
         T, C, S, P = self.T, self.C, self.S, self.P
         if status == RUNNING:
@@ -51,35 +62,37 @@ class StoreWorld:
         self.stored = z3.If(chunks < self.A, chunks, self.A) if feats.store_caps_at_allocated else chunks
 
     def terms(self) -> StoreTerms:
-        return StoreTerms(self.P, self.O, self.C, self.S, self.A, self.B, self.T, self.computed, self.horizon)
+        return StoreTerms(self.P, self.O, self.C, self.S, self.A, self.B, self.T, self.computed, self.horizon,
+                          self.Ph, self.K, self.L, self.is_async)
 
     def premise_terms(self, ids) -> list:
         return [STORE_BY_ID[i].term(self.terms()) for i in ids]
 
     def base(self):
-        return [self.P >= 1, self.O >= 0, self.C >= 0, self.S >= 0, self.A >= 0, self.B >= 1]
+        base = [self.P >= 1, self.O >= 0, self.C >= 0, self.S >= 0, self.A >= 0, self.B >= 1, self.Ph >= 0,
+                self.K >= 0, self.L >= 0]
+        if self.mode == ASYNC_SPEC:
+            return base + [self.is_async]
+        # the sync scheduler has no placeholders; async scheduling without a drafter has no drafts, no lookahead
+        return base + [z3.Implies(z3.Not(self.is_async), self.Ph == 0),
+                       z3.Implies(self.is_async, z3.And(self.K == 0, self.L == 0))]
 
     def small(self):
         return [self.P <= 64, self.O <= 64, self.B == 16]  # the trace layouts' block size: witnesses replay there
 
     def to_case(self, model, name: str) -> StoreWitness:
         v = {k: model.eval(getattr(self, k), model_completion=True).as_long()
-             for k in ("P", "O", "T", "C", "S", "A", "B", "computed", "stored")}
+             for k in ("P", "O", "T", "C", "S", "A", "B", "computed", "stored", "Ph", "K", "L")}
         return StoreWitness(name=name, release=self.feats.release, status=self.status,
                             offload_prompt_only=self.offload_prompt_only, P=v["P"], O=v["O"], T=v["T"], C=v["C"],
-                            S=v["S"], A=v["A"], B=v["B"], computed=v["computed"], stored_chunks=v["stored"])
+                            S=v["S"], A=v["A"], B=v["B"], computed=v["computed"], stored_chunks=v["stored"],
+                            Ph=v["Ph"], K=v["K"], L=v["L"],
+                            is_async=z3.is_true(model.eval(self.is_async, model_completion=True)))
 
 
-def _premises(f: ReleaseFeatures, status: str) -> tuple:
-    """The premises of a status, in the order the claim's formula meets them."""
-    called = {RUNNING: "store-running-scheduled", FINISHED: "store-finished-by-sampling",
-              ABORTED: "store-aborted-computed"}[status]
-    return (called, "store-allocated-computed") + (() if f.store_caps_at_allocated else ("store-no-cap-assert",))
-
-
-def _build(f: ReleaseFeatures, status: str, prompt_only: bool, oid: str):
+def _build(f: ReleaseFeatures, status: str, prompt_only: bool, mode: str, oid: str):
     def build(_code):
-        w = StoreWorld(f, status, prompt_only)
+        w = StoreWorld(f, status, prompt_only, mode)
         return Problem(w.base(), w.stored * w.B <= w.computed, w, tables=False, shaping=w.small(),
                        witness=lambda m: w.to_case(m, f"witness-{oid}"))
 
@@ -99,8 +112,12 @@ def replay_store(w: StoreWitness) -> str | None:
     return None
 
 
-def _expected(f: ReleaseFeatures, status: str, prompt_only: bool) -> tuple[Verdict, str]:
+def _expected(f: ReleaseFeatures, status: str, prompt_only: bool, mode: str) -> tuple[Verdict, str]:
     """The verdict and the premise it rests on (or whose absence the witness shows)."""
+    if status == FINISHED and mode == ASYNC_SPEC:
+        return Verdict.REFUTED, ("a request preempted (num_computed_tokens = 0) and then finished by a stale "
+                                 "output may hold lookahead slots: store-allocated-scheduled bounds its blocks "
+                                 "by cdiv(L, B), not 0, so a chunk it never computed since is stored")
     if status == FINISHED and not prompt_only and not f.store_finished_clamp:
         return Verdict.REFUTED, ("a finished request's horizon is clamped to max(num_prompt_tokens, num_tokens - 1) "
                                  "(0.30+; before, num_tokens counts the final sampled token)")
@@ -114,7 +131,8 @@ def _expected(f: ReleaseFeatures, status: str, prompt_only: bool) -> tuple[Verdi
     return Verdict.PROVED, "a running request's horizon is what it has computed once the batch ran"
 
 
-BOUND = Bound(1, 0, "unbounded (P, O, C, S, A, B)",
+
+BOUND = Bound(1, 0, "unbounded (P, O, C, S, A, B, Ph, K, L)",
               "one full-attention group, one block per chunk: _build_store_jobs stores each group's chunks on its "
               "own, with no state carried from one group to the next")
 MATH = "min(⌊horizon/B⌋, A)·B ≤ computed,  horizon = the release's tokens after the batch, capped (T; P if prompt only)"
@@ -128,20 +146,21 @@ def _obligations() -> list:
         f = span.features
         for status in STATUSES:
             for po in (True, False):
-                oid = f"store.computed[{f.release}+,{status},prompt_only={po}]"
-                expected, premise = _expected(f, status, po)
-                out.append(Obligation(
-                    oid,
-                    f"vLLM {span}'s _build_store_jobs, for {'an' if status == ABORTED else 'a'} "
-                    f"{status} request with "
-                    f"offload_prompt_only={po}, stores only chunks that end at or before the tokens the forward "
-                    "computed.",
-                    MATH if expected == Verdict.PROVED else f"¬ ({MATH})", premise, expected,
-                    _build(f, status, po, oid), reproduce=None if expected == Verdict.PROVED else replay_store,
-                    mutable=False, bound=BOUND, premises=_premises(f, status), releases=span))
+                for mode in MODES:
+                    oid = f"store.computed[{f.release}+,{status},prompt_only={po},{mode}]"
+                    expected, premise = _expected(f, status, po, mode)
+                    out.append(Obligation(
+                        oid,
+                        f"vLLM {span}'s _build_store_jobs, for {'an' if status == ABORTED else 'a'} "
+                        f"{status} request with offload_prompt_only={po}, under {MODES[mode]}, stores only "
+                        "chunks that end at or before the tokens the forward computed.",
+                        MATH if expected == Verdict.PROVED else f"¬ ({MATH})", premise, expected,
+                        _build(f, status, po, mode, oid),
+                        reproduce=None if expected == Verdict.PROVED else replay_store, mutable=False, bound=BOUND,
+                        premises=store_premise_ids(status, f.store_caps_at_allocated), releases=span))
     return out
 
 
 OBLIGATIONS: list[Obligation] = _obligations()
 
-__all__ = ["OBLIGATIONS", "STATUSES", "StoreWorld", "replay_store"]
+__all__ = ["MODES", "OBLIGATIONS", "STATUSES", "StoreWorld", "replay_store"]

@@ -4,6 +4,18 @@ Their subject is one request's numbers where ``_build_store_jobs`` reads them (`
 what the scheduler scheduled and computed, and what the allocator holds. The store obligations
 (``store.py``) rest on them; the load premises, and what every premise states (``Stated``), are
 ``premises.py``'s.
+
+Each is restated from vLLM's own accounting for the three scheduling modes, so one premise holds
+under all of them: sync scheduling (``Scheduler``), async scheduling (``AsyncScheduler``: a decode
+step is scheduled before the previous one's output is back, and its sampled and draft tokens are
+counted as ``num_output_placeholders`` in ``num_computed_tokens`` meanwhile) and speculative
+decoding (``K`` draft tokens scheduled this step, ``L = num_lookahead_tokens`` slots the allocator
+reserves past them). vLLM calls the connector's ``build_connector_meta`` (which calls
+``_build_store_jobs``) after a step is scheduled and before ``_update_after_schedule`` adds the
+scheduled tokens to ``num_computed_tokens``, so ``C`` is the count before the step. The lines are
+read in every release the store spec covers (``RELEASE_LINES``), so each premise cites them per
+release. ``check_store_call`` folds every premise of a status on one captured call (the trace,
+``kvbound/trace/storecheck.py``).
 """
 
 from __future__ import annotations
@@ -13,71 +25,170 @@ from typing import Callable
 
 from kvbound.spec import GroupKind
 
-from .premises import CORE_SCHED, KVM, SCHED, V26, V30, Stated, source
-from .terms import AND
+from .premises import CORE_SCHED, KVM, SCHED, V26, Stated, source
+from .terms import AND, FLOORDIV, OR
 
 @dataclass(frozen=True)
 class StoreTerms:
-    """What a store premise reads: one request at one ``_build_store_jobs`` call (Z3 terms)."""
+    """What a store premise reads: one request at one ``_build_store_jobs`` call (Z3 terms, or
+    ints and bools for a captured call)."""
 
     P: object  # num_prompt_tokens
     O: object  # output tokens: num_tokens = P + O
-    C: object  # num_computed_tokens
+    C: object  # num_computed_tokens (before this step's _update_after_schedule)
     S: object  # num_scheduled_tokens this step
-    A: object  # GPU blocks allocated to the group (one block per chunk)
+    A: object  # GPU blocks allocated to the group (one block per chunk), as the connector holds them
     B: object  # tokens per block (= per chunk)
-    T: object  # num_tokens
+    T: object  # num_tokens (prompt and output tokens; neither placeholders nor drafts)
     computed: object  # tokens whose KV the forward wrote once the batch ran (spec.store.computed_tokens)
     horizon: object  # the release's store horizon (spec.store.store_horizon)
+    Ph: object = 0  # num_output_placeholders (async scheduling; 0 under sync)
+    K: object = 0  # draft tokens scheduled this step (len(scheduled_spec_decode_tokens[req_id]))
+    L: object = 0  # num_lookahead_tokens: the slots allocate_slots reserves past them (speculative decoding)
+    is_async: object = False  # the AsyncScheduler
 
 
 @dataclass(frozen=True)
 class StorePremise(Stated):
     """A premise of a store: one term over ``StoreTerms``."""
 
-    term: Callable  # (StoreTerms) -> Z3 formula
+    term: Callable  # (StoreTerms) -> Z3 formula, or a bool on a captured call's ints
 
 
 FULL = frozenset({GroupKind.FULL_ATTENTION})
+ASYNC_SCHED = "v1/core/sched/async_scheduler.py"
+
+# The lines each premise was read from, per release (``~/.cache/kvbound/vllm-X/vllm/``):
+# run: schedule()'s running branch, num_new_tokens = num_tokens_with_spec + num_output_placeholders
+#   - num_computed_tokens; spec: the draft tokens kept (scheduled_spec_decode_tokens); meta: the
+#   connector's build_connector_meta, before upd: _update_after_schedule, whose inc:
+#   num_computed_tokens += num_scheduled_token; ph: AsyncScheduler._update_after_schedule's
+#   num_output_placeholders += 1 + drafts; pre: _preempt_request's num_computed_tokens = 0; stale:
+#   a preempted request's in-flight output delivered (output_is_stale = True; 0.26 discards it);
+#   rej: rejected drafts taken back (num_computed_tokens -= num_rejected); trim: a stop inside the
+#   accepted drafts takes back the tokens past it (0.33 only); slot: allocate_slots' num_tokens_need_slot
+#   = computed + new + num_lookahead_tokens (kv_cache_manager.py).
+RELEASE_LINES = {
+    "0.26.0": dict(run=502, spec=634, meta=1174, upd=1190, inc=1249, ph=39, pre=1225, stale=1678, rej=1695,
+                   slot=430),
+    "0.27.0": dict(run=516, spec=652, meta=1236, upd=1252, inc=1330, ph=39, pre=1294, stale=1741, rej=1782,
+                   slot=491),
+    "0.28.0": dict(run=558, spec=716, meta=1298, upd=1314, inc=1392, ph=39, pre=1356, stale=1805, rej=1846,
+                   slot=494),
+    "0.29.0": dict(run=585, spec=743, meta=1364, upd=1383, inc=1461, ph=39, pre=1425, stale=1874, rej=1915,
+                   slot=490),
+    "0.30.0": dict(run=656, spec=823, meta=1436, upd=1455, inc=1533, ph=39, pre=1497, stale=1952, rej=1993,
+                   slot=527),
+    "0.31.0": dict(run=674, spec=841, meta=1490, upd=1516, inc=1596, ph=45, pre=1560, stale=2026, rej=2067,
+                   slot=539),
+    "0.32.0": dict(run=703, spec=872, meta=1529, upd=1555, inc=1629, ph=45, pre=1593, stale=2085, rej=2126,
+                   slot=542),
+    "0.33.0": dict(run=839, spec=1021, meta=1757, upd=1783, inc=1858, ph=44, pre=1822, stale=2321, rej=2362,
+                   slot=551, trim=2762),
+}
+_FILES = {"run": CORE_SCHED, "spec": CORE_SCHED, "meta": CORE_SCHED, "upd": CORE_SCHED, "inc": CORE_SCHED,
+          "ph": ASYNC_SCHED, "pre": CORE_SCHED, "stale": CORE_SCHED, "rej": CORE_SCHED, "trim": CORE_SCHED,
+          "slot": KVM}
+_WHAT = {"run": "schedule: a running request's num_new_tokens = num_tokens_with_spec + num_output_placeholders"
+                " - num_computed_tokens",
+         "spec": "schedule: the draft tokens kept, scheduled_spec_decode_tokens",
+         "meta": "schedule: build_connector_meta (_build_store_jobs) before _update_after_schedule",
+         "upd": "schedule: _update_after_schedule after the connector's metadata",
+         "inc": "_update_after_schedule: num_computed_tokens += num_scheduled_token",
+         "ph": "AsyncScheduler._update_after_schedule: num_output_placeholders += 1 + drafts scheduled",
+         "pre": "_preempt_request: num_computed_tokens = 0, num_output_placeholders = 0",
+         "stale": "update_from_output: a preempted request's in-flight output (0.26: discarded)",
+         "rej": "update_from_output: num_computed_tokens -= num_rejected drafts",
+         "trim": "_update_request_with_output: a stop inside the accepted drafts takes back the tokens past it",
+         "slot": "allocate_slots: num_tokens_need_slot = computed + new + num_lookahead_tokens"}
+
+
+def per_release(*keys) -> tuple:
+    """The sources of a premise: each of ``keys``' lines in every release that has it."""
+    return tuple(source(f"vllm {v}", _FILES[k], lines[k], _WHAT[k])
+                 for v, lines in RELEASE_LINES.items() for k in keys if k in lines)
+
+
+def _running(s):
+    return s.C + s.S <= s.T + s.Ph + s.K
+
+
+def _finished(s):
+    # C >= T - 1: the final sampled token is never forwarded, but C may count past it: async
+    # scheduling's in-flight placeholders, and before 0.33 the accepted drafts past a stop.
+    # C = 0: a stale output (async) finished a request preempted meanwhile.
+    return AND(s.O >= 1, s.S == 0, OR(s.C >= s.T - 1, AND(s.is_async, s.C == 0)))
+
 
 STORE_PREMISES: tuple = (
     StorePremise(
         "store-running-scheduled",
-        "A running request is scheduled only tokens it has (no speculative decoding): computed and scheduled "
-        "tokens stay within num_tokens.",
-        "C + S ≤ T", FULL,
-        (source(V30, CORE_SCHED, 656, "schedule: num_new_tokens = num_tokens_with_spec + placeholders - "
-                                      "num_computed_tokens"),),
-        lambda s: s.C + s.S <= s.T),
+        "A running request is scheduled at most its tokens, its output placeholders and its drafts: "
+        "sync scheduling without drafts C + S ≤ T; async scheduling counts the sampled and draft tokens of "
+        "steps whose output is not back (num_output_placeholders, Ph) in C; speculative decoding schedules "
+        "K draft tokens past T.",
+        "C + S ≤ T + Ph + K  (sync: Ph = 0; no drafts: K = 0)", FULL,
+        per_release("run", "spec", "ph", "meta", "upd"),
+        _running),
     StorePremise(
         "store-finished-by-sampling",
-        "A request that finished by sampling has one output token at least and computed all but the final "
-        "sampled one, which is never forwarded; nothing is scheduled for it.",
-        "O ≥ 1 ∧ C = T − 1 ∧ S = 0", FULL,
-        (source(V30, CORE_SCHED, 1533, "_update_after_schedule: num_computed_tokens += num_scheduled_token; the "
-                                       "token sampled from the last forward is appended after it"),),
-        lambda s: AND(s.O >= 1, s.C == s.T - 1, s.S == 0)),
+        "A request that finished by sampling has one output token at least and nothing scheduled; it "
+        "computed all but the final sampled token, which is never forwarded (C = T − 1, sync without drafts), "
+        "or more: under async scheduling C still counts the placeholder of a step scheduled before the "
+        "finishing output came back (C = T), and before 0.33 the accepted drafts past a stop are not taken "
+        "back; or, under async scheduling, C = 0: a stale output finished a request preempted meanwhile.",
+        "O ≥ 1 ∧ S = 0 ∧ (C ≥ T − 1 ∨ (async ∧ C = 0))", FULL,
+        per_release("inc", "ph", "rej", "trim", "pre", "stale"),
+        _finished),
     StorePremise(
         "store-aborted-computed",
-        "An aborted request computed at most its tokens, and nothing is scheduled for it.",
-        "C ≤ T ∧ S = 0", FULL,
-        (source(V30, CORE_SCHED, 1533, "_update_after_schedule: num_computed_tokens counts forwarded tokens"),),
-        lambda s: AND(s.C <= s.T, s.S == 0)),
+        "An aborted request computed at most its tokens and its placeholders (async scheduling: an abort "
+        "between a step's scheduling and its output), and nothing is scheduled for it.",
+        "C ≤ T + Ph ∧ S = 0", FULL,
+        per_release("inc", "ph"),
+        lambda s: AND(s.C <= s.T + s.Ph, s.S == 0)),
     StorePremise(
-        "store-allocated-computed",
-        "The allocator holds blocks for the tokens computed so far: A ≤ cdiv(computed, B).",
-        "A·B < computed + B", FULL,
-        (source(V30, KVM, 370, "allocate_slots: blocks for the computed and the scheduled tokens"),),
-        lambda s: s.A * s.B < s.computed + s.B),
+        "store-allocated-scheduled",
+        "The allocator holds blocks for the tokens computed and scheduled and, under speculative decoding, "
+        "for the L lookahead slots past them, and for the drafts rejected since (at most L: num_computed_tokens "
+        "takes them back, the blocks stay): A ≤ cdiv(C + S + 2L, B); without speculative decoding A ≤ "
+        "cdiv(C + S, B) (async scheduling: C counts the placeholders the allocator was asked for).",
+        "A·B < C + S + 2L + B  (no speculative decoding: L = 0)", FULL,
+        per_release("slot", "inc", "rej"),
+        lambda s: s.A * s.B < s.C + s.S + 2 * s.L + s.B),
     StorePremise(
         "store-no-cap-assert",
         "0.26 does not cap the stored chunks at the allocated blocks: the store is reached only where its "
         "assert passes (more chunks than blocks is a crash, not a store).",
         "⌊horizon/B⌋ ≤ A", FULL,
         (source(V26, SCHED, 975, "_build_store_jobs: assert len(offload_keys) == len(offload_block_ids)"),),
-        lambda s: s.horizon / s.B <= s.A),
+        lambda s: FLOORDIV(s.horizon, s.B) <= s.A),
 )
 
 STORE_BY_ID = {p.id: p for p in STORE_PREMISES}
 
-__all__ = ["STORE_BY_ID", "STORE_PREMISES", "StorePremise", "StoreTerms"]
+# The premise of each status (the one its numbers come from), then the allocation's.
+STATUS_PREMISE = {"running": "store-running-scheduled", "finished": "store-finished-by-sampling",
+                  "aborted": "store-aborted-computed"}
+
+
+def store_premise_ids(status: str, caps_at_allocated: bool) -> tuple:
+    """The premises a store of a request of ``status`` rests on, in the order the claim meets them."""
+    return (STATUS_PREMISE[status], "store-allocated-scheduled") + (() if caps_at_allocated else
+                                                                    ("store-no-cap-assert",))
+
+
+def check_store_call(terms: StoreTerms, status: str, caps_at_allocated: bool) -> list:
+    """The premises of ``status`` that a captured call's terms (ints) break: [(premise, detail)]."""
+    out = []
+    for pid in store_premise_ids(status, caps_at_allocated):
+        p = STORE_BY_ID[pid]
+        if p.term(terms) is not True:
+            out.append((p, f"{pid}: {p.math} does not hold (P={terms.P} T={terms.T} C={terms.C} S={terms.S} "
+                           f"A={terms.A} B={terms.B} Ph={terms.Ph} K={terms.K} L={terms.L} "
+                           f"{'async' if terms.is_async else 'sync'})"))
+    return out
+
+
+__all__ = ["RELEASE_LINES", "STATUS_PREMISE", "STORE_BY_ID", "STORE_PREMISES", "StorePremise", "StoreTerms",
+           "check_store_call", "per_release", "store_premise_ids"]

@@ -74,6 +74,10 @@ class StoreWitness:
     B: int
     computed: int
     stored_chunks: int
+    Ph: int = 0  # num_output_placeholders
+    K: int = 0  # draft tokens scheduled
+    L: int = 0  # lookahead slots
+    is_async: bool = False
 
     replayed_on = "the spec"  # what replays it (spec/store.py)
 
@@ -83,9 +87,10 @@ class StoreWitness:
         slots = "".join("c" if p < self.computed else "." for p in range(start, start + self.B))
         return (f"case {self.name}: vLLM {self.release} {self.status} request, "
                 f"offload_prompt_only={self.offload_prompt_only}\n"
-                f"  P={self.P} T={self.T} C={self.C} S={self.S} A={self.A} B={self.B}\n"
+                f"  P={self.P} T={self.T} C={self.C} S={self.S} A={self.A} B={self.B} Ph={self.Ph} K={self.K} "
+                f"L={self.L} ({'async' if self.is_async else 'sync'} scheduler)\n"
                 f"  stored chunk {self.stored_chunks - 1} = tokens [{start}, {start + self.B}) under the hash of its prefix\n"
-                f"  block slots |{slots}|  (c = KV computed, . = never forwarded)")
+                f"  block slots |{slots}|  (c = KV computed, . = never forwarded, or not since a preemption)")
 
     @property
     def replay_hint(self) -> str:

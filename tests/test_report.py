@@ -226,7 +226,7 @@ def test_every_witness_kind_of_kvbound_prove_is_drawn():
     from kvbound.report import prove_section
 
     ids = {"legacy-refuted", "reservation.mamba-align.sync-load", "lookup.window.no-needless-deferral.0.25.1",
-           "store.computed[0.27.0+,finished,prompt_only=False]"}
+           "store.computed[0.27.0+,finished,prompt_only=False,sync/async/spec]"}
     data = _prove_json(ids)
     assert {o["witness"].get("witness") for o in data["obligations"]} == {None, "allocate_slots", "lookup", "store"}
     sec = prove_section(data)

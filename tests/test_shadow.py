@@ -186,10 +186,48 @@ def test_store_obligations_per_release():
     results = [run_obligation(o) for o in OBLIGATIONS]
     assert all(r.met for r in results), [(r.obligation.id, r.verdict, r.replay) for r in results]
     refuted = {r.obligation.id for r in results if r.verdict == Verdict.REFUTED}
-    assert "store.computed[0.27.0+,finished,prompt_only=False]" in refuted
-    assert not any("0.30.0" in i for i in refuted)
-    w = next(r for r in results if r.obligation.id == "store.computed[0.27.0+,finished,prompt_only=False]")
+    assert "store.computed[0.27.0+,finished,prompt_only=False,sync/async/spec]" in refuted
+    # 0.30+: proved under sync scheduling, async scheduling and speculative decoding (sync scheduler); under
+    # speculative decoding with async scheduling only a finished request is refuted (preempted, lookahead)
+    assert {i for i in refuted if "0.30.0" in i} == {
+        "store.computed[0.30.0+,finished,prompt_only=True,async+spec]",
+        "store.computed[0.30.0+,finished,prompt_only=False,async+spec]"}
+    w = next(r for r in results if r.obligation.id == "store.computed[0.27.0+,finished,prompt_only=False,sync/async/spec]")
     assert "never forwarded" in w.witness.draw()
+    a = next(r for r in results if r.obligation.id == "store.computed[0.30.0+,finished,prompt_only=False,async+spec]")
+    # the witness: a finished request preempted meanwhile (C = 0), its blocks within the lookahead slots
+    assert a.witness.C == 0 and a.witness.is_async and 1 <= a.witness.A and a.witness.A * a.witness.B < 2 * a.witness.L + a.witness.B
+
+
+def test_store_premises_restated_per_mode():
+    """Each store premise folds on the numbers vLLM hands _build_store_jobs in each mode, as measured
+    on vLLM 0.33.0's own offloading-connector unit tests (issue 24): async scheduling's placeholder
+    (C + S = T + 1), two drafts under async (C + S = T + 3), a finished async request (C = T), and
+    speculative decoding's lookahead slots; and breaks past them."""
+    from kvbound.proofs.store_premises import RELEASE_LINES, STORE_BY_ID, STORE_PREMISES, StoreTerms, check_store_call
+
+    def t(C, S, T, A=0, Ph=0, K=0, L=0, is_async=False, P=None, B=16):
+        P = T - 1 if P is None else P
+        return StoreTerms(P, T - P, C, S, A, B, T, C + S, min(C + S, T), Ph, K, L, is_async)
+
+    run = STORE_BY_ID["store-running-scheduled"].term
+    assert run(t(142, 1, 142, Ph=1, is_async=True)) is True  # a placeholder: C + S = T + 1
+    assert run(t(140, 3, 140, Ph=1, K=2, is_async=True)) is True  # C + S = T + 3
+    assert run(t(40, 3, 41, K=2)) is True  # sync, two drafts
+    assert run(t(142, 1, 142)) is False  # no placeholder, no draft: past T
+    fin = STORE_BY_ID["store-finished-by-sampling"].term
+    assert fin(t(45, 0, 46)) is True and fin(t(46, 0, 46, is_async=True)) is True  # C = T - 1; async C = T
+    assert fin(t(0, 0, 307, is_async=True)) is True and fin(t(0, 0, 307)) is False  # preempted: async only
+    assert fin(t(44, 0, 46)) is False
+    alloc = STORE_BY_ID["store-allocated-scheduled"].term
+    assert alloc(t(45, 0, 46, A=4, L=2)) is True  # drafts rejected since the allocation (0.33.0 eagle, sync)
+    assert alloc(t(45, 0, 46, A=4)) is False
+    assert alloc(t(0, 0, 307, A=20, is_async=True)) is False  # a preempted request's stale blocks
+    assert not check_store_call(t(142, 1, 142, A=9, Ph=1, is_async=True), "running", True)
+    (p, detail), = check_store_call(t(142, 1, 142, A=9), "running", True)
+    assert p.id == "store-running-scheduled" and "Ph=0" in detail
+    for p in STORE_PREMISES[:4]:  # each cites its lines in every release the store spec covers
+        assert {s.split()[1] for s in p.sources} == set(RELEASE_LINES), p.id
 
 
 def test_finished_request_store_horizon_0_29(workers):
@@ -199,7 +237,7 @@ def test_finished_request_store_horizon_0_29(workers):
     from kvbound.proofs.runner import run_obligation
     from kvbound.proofs.store import OBLIGATIONS
 
-    ob = next(o for o in OBLIGATIONS if o.id == "store.computed[0.27.0+,finished,prompt_only=False]")
+    ob = next(o for o in OBLIGATIONS if o.id == "store.computed[0.27.0+,finished,prompt_only=False,sync/async/spec]")
     w = run_obligation(ob).witness
     assert w.B == 16
     req = {"id": 7, "arrive": 0, "prompt": [["uniq", 7, w.P]], "max_tokens": w.O, "abort_after": None}

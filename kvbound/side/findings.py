@@ -144,7 +144,8 @@ _ROWS = (
                 " step bound)"),
     FindingKind("premise:valid-call", "the call vLLM made is no valid case (its block table breaks the case"
                 " format's rules)"),
-    FindingKind("premise:", "a premise of the proofs (proofs/premises.py, by id) is false on a real call"),
+    FindingKind("premise:", "a premise of the proofs (proofs/premises.py, by id: a captured load; "
+                "proofs/store_premises.py: a captured _build_store_jobs call) is false on a real call"),
     FindingKind("harness:setup", "kvbound's adapter could not build the engine (never a vLLM finding)",
                 shape=SITE),
     FindingKind("harness:exception", "kvbound's own fakes or adapter raised (never a vLLM finding)",

@@ -175,7 +175,10 @@ class StoreContract:
         attention and not a drafter's: [status, num_prompt_tokens, num_tokens,
         num_computed_tokens, num_scheduled_tokens, max_offload_tokens, allocated chunks, keyed
         chunks (``len(offload_keys)``, what 0.30+'s ``storable_chunks`` caps at), next_stored_chunk_idx
-        before, after, refused] (judged by spec/store.py on the host)."""
+        before, after, refused, {placeholders, drafts, lookahead}] (judged by spec/store.py on the host;
+        the last, what the store premises read: the request's ``num_output_placeholders``, the draft
+        tokens scheduled for it this step (``scheduled_spec_decode_tokens``) and the scheduler's
+        ``num_lookahead_tokens``, proofs/store_premises.py)."""
         eng, tier = self.eng, self.tier
         cs = eng.csched
         if self.content.kinds[0] != "full_attention" or eng.lay["groups"][0].get("eagle") \
@@ -188,6 +191,7 @@ class StoreContract:
             return
         eng.store_calls = []
         RS = eng.rel.RequestStatus
+        lookahead = getattr(eng.sched, "num_lookahead_tokens", 0)
 
         def _build_store_jobs(call, so, *a, **k):
             before = {}
@@ -203,15 +207,19 @@ class StoreContract:
                     continue  # before 0.26 the per-group store state is not this shape: not captured
                 before[rid] = [status, req.num_prompt_tokens, req.num_tokens, req.num_computed_tokens,
                                so.num_scheduled_tokens.get(rid, 0), getattr(st, "max_offload_tokens", None),
-                               len(gs.block_ids) // self.bpc, len(gs.offload_keys), gs.next_stored_chunk_idx]
+                               len(gs.block_ids) // self.bpc, len(gs.offload_keys), gs.next_stored_chunk_idx,
+                               {"placeholders": getattr(req, "num_output_placeholders", 0),
+                                "drafts": len((getattr(so, "scheduled_spec_decode_tokens", None) or {}).get(rid, ())),
+                                "lookahead": lookahead}]
             refused0 = dict(tier.refused_by)
             out = call(so, *a, **k)
             for rid, rec in before.items():
                 st = getattr(cs, "_req_status", {}).get(rid)
                 if st is None:
                     continue
-                eng.store_calls.append([eng.step_no, rid] + rec + [
-                    st.group_states[0].next_stored_chunk_idx, tier.refused_by.get(rid, 0) != refused0.get(rid, 0)])
+                eng.store_calls.append([eng.step_no, rid] + rec[:-1] + [
+                    st.group_states[0].next_stored_chunk_idx, tier.refused_by.get(rid, 0) != refused0.get(rid, 0),
+                    rec[-1]])
             return out
 
         tap.around(cs, "_build_store_jobs", _build_store_jobs)

@@ -151,9 +151,11 @@ def check_result(release: str, layout_name: str, job: dict, res: dict) -> tuple[
     if not res.get("ok", True):
         detail = {k: res.get(k) for k in ("error", "assert_site", "step", "traceback")}
         add("harness:exception" if res.get("harness_fault") else "crash:exception", detail)
-    from .storecheck import judge_store_calls
+    from .storecheck import check_store_premises, judge_store_calls
 
     for d in judge_store_calls(release, job, res)[0]:  # the store spec (spec/store.py)
+        add(d["check"], d)
+    for d in check_store_premises(release, job, res)[0]:  # the store premises (proofs/store_premises.py)
         add(d["check"], d)
     for v in res.get("violations", ()):
         add_reported(v["check"], v)
