@@ -11,8 +11,9 @@ mode; ``MODES`` says which modes an obligation covers: sync scheduling, async sc
 speculative decoding under the sync scheduler in one (``Ph = 0`` unless async, ``K = L = 0``
 under async), speculative decoding under async scheduling in the other (every term free).
 
-Claim: the stored chunks, ``min(horizon // B, A)`` of them (``storable_chunks``), end at or
-before ``computed`` (``spec.store.computed_tokens``): ``min(horizon // B, A) * B <= computed``.
+Claim: the chunks the call stores, those from ``N0`` (``next_stored_chunk_idx`` before it) up to
+``min(horizon // B, A)`` (``storable_chunks``), end at or before ``computed``
+(``spec.store.computed_tokens``): ``min(horizon // B, A) ≤ N0 ∨ min(horizon // B, A) * B <= computed``.
 The horizon is encoded from the same release row the executable spec reads, and every
 witness is replayed through ``spec.store``, so the two cannot drift apart.
 """
@@ -46,7 +47,7 @@ class StoreWorld:
     def __init__(self, feats: ReleaseFeatures, status: str, offload_prompt_only: bool, mode: str = SYNC_ASYNC_SPEC):
         self.feats, self.status, self.offload_prompt_only, self.mode = feats, status, offload_prompt_only, mode
         self.P, self.O, self.C, self.S, self.A, self.B = z3.Ints("P O C S A B")
-        self.Ph, self.K, self.L = z3.Ints("Ph K L")
+        self.Ph, self.K, self.L, self.N0 = z3.Ints("Ph K L N0")
         self.is_async = z3.Bool("async")
         self.T = self.P + self.O
         T, C, S, P = self.T, self.C, self.S, self.P
@@ -63,14 +64,14 @@ class StoreWorld:
 
     def terms(self) -> StoreTerms:
         return StoreTerms(self.P, self.O, self.C, self.S, self.A, self.B, self.T, self.computed, self.horizon,
-                          self.Ph, self.K, self.L, self.is_async)
+                          self.Ph, self.K, self.L, self.is_async, self.N0)
 
     def premise_terms(self, ids) -> list:
         return [STORE_BY_ID[i].term(self.terms()) for i in ids]
 
     def base(self):
         base = [self.P >= 1, self.O >= 0, self.C >= 0, self.S >= 0, self.A >= 0, self.B >= 1, self.Ph >= 0,
-                self.K >= 0, self.L >= 0]
+                self.K >= 0, self.L >= 0, self.N0 >= 0]
         if self.mode == ASYNC_SPEC:
             return base + [self.is_async]
         # the sync scheduler has no placeholders; async scheduling without a drafter has no drafts, no lookahead
@@ -82,18 +83,19 @@ class StoreWorld:
 
     def to_case(self, model, name: str) -> StoreWitness:
         v = {k: model.eval(getattr(self, k), model_completion=True).as_long()
-             for k in ("P", "O", "T", "C", "S", "A", "B", "computed", "stored", "Ph", "K", "L")}
+             for k in ("P", "O", "T", "C", "S", "A", "B", "computed", "stored", "Ph", "K", "L", "N0")}
         return StoreWitness(name=name, release=self.feats.release, status=self.status,
                             offload_prompt_only=self.offload_prompt_only, P=v["P"], O=v["O"], T=v["T"], C=v["C"],
                             S=v["S"], A=v["A"], B=v["B"], computed=v["computed"], stored_chunks=v["stored"],
-                            Ph=v["Ph"], K=v["K"], L=v["L"],
+                            Ph=v["Ph"], K=v["K"], L=v["L"], N0=v["N0"],
                             is_async=z3.is_true(model.eval(self.is_async, model_completion=True)))
 
 
 def _build(f: ReleaseFeatures, status: str, prompt_only: bool, mode: str, oid: str):
     def build(_code):
         w = StoreWorld(f, status, prompt_only, mode)
-        return Problem(w.base(), w.stored * w.B <= w.computed, w, tables=False, shaping=w.small(),
+        return Problem(w.base(), z3.Or(w.stored <= w.N0, w.stored * w.B <= w.computed), w, tables=False,
+                       shaping=w.small(),
                        witness=lambda m: w.to_case(m, f"witness-{oid}"))
 
     return build
@@ -103,11 +105,11 @@ def replay_store(w: StoreWitness) -> str | None:
     """None when the store spec of the witness's release stores a chunk past what was computed."""
     T = w.P + w.O
     horizon = store_horizon(w.release, w.status, w.P, T, w.C, w.S, w.offload_prompt_only)
-    stored = next_stored_chunk_idx(0, horizon, w.B, w.A, store_features(w.release).store_caps_at_allocated)
+    stored = next_stored_chunk_idx(w.N0, horizon, w.B, w.A, store_features(w.release).store_caps_at_allocated)
     computed = computed_tokens(w.status, T, w.C, w.S)
     if stored is None:
         return f"spec {w.release} asserts on the witness (more chunks than allocated blocks)"
-    if stored * w.B <= computed:
+    if stored <= w.N0 or stored * w.B <= computed:
         return f"spec {w.release} stores {stored} chunks, within the {computed} computed tokens"
     return None
 
@@ -116,8 +118,9 @@ def _expected(f: ReleaseFeatures, status: str, prompt_only: bool, mode: str) -> 
     """The verdict and the premise it rests on (or whose absence the witness shows)."""
     if status == FINISHED and mode == ASYNC_SPEC:
         return Verdict.REFUTED, ("a request preempted (num_computed_tokens = 0) and then finished by a stale "
-                                 "output may hold lookahead slots: store-allocated-scheduled bounds its blocks "
-                                 "by cdiv(L, B), not 0, so a chunk it never computed since is stored")
+                                 "output whose accepted drafts move its horizon past the chunks it stored before "
+                                 "the preemption (no store-preempted-stored here): the connector still holds its "
+                                 "freed blocks, and stores a chunk it has not computed since")
     if status == FINISHED and not prompt_only and not f.store_finished_clamp:
         return Verdict.REFUTED, ("a finished request's horizon is clamped to max(num_prompt_tokens, num_tokens - 1) "
                                  "(0.30+; before, num_tokens counts the final sampled token)")
@@ -135,7 +138,7 @@ def _expected(f: ReleaseFeatures, status: str, prompt_only: bool, mode: str) -> 
 BOUND = Bound(1, 0, "unbounded (P, O, C, S, A, B, Ph, K, L)",
               "one full-attention group, one block per chunk: _build_store_jobs stores each group's chunks on its "
               "own, with no state carried from one group to the next")
-MATH = "min(⌊horizon/B⌋, A)·B ≤ computed,  horizon = the release's tokens after the batch, capped (T; P if prompt only)"
+MATH = "n ≤ N0 ∨ n·B ≤ computed,  n = min(⌊horizon/B⌋, A),  horizon = the release's tokens after the batch, capped (T; P if prompt only)"
 # The runs of releases over which the store spec's columns hold, from its first release on.
 STORE_SPANS = [s for s in spans(STORE_COLUMNS) if s.features.next_stored_chunk_idx]
 
@@ -157,7 +160,8 @@ def _obligations() -> list:
                         MATH if expected == Verdict.PROVED else f"¬ ({MATH})", premise, expected,
                         _build(f, status, po, mode, oid),
                         reproduce=None if expected == Verdict.PROVED else replay_store, mutable=False, bound=BOUND,
-                        premises=store_premise_ids(status, f.store_caps_at_allocated), releases=span))
+                        premises=store_premise_ids(status, f.store_caps_at_allocated, mode == ASYNC_SPEC),
+                        releases=span))
     return out
 
 

@@ -26,7 +26,7 @@ from typing import Callable
 from kvbound.spec import GroupKind
 
 from .premises import CORE_SCHED, KVM, SCHED, V26, Stated, source
-from .terms import AND, FLOORDIV, OR
+from .terms import AND, FLOORDIV, IMPLIES, OR
 
 @dataclass(frozen=True)
 class StoreTerms:
@@ -46,6 +46,7 @@ class StoreTerms:
     K: object = 0  # draft tokens scheduled this step (len(scheduled_spec_decode_tokens[req_id]))
     L: object = 0  # num_lookahead_tokens: the slots allocate_slots reserves past them (speculative decoding)
     is_async: object = False  # the AsyncScheduler
+    N0: object = 0  # next_stored_chunk_idx before the call: the chunks stored at earlier steps
 
 
 @dataclass(frozen=True)
@@ -67,28 +68,29 @@ ASYNC_SCHED = "v1/core/sched/async_scheduler.py"
 #   a preempted request's in-flight output delivered (output_is_stale = True; 0.26 discards it);
 #   rej: rejected drafts taken back (num_computed_tokens -= num_rejected); trim: a stop inside the
 #   accepted drafts takes back the tokens past it (0.33 only); slot: allocate_slots' num_tokens_need_slot
-#   = computed + new + num_lookahead_tokens (kv_cache_manager.py).
+#   = computed + new + num_lookahead_tokens (kv_cache_manager.py); clear: the offloading connector's
+#   get_num_new_matched_tokens clears the request's block_ids (offloading/scheduler.py).
 RELEASE_LINES = {
     "0.26.0": dict(run=502, spec=634, meta=1174, upd=1190, inc=1249, ph=39, pre=1225, stale=1678, rej=1695,
-                   slot=430),
+                   slot=430, clear=744),
     "0.27.0": dict(run=516, spec=652, meta=1236, upd=1252, inc=1330, ph=39, pre=1294, stale=1741, rej=1782,
-                   slot=491),
+                   slot=491, clear=840),
     "0.28.0": dict(run=558, spec=716, meta=1298, upd=1314, inc=1392, ph=39, pre=1356, stale=1805, rej=1846,
-                   slot=494),
+                   slot=494, clear=960),
     "0.29.0": dict(run=585, spec=743, meta=1364, upd=1383, inc=1461, ph=39, pre=1425, stale=1874, rej=1915,
-                   slot=490),
+                   slot=490, clear=960),
     "0.30.0": dict(run=656, spec=823, meta=1436, upd=1455, inc=1533, ph=39, pre=1497, stale=1952, rej=1993,
-                   slot=527),
+                   slot=527, clear=1043),
     "0.31.0": dict(run=674, spec=841, meta=1490, upd=1516, inc=1596, ph=45, pre=1560, stale=2026, rej=2067,
-                   slot=539),
+                   slot=539, clear=1065),
     "0.32.0": dict(run=703, spec=872, meta=1529, upd=1555, inc=1629, ph=45, pre=1593, stale=2085, rej=2126,
-                   slot=542),
+                   slot=542, clear=1068),
     "0.33.0": dict(run=839, spec=1021, meta=1757, upd=1783, inc=1858, ph=44, pre=1822, stale=2321, rej=2362,
-                   slot=551, trim=2762),
+                   slot=551, trim=2762, clear=1243),
 }
 _FILES = {"run": CORE_SCHED, "spec": CORE_SCHED, "meta": CORE_SCHED, "upd": CORE_SCHED, "inc": CORE_SCHED,
           "ph": ASYNC_SCHED, "pre": CORE_SCHED, "stale": CORE_SCHED, "rej": CORE_SCHED, "trim": CORE_SCHED,
-          "slot": KVM}
+          "slot": KVM, "clear": SCHED}
 _WHAT = {"run": "schedule: a running request's num_new_tokens = num_tokens_with_spec + num_output_placeholders"
                 " - num_computed_tokens",
          "spec": "schedule: the draft tokens kept, scheduled_spec_decode_tokens",
@@ -100,7 +102,9 @@ _WHAT = {"run": "schedule: a running request's num_new_tokens = num_tokens_with_
          "stale": "update_from_output: a preempted request's in-flight output (0.26: discarded)",
          "rej": "update_from_output: num_computed_tokens -= num_rejected drafts",
          "trim": "_update_request_with_output: a stop inside the accepted drafts takes back the tokens past it",
-         "slot": "allocate_slots: num_tokens_need_slot = computed + new + num_lookahead_tokens"}
+         "slot": "allocate_slots: num_tokens_need_slot = computed + new + num_lookahead_tokens",
+         "clear": "the offloading connector clears a request's block_ids only when it looks the request up "
+                  "again (get_num_new_matched_tokens) or gets its full table"}
 
 
 def per_release(*keys) -> tuple:
@@ -113,11 +117,16 @@ def _running(s):
     return s.C + s.S <= s.T + s.Ph + s.K
 
 
+def _preempted(s):
+    """A request preempted, then finished by a stale output: async, nothing computed or scheduled."""
+    return AND(s.is_async, s.C == 0, s.S == 0)
+
+
 def _finished(s):
     # C >= T - 1: the final sampled token is never forwarded, but C may count past it: async
     # scheduling's in-flight placeholders, and before 0.33 the accepted drafts past a stop.
     # C = 0: a stale output (async) finished a request preempted meanwhile.
-    return AND(s.O >= 1, s.S == 0, OR(s.C >= s.T - 1, AND(s.is_async, s.C == 0)))
+    return AND(s.O >= 1, s.S == 0, OR(s.C >= s.T - 1, _preempted(s)))
 
 
 STORE_PREMISES: tuple = (
@@ -152,10 +161,23 @@ STORE_PREMISES: tuple = (
         "The allocator holds blocks for the tokens computed and scheduled and, under speculative decoding, "
         "for the L lookahead slots past them, and for the drafts rejected since (at most L: num_computed_tokens "
         "takes them back, the blocks stay): A ≤ cdiv(C + S + 2L, B); without speculative decoding A ≤ "
-        "cdiv(C + S, B) (async scheduling: C counts the placeholders the allocator was asked for).",
-        "A·B < C + S + 2L + B  (no speculative decoding: L = 0)", FULL,
-        per_release("slot", "inc", "rej"),
-        lambda s: s.A * s.B < s.C + s.S + 2 * s.L + s.B),
+        "cdiv(C + S, B) (async scheduling: C counts the placeholders the allocator was asked for). Except a "
+        "request preempted and then finished by a stale output (async, C = 0): the connector still holds the "
+        "blocks it had at the preemption.",
+        "A·B < C + S + 2L + B ∨ (async ∧ C = 0 ∧ S = 0)  (no speculative decoding: L = 0)", FULL,
+        per_release("slot", "inc", "rej", "pre", "clear"),
+        lambda s: OR(s.A * s.B < s.C + s.S + 2 * s.L + s.B, _preempted(s))),
+    StorePremise(
+        "store-preempted-stored",
+        "A request preempted and then finished by a stale output (async scheduling, C = 0) stores nothing "
+        "new: its horizon reaches no chunk past those it stored before the preemption (N0), whose blocks the "
+        "connector still holds though the scheduler freed them. vLLM does not enforce it: it holds when every "
+        "store before the preemption was accepted and the stale output brings no accepted drafts (async "
+        "scheduling without speculative decoding: the horizon T − 1 is the last running step's); a call that "
+        "breaks it stores from freed blocks.",
+        "C = 0 ⇒ min(⌊horizon/B⌋, A) ≤ N0", FULL,
+        per_release("pre", "stale", "clear"),
+        lambda s: IMPLIES(s.C == 0, OR(FLOORDIV(s.horizon, s.B) <= s.N0, s.A <= s.N0))),
     StorePremise(
         "store-no-cap-assert",
         "0.26 does not cap the stored chunks at the allocated blocks: the store is reached only where its "
@@ -172,20 +194,23 @@ STATUS_PREMISE = {"running": "store-running-scheduled", "finished": "store-finis
                   "aborted": "store-aborted-computed"}
 
 
-def store_premise_ids(status: str, caps_at_allocated: bool) -> tuple:
-    """The premises a store of a request of ``status`` rests on, in the order the claim meets them."""
-    return (STATUS_PREMISE[status], "store-allocated-scheduled") + (() if caps_at_allocated else
-                                                                    ("store-no-cap-assert",))
+def store_premise_ids(status: str, caps_at_allocated: bool, async_spec: bool = False) -> tuple:
+    """The premises a store of a request of ``status`` rests on, in the order the claim meets them;
+    ``async_spec``: under speculative decoding with async scheduling, where store-preempted-stored
+    is not assumed (a stale output can bring accepted drafts)."""
+    preempted = ("store-preempted-stored",) if status == "finished" and not async_spec else ()
+    return (STATUS_PREMISE[status], "store-allocated-scheduled") + preempted + (
+        () if caps_at_allocated else ("store-no-cap-assert",))
 
 
 def check_store_call(terms: StoreTerms, status: str, caps_at_allocated: bool) -> list:
     """The premises of ``status`` that a captured call's terms (ints) break: [(premise, detail)]."""
     out = []
-    for pid in store_premise_ids(status, caps_at_allocated):
+    for pid in store_premise_ids(status, caps_at_allocated, bool(terms.is_async) and terms.L > 0):
         p = STORE_BY_ID[pid]
         if p.term(terms) is not True:
             out.append((p, f"{pid}: {p.math} does not hold (P={terms.P} T={terms.T} C={terms.C} S={terms.S} "
-                           f"A={terms.A} B={terms.B} Ph={terms.Ph} K={terms.K} L={terms.L} "
+                           f"A={terms.A} B={terms.B} Ph={terms.Ph} K={terms.K} L={terms.L} N0={terms.N0} "
                            f"{'async' if terms.is_async else 'sync'})"))
     return out
 

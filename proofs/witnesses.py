@@ -78,6 +78,7 @@ class StoreWitness:
     K: int = 0  # draft tokens scheduled
     L: int = 0  # lookahead slots
     is_async: bool = False
+    N0: int = 0  # next_stored_chunk_idx before the call
 
     replayed_on = "the spec"  # what replays it (spec/store.py)
 
@@ -88,7 +89,7 @@ class StoreWitness:
         return (f"case {self.name}: vLLM {self.release} {self.status} request, "
                 f"offload_prompt_only={self.offload_prompt_only}\n"
                 f"  P={self.P} T={self.T} C={self.C} S={self.S} A={self.A} B={self.B} Ph={self.Ph} K={self.K} "
-                f"L={self.L} ({'async' if self.is_async else 'sync'} scheduler)\n"
+                f"L={self.L} N0={self.N0} ({'async' if self.is_async else 'sync'} scheduler)\n"
                 f"  stored chunk {self.stored_chunks - 1} = tokens [{start}, {start + self.B}) under the hash of its prefix\n"
                 f"  block slots |{slots}|  (c = KV computed, . = never forwarded, or not since a preemption)")
 

@@ -195,8 +195,8 @@ def test_store_obligations_per_release():
     w = next(r for r in results if r.obligation.id == "store.computed[0.27.0+,finished,prompt_only=False,sync/async/spec]")
     assert "never forwarded" in w.witness.draw()
     a = next(r for r in results if r.obligation.id == "store.computed[0.30.0+,finished,prompt_only=False,async+spec]")
-    # the witness: a finished request preempted meanwhile (C = 0), its blocks within the lookahead slots
-    assert a.witness.C == 0 and a.witness.is_async and 1 <= a.witness.A and a.witness.A * a.witness.B < 2 * a.witness.L + a.witness.B
+    # the witness: a finished request preempted meanwhile (C = 0) stores a chunk past those it stored before
+    assert a.witness.C == 0 and a.witness.is_async and a.witness.N0 < a.witness.stored_chunks
 
 
 def test_store_premises_restated_per_mode():
@@ -206,9 +206,10 @@ def test_store_premises_restated_per_mode():
     speculative decoding's lookahead slots; and breaks past them."""
     from kvbound.proofs.store_premises import RELEASE_LINES, STORE_BY_ID, STORE_PREMISES, StoreTerms, check_store_call
 
-    def t(C, S, T, A=0, Ph=0, K=0, L=0, is_async=False, P=None, B=16):
+    def t(C, S, T, A=0, Ph=0, K=0, L=0, is_async=False, P=None, B=16, N0=0, horizon=None):
         P = T - 1 if P is None else P
-        return StoreTerms(P, T - P, C, S, A, B, T, C + S, min(C + S, T), Ph, K, L, is_async)
+        h = min(C + S, T) if horizon is None else horizon
+        return StoreTerms(P, T - P, C, S, A, B, T, C + S, h, Ph, K, L, is_async, N0)
 
     run = STORE_BY_ID["store-running-scheduled"].term
     assert run(t(142, 1, 142, Ph=1, is_async=True)) is True  # a placeholder: C + S = T + 1
@@ -222,11 +223,17 @@ def test_store_premises_restated_per_mode():
     alloc = STORE_BY_ID["store-allocated-scheduled"].term
     assert alloc(t(45, 0, 46, A=4, L=2)) is True  # drafts rejected since the allocation (0.33.0 eagle, sync)
     assert alloc(t(45, 0, 46, A=4)) is False
-    assert alloc(t(0, 0, 307, A=20, is_async=True)) is False  # a preempted request's stale blocks
+    assert alloc(t(0, 0, 307, A=20, is_async=True)) is True  # a preempted request's blocks, still held
+    assert alloc(t(0, 0, 307, A=20)) is False
+    kept = STORE_BY_ID["store-preempted-stored"].term  # ... from which it stores nothing new
+    # 0.33.0 full async: a finished request's horizon max(P, T - 1) = 306, 19 chunks, all stored before
+    assert kept(t(0, 0, 307, A=20, is_async=True, N0=19, horizon=306)) is True
+    assert kept(t(0, 0, 307, A=20, is_async=True, N0=18, horizon=306)) is False  # chunk 18 from a freed block
+    assert kept(t(45, 0, 46, A=4, N0=0)) is True
     assert not check_store_call(t(142, 1, 142, A=9, Ph=1, is_async=True), "running", True)
     (p, detail), = check_store_call(t(142, 1, 142, A=9), "running", True)
     assert p.id == "store-running-scheduled" and "Ph=0" in detail
-    for p in STORE_PREMISES[:4]:  # each cites its lines in every release the store spec covers
+    for p in STORE_PREMISES[:5]:  # each cites its lines in every release the store spec covers
         assert {s.split()[1] for s in p.sources} == set(RELEASE_LINES), p.id
 
 

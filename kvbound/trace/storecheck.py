@@ -83,7 +83,7 @@ def check_store_premises(release: str, job: dict, res: dict) -> tuple[list[dict]
         checked += 1
         terms = StoreTerms(P, T - P, C, S, alloc, tpc, T, computed_tokens(status, T, C, S),
                            store_horizon(release, status, P, T, C, S, prompt_only, mot),
-                           x["placeholders"], x["drafts"], x["lookahead"], is_async)
+                           x["placeholders"], x["drafts"], x["lookahead"], is_async, before)
         for p, detail in check_store_call(terms, status, caps):
             count[p.id] = count.get(p.id, 0) + 1
             first.setdefault(p.id, {"check": "premise:" + p.id, "step": step, "request": rid, "status": status,
