@@ -31,9 +31,12 @@ def test_a_point_name_round_trips_to_its_job():
 
 
 def test_an_axis_value_a_release_or_layout_lacks_is_one_line():
-    line = S.support("full@offload_prompt_only=false", "0.22.1")
+    # 0.21 - 0.22 have no prompt clamp: store-all runs there, prompt-only does not
+    line = S.support("full-store-all@offload_prompt_only=true", "0.22.1")
     assert line and "offload_prompt_only" in line and "0.23.0" in line and "\n" not in line
-    assert S.support("full@offload_prompt_only=false", "0.23.0") is None
+    assert S.support("full-store-all@offload_prompt_only=true", "0.23.0") is None
+    assert S.support("full@offload_prompt_only=false", "0.22.1") is None
+    assert S.support("full-store-all", "0.21.0") is None
     line = S.support("full@mamba_cache_mode=all", "0.29.0")
     assert line == "point full@mamba_cache_mode=all: mamba_cache_mode applies to Mamba layouts only"
     assert "CPU spec" in S.support("full-tiering-fs@evict_p=0.1", "0.33.0")

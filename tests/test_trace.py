@@ -336,6 +336,8 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-33-0-mamba-eagle-untagged-data-wrong-kv-4req.json", None),
     ("0-28-0-mamba-eagle-scripted-data-wrong-kv-5req.json", None),
     ("0-26-0-mamba-eagle-scripted-data-copy-of-uncomputed-tokens-2req.json", None),
+    # 0.21-0.25.1 under async: a finished request's last chunk is never stored (docs/findings.md)
+    ("0-23-0-full-store-all-store-lost-chunk-1req.json", None),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""
@@ -345,6 +347,18 @@ def test_saved_findings_replay(name, site, workers):
     assert got
     if site:
         assert got[0].detail["assert_site"]["function"] == site
+
+
+@pytest.mark.parametrize("version,lost", [("0.21.0", True), ("0.22.1", True), ("0.26.0", False)])
+def test_lost_last_chunk_before_the_prompt_clamp(version, lost, workers):
+    """0.21 - 0.22 have no offload_prompt_only and no prompt clamp: they offload decoded tokens,
+    so a finished request's decoded chunk that async scheduling never stored is lost there too
+    (the store contract once took the missing option for prompt-only and saw nothing); 0.26.0
+    stores a finished request's last chunk (offloading/scheduler.py:932-942)."""
+    f = TF.load(FINDINGS / "0-23-0-full-store-all-store-lost-chunk-1req.json")
+    env, w = workers(version)
+    keys = {g.key() for g in R.rerun(w, env.version, f, f.segment["requests"])}
+    assert ("store:lost_chunk" in keys) is lost
 
 
 def test_engine_overrides_are_checked(capsys):

@@ -135,7 +135,11 @@ class StoreContract:
         cfg = eng.csched.config
         if policy is None or any(g["kind"] != "full_attention" for g in eng.lay["groups"]):
             return  # hybrids: the release's store policy skips chunks no hit can reach
-        prompt_only = getattr(cfg, "offload_prompt_only", True)
+        # A release without the option (0.21 - 0.22: no file names it) has no prompt clamp: it
+        # offloads decoded tokens too (0.21.0 offloading/scheduler.py:633, 0.22.1 :685
+        # `num_offloadable_tokens = min(num_tokens_after_batch, req.num_tokens)`; the clamp
+        # arrived with the option, 0.23.0 :745-748).
+        prompt_only = getattr(cfg, "offload_prompt_only", False)
         # Not the connector's loss: what the tier evicted (its own LRU or the script), and
         # what the connector stored but a scripted tier never made readable (a stalled
         # write: complete_store withheld on purpose, fakes._script_stalled_writes).

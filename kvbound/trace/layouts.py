@@ -129,9 +129,10 @@ MAMBA_EXTERNAL_KV = Need("mamba_external_kv", "the scheduler refuses connector t
                          " \"External KV connector is not verified yet\"; gone in 0.23)")
 SCHEDULE_END_HOOK = Need("schedule_end_hook", "the scripted tier evicts at OffloadingManager.on_schedule_end,"
                          " which arrived in 0.23 (0.23.0 v1/kv_offload/base.py:260)")
-OFFLOAD_PROMPT_ONLY = Need("offload_prompt_only", "offloading decoded tokens needs the extra config"
-                           " offload_prompt_only, which arrived in 0.23 (0.23.0 v1/kv_offload/base.py:397;"
-                           " earlier releases offload prompts only)")
+OFFLOAD_PROMPT_ONLY = Need("offload_prompt_only", "offloading the prompt only needs the extra config"
+                           " offload_prompt_only, which arrived in 0.23 (0.23.0 v1/kv_offload/base.py:397,"
+                           " the clamp offloading/scheduler.py:745-748); earlier releases offload decoded"
+                           " tokens too (0.21.0 offloading/scheduler.py:633, 0.22.1 :685: no prompt clamp)")
 PREFIX_MATCH_UNIT = Need("prefix_match_unit", "hashing every 16 tokens below the block size needs"
                          " CacheConfig.prefix_match_unit (0.26.0 vllm/config/cache.py:56; earlier"
                          " CacheConfigs refuse the keyword)")
@@ -291,9 +292,9 @@ _ROWS = (
     Layout("full-store-all", "offload_prompt_only=False (kv_connector_extra_config, read by OffloadingSpec,"
            " v1/kv_offload/base.py): decoded tokens are offloaded too, up to the finished request's token"
            " horizon (0.26-0.29: num_tokens; 0.30+: clamped to num_tokens - 1).",
-           (_g(FA, 16),), _STORE_ALL, (OFFLOAD_PROMPT_ONLY,)),
+           (_g(FA, 16),), _STORE_ALL),
     Layout("swa-store-all", "The same store-all policy beside a sliding window.",
-           (_g(FA, 16), _g(SWA, 16, sliding_window=128)), _STORE_ALL, (OFFLOAD_PROMPT_ONLY,)),
+           (_g(FA, 16), _g(SWA, 16, sliding_window=128)), _STORE_ALL),
     Layout("swa-mtp", "A sliding-window hybrid with a multi-module MTP drafter (3 modules, 3 speculative"
            " tokens): the planner makes the window retain num_speculative_tokens - 1 = 2 tokens more"
            " (engine._tag_retained_tokens), so the window's skipped blocks, the load's window bound and the"

@@ -87,7 +87,7 @@ AXES = (
     Axis("offload_spec", ("cpu", "tiering-fs"), "CPUOffloadingSpec, or TieringOffloadingSpec with its file-system"
          " tier", "field", {"tiering-fs": (L.TIERING_FS, L.SCHEDULE_END_HOOK)}),
     Axis("offload_prompt_only", ("true", "false"), "offload the prompt only, or decoded tokens too", "engine",
-         {"false": (L.OFFLOAD_PROMPT_ONLY,)}),
+         {"true": (L.OFFLOAD_PROMPT_ONLY,)}),
     Axis("prefix_burst_p", ("0.0", "0.3", "0.5"), "the share of requests that start a shared-prefix burst",
          "engine"),
     Axis("abort_p", ("0.04", "0.0", "0.2"), "the share of requests aborted 0..8 steps after arrival", "engine"),
