@@ -338,6 +338,8 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-26-0-mamba-eagle-scripted-data-copy-of-uncomputed-tokens-2req.json", None),
     # 0.21-0.25.1 under async: a finished request's last chunk is never stored (docs/findings.md)
     ("0-23-0-full-store-all-store-lost-chunk-1req.json", None),
+    # 0.23.0: a whole-prompt hit on a Mamba (align) hybrid resumes at 447 on the state after 448
+    ("0-23-0-mamba-block-data-wrong-kv-mamba-unwritten-arrived-by-a-load-2req.json", None),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""
