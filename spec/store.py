@@ -2,7 +2,7 @@
 
 Per request and step, ``_build_store_jobs`` takes a token horizon (``tokens_after_batch``),
 caps it (``offloadable_tokens``, the release's ``_calc_num_offloadable_tokens``) and stores
-a full-attention, non-draft group's whole chunks below it that are allocated
+each group's whole chunks below it that are allocated
 (``RequestOffloadState.storable_chunks``), advancing ``next_stored_chunk_idx`` to that
 count. What each release does is the ``next_stored_chunk_idx`` and ``store_*`` columns of
 ``versions.RELEASES`` (each with its vLLM lines there): the horizon of a finished request
@@ -10,6 +10,14 @@ count. What each release does is the ``next_stored_chunk_idx`` and ``store_*`` c
 prefix cache's commit point) and of an aborted one (``num_computed_tokens`` from 0.27), and
 whether ``storable_chunks`` caps at the allocated chunks (from 0.27; 0.26 asserts instead) and
 at the keyed chunks, those whose block hash has arrived (from 0.30).
+
+Every group kind advances its own ``next_stored_chunk_idx`` by the one rule (full attention,
+sliding window, chunked local, Mamba: ``storable_chunks`` reads no kind; which of a window's
+chunks are offered is the reachable mask's business, not the frontier's), with its own
+tokens per chunk, allocated and keyed chunks; a drafter (EAGLE/MTP) group holds back its
+trailing chunk while the request decodes (``drafter_holds_tail``), from 0.30 not once it has
+finished (``store_drafter_tail_at_finish``); which groups are a drafter's is
+``is_drafter_group`` (``untagged_groups_non_draft``).
 
 What the KV promise needs (``computed_tokens``): every stored chunk's tokens were
 forwarded; the final sampled token never is.
@@ -24,7 +32,7 @@ RUNNING, FINISHED, ABORTED = "running", "finished", "aborted"
 
 # The columns of RELEASES the store spec reads (each with its source in spec/versions.py).
 STORE_COLUMNS = ("next_stored_chunk_idx", "store_aborted_at_computed", "store_finished_clamp", "store_caps_at_allocated",
-                 "store_caps_at_keyed")
+                 "store_caps_at_keyed", "store_drafter_tail_at_finish", "untagged_groups_non_draft")
 
 
 def store_features(version: str) -> ReleaseFeatures:
@@ -66,13 +74,34 @@ def store_horizon(version: str, status: str, num_prompt_tokens: int, num_tokens:
         num_tokens, num_prompt_tokens, offload_prompt_only, max_offload_tokens)
 
 
+def is_drafter_group(version: str, tagged: bool, any_tagged: bool, eagle_speculation: bool) -> bool:
+    """Whether the connector treats a group as an EAGLE/MTP drafter's: the groups vLLM's planner tagged
+    ``is_eagle_group``; with speculative decoding on and none tagged, every group before 0.30, none from it."""
+    if tagged:
+        return True
+    return eagle_speculation and not any_tagged and not store_features(version).untagged_groups_non_draft
+
+
+def drafter_holds_tail(version: str, status: str, horizon: int, num_prompt_tokens: int) -> bool:
+    """Whether a drafter group's trailing storable chunk is held back this call: while decoding (the
+    horizon past the prompt), and from 0.30 only while the request has not finished (aborted included:
+    ``Request.is_finished``)."""
+    if horizon <= num_prompt_tokens:
+        return False
+    return status == RUNNING or not store_features(version).store_drafter_tail_at_finish
+
+
 def next_stored_chunk_idx(before: int, horizon: int, tokens_per_chunk: int, num_allocated_chunks: int,
-                          caps_at_allocated: bool = True, num_keyed_chunks: int | None = None) -> int | None:
-    """A full-attention, non-draft group's ``next_stored_chunk_idx`` after the step (when the
+                          caps_at_allocated: bool = True, num_keyed_chunks: int | None = None,
+                          holds_tail: bool = False) -> int | None:
+    """A group's ``next_stored_chunk_idx`` after the step (when the
     tier accepted the store): the allocated (and, from 0.30, keyed: ``num_keyed_chunks``, None
     where the release does not cap there) whole chunks below the horizon. None where the
-    release asserts instead (0.26: more chunks than allocated blocks)."""
+    release asserts instead (0.26: more chunks than allocated blocks). ``holds_tail``: a drafter
+    group's trailing chunk held back (``drafter_holds_tail``)."""
     n = horizon // tokens_per_chunk
+    if holds_tail:
+        n = max(0, n - 1)
     if num_keyed_chunks is not None:
         n = min(n, num_keyed_chunks)
     if not caps_at_allocated and n > max(before, num_allocated_chunks):

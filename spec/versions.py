@@ -107,6 +107,14 @@ ARRIVALS: dict[str, tuple[str, str]] = {
     "store_caps_at_keyed": ("0.30.0", f"storable_chunks caps at the keyed chunks, len(offload_keys): a chunk whose block "
                                       f"hash has not arrived waits (0.30.0 {_S}:450-451; 0.33.0 :472-473; 0.29.0 "
                                       ":382-408 caps at the allocated chunks only)"),
+    "store_drafter_tail_at_finish": ("0.30.0", f"storable_chunks lifts a drafter (EAGLE/MTP) group's trailing-chunk "
+                                               f"hold-back once the request has finished (0.30.0 {_S}:442-446; 0.33.0 "
+                                               ":464-468; 0.26.0 :324-327 and 0.29.0 :401-404 hold it back while "
+                                               "decoding, finished or not)"),
+    "untagged_groups_non_draft": ("0.30.0", f"speculative decoding (use_eagle_block_drop) with no group tagged "
+                                            f"is_eagle_group: every group is non-draft (0.30.0 {_S}:218-243; 0.33.0 "
+                                            ":208-232; 0.29.0 :220-231 and 0.26.0 :180-191: use_eagle() makes every "
+                                            "group a drafter's)"),
     # the allocator: MambaManager's align-mode code (proofs/allocator.py)
     "allocator_checkpoints": ("0.29.0", f"a prefill checkpoint block: MambaManager._needs_internal_checkpoint (0.29.0 "
                                         f"{_STM}:1565; 0.28.0 has none)"),

@@ -410,3 +410,84 @@ def test_stalled_write_is_not_a_lost_chunk(workers):
     assert not [f for f in found if f.kind == "store:lost_chunk"], [f.detail["message"] for f in found]
     got, _ = _kinds(w, "0.30.0", "full-stalled", {"mutant": "drop_store"})
     assert "store:lost_chunk" in got, dict(got)
+
+
+# --- the store spec, group by group (every group kind, drafter groups) -----------------------
+
+def _verdicts(w, version, point, overrides=None, n=100):
+    from kvbound.trace.storecheck import group_verdicts
+
+    job = R.make_job(point, (3, "mut"), n, 0, "sync", overrides)
+    job["max_steps"] = 3000
+    res = w.job(job)
+    assert res.get("ok", True), res.get("error")
+    found, _ = R.check_result(version, point, job, res)
+    return list(group_verdicts(version, job, res)), collections.Counter(f.kind for f in found)
+
+
+@pytest.mark.parametrize("defect", [d for d in DEFECTS if d.module == "store_contract"], ids=lambda d: d.name)
+def test_store_spec_finds_a_planted_frontier_defect_per_group(defect, workers):
+    """Each planted frontier defect (a drafter group's trailing chunk held back at finish; a sliding
+    window's frontier one chunk ahead) is a store:spec_disagreement on the group it plants, and the
+    clean run of the same point judges every group of every call and finds none."""
+    env, w = workers(defect.release)
+    clean, got = _verdicts(w, defect.release, defect.layout)
+    assert clean and all(v["ok"] for v in clean) and "store:spec_disagreement" not in got, dict(got)
+    bad, got = _verdicts(w, defect.release, defect.layout, {"mutant": defect.name})
+    assert set(defect.catches) <= set(got), dict(got)
+    wrong = [v for v in bad if not v["ok"]]
+    if defect.name == "drafter_skips_trailing":
+        assert wrong and all(v["draft"] and v["status"] != "running" and v["after"] == v["spec"] - 1 for v in wrong)
+    else:
+        assert wrong and all(v["kind"] == "sliding_window" and v["after"] == v["spec"] + 1 for v in wrong)
+
+
+def test_drafter_trailing_chunk_per_release(workers):
+    """On real runs of EAGLE with decoded tokens offloaded, the drafter group holds its trailing chunk
+    back while decoding on every release, and at finish only before 0.30 (store_drafter_tail_at_finish):
+    every group verdict agrees, and the held-back calls are there to judge."""
+    for version in ("0.29.0", "0.30.0"):
+        env, w = workers(version)
+        vs, got = _verdicts(w, version, "eagle@offload_prompt_only=false")
+        assert all(v["ok"] for v in vs), [v for v in vs if not v["ok"]][:2]
+        assert {v["kind"] for v in vs} == {"full_attention"} and {v["draft"] for v in vs} == {True, False}
+        held = [v for v in vs if v["holds_tail"]]
+        assert held and all(v["draft"] for v in held)
+        at_finish = [v for v in held if v["status"] != "running"]
+        assert bool(at_finish) == (version == "0.29.0"), version
+
+
+def test_untagged_speculation_makes_every_group_a_drafter_before_0_30(workers):
+    """Speculative decoding with no group tagged is_eagle_group: 0.29's connector makes every group a
+    drafter's, 0.30's none (untagged_groups_non_draft); the spec's is_drafter_group agrees with the
+    connector on every group of every captured call, each group kind judged."""
+    for version, draft in (("0.29.0", True), ("0.30.0", False)):
+        env, w = workers(version)
+        vs, got = _verdicts(w, version, "mamba-eagle-untagged")
+        assert vs and all(v["ok"] for v in vs), [v for v in vs if not v["ok"]][:2]
+        assert {v["draft"] for v in vs} == {draft} and {v["kind"] for v in vs} == {"full_attention", "mamba"}
+
+
+def test_store_judge_per_group_by_hand():
+    """A record with every group: the judge holds each to its own tokens per chunk and caps, and the
+    connector's drafter decision to is_drafter_group."""
+    from kvbound.trace.storecheck import judge_store_calls
+
+    job = {"layout": {"groups": [{"tokens_per_block": 16}, {"tokens_per_block": 32}], "blocks_per_chunk": 1},
+           "params": {"offload_prompt_only": False}}
+    # group: index, kind, tagged, draft, allocated, keyed, before, after. Running, decoding: 100 tokens.
+    def call(groups, spec=False):
+        return [4, "9", "running", 64, 101, 96, 4, None, 7, 6, 0, groups[0][-1], False,
+                {"placeholders": 0, "drafts": 0, "lookahead": 0, "groups": groups, "eagle_speculation": spec}]
+    fa = [0, "full_attention", False, False, 7, 6, 0, 6]  # 100 // 16 = 6
+    swa = [1, "sliding_window", False, False, 4, 3, 0, 3]  # 100 // 32 = 3
+    assert judge_store_calls("0.33.0", job, {"store_calls": [call([fa, swa])]}) == ([], 1)
+    (bad,), _ = judge_store_calls("0.33.0", job, {"store_calls": [call([fa, swa[:-1] + [4]])]})
+    assert bad["group"] == 1 and bad["kind"] == "sliding_window" and bad["spec"] == 3
+    draft = [1, "sliding_window", True, True, 4, 3, 0, 2]  # tagged: the trailing chunk held back
+    assert judge_store_calls("0.33.0", job, {"store_calls": [call([fa, draft])]}) == ([], 1)
+    # speculation on, nothing tagged: 0.29 makes every group a drafter's, 0.30 none
+    untagged = [fa[:3] + [True] + fa[4:7] + [5], swa[:3] + [True] + swa[4:7] + [2]]
+    assert judge_store_calls("0.29.0", job, {"store_calls": [call(untagged, True)]})[0] == []
+    (bad,), _ = judge_store_calls("0.30.0", job, {"store_calls": [call(untagged, True)]})
+    assert bad["real_draft"] is True and bad["spec_draft"] is False and "drafter" in bad["message"]

@@ -47,6 +47,11 @@ DEFECTS = (
            " still lands late", "fakes", ("data:wrong_kv",), "full-faults", "0.33.0"),
     Defect("advance_on_refusal", "a refused prepare_store taken for stored: the connector advances past"
            " the chunks and never retries them", "tier", ("store:spec_disagreement",), "full-faults", "0.33.0"),
+    Defect("drafter_skips_trailing", "a finished request's drafter (EAGLE/MTP) group stops one chunk short of the"
+           " chunks it stored (0.29's trailing-chunk hold-back at finish, on 0.30+)", "store_contract",
+           ("store:spec_disagreement",), "eagle@offload_prompt_only=false", "0.33.0"),
+    Defect("window_frontier_ahead", "a running request's sliding-window group advances its next_stored_chunk_idx"
+           " one chunk past the chunks it stored", "store_contract", ("store:spec_disagreement",), "swa", "0.33.0"),
     Defect("refusal_leaks", "the tier refuses a store after allocating it: its chunks stay write-pending"
            " for ever", "fakes", ("liveness:stuck_request",), "full-faults", "0.33.0"),
 )

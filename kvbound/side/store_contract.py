@@ -175,18 +175,22 @@ class StoreContract:
                         break
 
     def subscribe(self, tap):
-        """Every ``_build_store_jobs`` call, per request, for group 0 when it is full
-        attention and not a drafter's: [status, num_prompt_tokens, num_tokens,
-        num_computed_tokens, num_scheduled_tokens, max_offload_tokens, allocated chunks, keyed
-        chunks (``len(offload_keys)``, what 0.30+'s ``storable_chunks`` caps at), next_stored_chunk_idx
-        before, after, refused, {placeholders, drafts, lookahead}] (judged by spec/store.py on the host;
-        the last, what the store premises read: the request's ``num_output_placeholders``, the draft
-        tokens scheduled for it this step (``scheduled_spec_decode_tokens``) and the scheduler's
-        ``num_lookahead_tokens``, proofs/store_premises.py)."""
+        """Every ``_build_store_jobs`` call, per request: [status, num_prompt_tokens, num_tokens,
+        num_computed_tokens, num_scheduled_tokens, max_offload_tokens, group 0's allocated chunks,
+        keyed chunks (``len(offload_keys)``, what 0.30+'s ``storable_chunks`` caps at),
+        next_stored_chunk_idx before, after, refused, {placeholders, drafts, lookahead, groups,
+        eagle_speculation}] (judged by spec/store.py on the host). ``groups``: every offloaded group's
+        [group index, kind, tagged ``is_eagle_group`` by vLLM's planner, the connector's
+        ``GroupOffloadConfig.is_eagle_group``, allocated chunks, keyed chunks, next_stored_chunk_idx
+        before, after]; ``eagle_speculation``: what the connector reads to make every untagged group a
+        drafter's (``use_eagle_block_drop()``, before 0.30 ``use_eagle()``). The rest, what the store
+        premises read: the request's ``num_output_placeholders``, the draft tokens scheduled for it
+        this step (``scheduled_spec_decode_tokens``) and the scheduler's ``num_lookahead_tokens``
+        (proofs/store_premises.py). The planted defects ``drafter_skips_trailing`` and
+        ``window_frontier_ahead`` act on the frontier vLLM just advanced (tests only)."""
         eng, tier = self.eng, self.tier
         cs = eng.csched
-        if self.content.kinds[0] != "full_attention" or eng.lay["groups"][0].get("eagle") \
-                or not hasattr(cs, "_build_store_jobs"):
+        if not hasattr(cs, "_build_store_jobs"):
             return
         # Before 0.26 the field is next_stored_block_idx (0.25.1 offloading/scheduler.py:229),
         # whose store horizon spec/store.py does not model: no store-call record there.
@@ -196,6 +200,29 @@ class StoreContract:
         eng.store_calls = []
         RS = eng.rel.RequestStatus
         lookahead = getattr(eng.sched, "num_lookahead_tokens", 0)
+        sc = getattr(eng.vllm_config, "speculative_config", None)
+        probe = getattr(sc, "use_eagle_block_drop", None) or getattr(sc, "use_eagle", None)
+        eagle_speculation = bool(probe()) if sc is not None and probe is not None else False
+        vgroups = eng.kv_cache_config.kv_cache_groups
+        gcfgs = [(getattr(gc, "group_idx", pos), gc) for pos, gc in enumerate(cs.config.kv_group_configs)]
+
+        def groups_of(st):
+            return [[gi, self.content.kinds[gi], bool(getattr(vgroups[gi], "is_eagle_group", False)),
+                     bool(getattr(gc, "is_eagle_group", False)), len(gs.block_ids) // self.bpc,
+                     len(gs.offload_keys), gs.next_stored_chunk_idx]
+                    for (gi, gc), gs in zip(gcfgs, st.group_states)]
+
+        def plant(st, status, groups):
+            """The planted frontier defects: a finished request's drafter group stops one chunk short
+            of the chunks vLLM advanced over (0.29's hold-back at finish); a running request's
+            sliding-window group one chunk past them."""
+            for (gi, kind, _, draft, alloc, keyed, before), gs in zip(groups, st.group_states):
+                if gs.next_stored_chunk_idx <= before:
+                    continue
+                if eng.mutant == "drafter_skips_trailing" and draft and status != "running":
+                    gs.next_stored_chunk_idx -= 1
+                elif eng.mutant == "window_frontier_ahead" and kind == "sliding_window" and status == "running":
+                    gs.next_stored_chunk_idx += 1
 
         def _build_store_jobs(call, so, *a, **k):
             before = {}
@@ -214,16 +241,22 @@ class StoreContract:
                                len(gs.block_ids) // self.bpc, len(gs.offload_keys), gs.next_stored_chunk_idx,
                                {"placeholders": getattr(req, "num_output_placeholders", 0),
                                 "drafts": len((getattr(so, "scheduled_spec_decode_tokens", None) or {}).get(rid, ())),
-                                "lookahead": lookahead}]
+                                "lookahead": lookahead, "groups": groups_of(st),
+                                "eagle_speculation": eagle_speculation}]
             refused0 = dict(tier.refused_by)
             out = call(so, *a, **k)
             for rid, rec in before.items():
                 st = getattr(cs, "_req_status", {}).get(rid)
                 if st is None:
                     continue
+                x = rec[-1]
+                if eng.mutant in ("drafter_skips_trailing", "window_frontier_ahead"):
+                    plant(st, rec[0], x["groups"])
+                for g, gs in zip(x["groups"], st.group_states):
+                    g.append(gs.next_stored_chunk_idx)
                 eng.store_calls.append([eng.step_no, rid] + rec[:-1] + [
                     st.group_states[0].next_stored_chunk_idx, tier.refused_by.get(rid, 0) != refused0.get(rid, 0),
-                    rec[-1]])
+                    x])
             return out
 
         tap.around(cs, "_build_store_jobs", _build_store_jobs)

@@ -1,17 +1,24 @@
-"""Host side: every captured ``_build_store_jobs`` call judged by the store spec.
+"""Host side: every captured ``_build_store_jobs`` call judged by the store spec, group by group.
 
-The worker (``side/store_contract.py``) records, per request and call, group 0's inputs (its
-allocated and keyed chunks among them) and its ``next_stored_chunk_idx`` before and after;
-``spec/store.py`` says where the release advances it, and the store premises the proofs rest on
-(``proofs/store_premises.py``) are folded on each call (``check_store_premises``). A call the tier refused (``prepare_store`` returned None) advances nothing:
-every release ``continue``s past it to retry the chunks at a later step (0.33.0
-``offloading/scheduler.py:1991-1996``, 0.29.0 ``:1406-1411``, 0.26.0 ``:1006-1012``).
+The worker (``side/store_contract.py``) records, per request and call, the request's inputs and,
+for every offloaded group, its kind, whether vLLM's planner tagged it a drafter's and whether the
+connector treats it as one, its allocated and keyed chunks and its ``next_stored_chunk_idx`` before
+and after. ``group_verdicts`` holds each group to ``spec/store.py``: which groups are a drafter's
+(``is_drafter_group``), and how far its frontier advances (the one rule for every kind, with the
+group's own tokens per chunk, caps and, for a drafter, the trailing-chunk hold-back,
+``drafter_holds_tail``). A record without ``groups`` (hand-made, or from before the per-group
+capture) is group 0 alone, a non-draft group. The store premises the proofs rest on
+(``proofs/store_premises.py``) are folded on each call (``check_store_premises``). A call the tier
+refused (``prepare_store`` returned None) advances no group: every release ``continue``s past it to
+retry the chunks at a later step (0.33.0 ``offloading/scheduler.py:1991-1996``, 0.29.0
+``:1406-1411``, 0.26.0 ``:1006-1012``).
 """
 
 from __future__ import annotations
 
 from kvbound.proofs.store_premises import StoreTerms, check_store_call
-from kvbound.spec.store import computed_tokens, next_stored_chunk_idx, store_features, store_horizon
+from kvbound.spec.store import (computed_tokens, drafter_holds_tail, is_drafter_group, next_stored_chunk_idx,
+                                store_features, store_horizon)
 
 
 def covers(release: str) -> bool:
@@ -24,8 +31,8 @@ def covers(release: str) -> bool:
 
 
 def segment_calls(release: str, job: dict, res: dict) -> tuple:
-    """(captured store calls, tokens per chunk, offload_prompt_only) of a segment; no calls where
-    the store spec has no row for the release."""
+    """(captured store calls, group 0's tokens per chunk, offload_prompt_only) of a segment; no calls
+    where the store spec has no row for the release."""
     calls = res.get("store_calls") or ()
     if not calls or not covers(release):
         return (), 0, True
@@ -34,36 +41,77 @@ def segment_calls(release: str, job: dict, res: dict) -> tuple:
             bool(par.get("offload_prompt_only", True)))
 
 
-def judge_store_calls(release: str, job: dict, res: dict) -> tuple[list[dict], int]:
-    """(disagreements, calls judged): the first disagreement of a segment in detail, with
-    the count of all."""
-    calls, tpc, prompt_only = segment_calls(release, job, res)
+def _groups(call: list) -> tuple[list, bool]:
+    """(every group's [index, kind, tagged, draft, allocated, keyed, before, after], eagle speculation)."""
+    step, rid, status, P, T, C, S, mot, alloc, keyed, before, after, refused, *more = call
+    x = more[0] if more else {}
+    if "groups" in x:
+        return x["groups"], bool(x.get("eagle_speculation"))
+    return [[0, "full_attention", False, False, alloc, keyed, before, after]], False
+
+
+def group_verdicts(release: str, job: dict, res: dict):
+    """One verdict per captured call and offloaded group: a dict with the call's step, request and
+    status, the group's index and kind, ``draft`` (the connector's) and ``spec_draft``, its frontier
+    ``before``/``after`` and ``spec`` (None where the release asserts instead: a crash:exception,
+    reported as such), the ``horizon`` (None: the tier refused the store) and ``ok``."""
+    calls, _, prompt_only = segment_calls(release, job, res)
     if not calls:
-        return [], 0
+        return
     feats = store_features(release)
-    bad, judged = [], 0
-    for step, rid, status, P, T, C, S, mot, alloc, keyed, before, after, refused, *_ in calls:
-        judged += 1
-        if refused:
-            h, want = None, before
-        else:
-            h = store_horizon(release, status, P, T, C, S, prompt_only, mot)
-            want = next_stored_chunk_idx(before, h, tpc, alloc, feats.store_caps_at_allocated,
-                                         keyed if feats.store_caps_at_keyed else None)
-        if want is None:
-            continue  # the release asserts here: a crash:exception, reported as such
-        if want != after:
-            bad.append({"check": "store:spec_disagreement", "step": step, "request": rid,
-                        "message": f"request {rid} ({status}, {P} prompt tokens, {T} tokens, {C} computed,"
-                                   f" {S} scheduled): the release advanced group 0's next_stored_chunk_idx"
-                                   f" {before} -> {after}, the store spec says {want} ("
-                                   + (f"horizon {h} tokens, {alloc} chunks allocated, {keyed} keyed)" if h is not None
-                                      else "the tier refused the store: nothing advances)"),
-                        "real": after, "spec": want, "horizon": h})
-    if bad:
-        first = dict(bad[0], count=len(bad))
-        return [first], judged
-    return [], judged
+    lay = job["layout"]
+    bpc = lay.get("blocks_per_chunk", 1)
+    for call in calls:
+        step, rid, status, P, T, C, S, mot, _, _, _, _, refused, *_ = call
+        groups, eagle_speculation = _groups(call)
+        any_tagged = any(g[2] for g in groups)
+        h = None if refused else store_horizon(release, status, P, T, C, S, prompt_only, mot)
+        for gi, kind, tagged, draft, alloc, keyed, before, after in groups:
+            spec_draft = is_drafter_group(release, tagged, any_tagged, eagle_speculation)
+            holds = h is not None and spec_draft and drafter_holds_tail(release, status, h, P)
+            if h is None:
+                want = before
+            else:
+                want = next_stored_chunk_idx(before, h, lay["groups"][gi]["tokens_per_block"] * bpc, alloc,
+                                             feats.store_caps_at_allocated,
+                                             keyed if feats.store_caps_at_keyed else None,
+                                             holds)
+            yield {"step": step, "request": rid, "status": status, "P": P, "T": T, "C": C, "S": S,
+                   "group": gi, "kind": kind, "draft": draft, "spec_draft": spec_draft, "allocated": alloc,
+                   "keyed": keyed, "before": before, "after": after, "spec": want, "horizon": h,
+                   "holds_tail": holds, "ok": draft == spec_draft and (want is None or want == after)}
+
+
+def _message(v: dict) -> str:
+    who = (f"request {v['request']} ({v['status']}, {v['P']} prompt tokens, {v['T']} tokens, {v['C']} computed,"
+           f" {v['S']} scheduled), group {v['group']} ({v['kind']}{', drafter' if v['draft'] else ''})")
+    if v["draft"] != v["spec_draft"]:
+        return (f"{who}: the connector treats the group as {'a' if v['draft'] else 'no'} drafter's, the store"
+                f" spec says {'a' if v['spec_draft'] else 'no'} drafter's (is_drafter_group)")
+    why = (f"horizon {v['horizon']} tokens, {v['allocated']} chunks allocated, {v['keyed']} keyed"
+           + (", the drafter's trailing chunk held back" if v["holds_tail"] else "") + ")"
+           if v["horizon"] is not None else "the tier refused the store: nothing advances)")
+    return (f"{who}: the release advanced next_stored_chunk_idx {v['before']} -> {v['after']},"
+            f" the store spec says {v['spec']} ({why}")
+
+
+def judge_store_calls(release: str, job: dict, res: dict) -> tuple[list[dict], int]:
+    """(disagreements, calls judged): the first disagreeing group verdict of a segment in detail, with
+    the count of all and the group kinds that disagreed."""
+    bad, seen = [], set()
+    for v in group_verdicts(release, job, res):
+        seen.add((v["step"], v["request"]))
+        if not v["ok"]:
+            bad.append(v)
+    if not bad:
+        return [], len(seen)
+    v = bad[0]
+    first = {"check": "store:spec_disagreement", "step": v["step"], "request": v["request"], "group": v["group"],
+             "kind": v["kind"], "message": _message(v), "real": v["after"], "spec": v["spec"],
+             "horizon": v["horizon"], "count": len(bad), "kinds": sorted({b["kind"] for b in bad})}
+    if v["draft"] != v["spec_draft"]:
+        first.update(real_draft=v["draft"], spec_draft=v["spec_draft"])
+    return [first], len(seen)
 
 
 def check_store_premises(release: str, job: dict, res: dict) -> tuple[list[dict], int]:
