@@ -340,6 +340,11 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-23-0-full-store-all-store-lost-chunk-1req.json", None),
     # 0.23.0: a whole-prompt hit on a Mamba (align) hybrid resumes at 447 on the state after 448
     ("0-23-0-mamba-block-data-wrong-kv-mamba-unwritten-arrived-by-a-load-2req.json", None),
+    # 0.28-0.29 with no group tagged EAGLE: every group is EAGLE, none re-verified (lookup:false_hit)
+    ("0-28-0-mamba-eagle-untagged-lookup-false-hit-19req.json", None),
+    ("0-29-0-mamba-eagle-untagged-lookup-false-hit-24req.json", None),
+    # the same-step partial-hit copy, reached on 0.29.0 without EAGLE tags
+    ("0-29-0-mamba-eagle-untagged-data-copy-of-uncomputed-tokens-4req.json", None),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""
