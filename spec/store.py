@@ -109,6 +109,38 @@ def next_stored_chunk_idx(before: int, horizon: int, tokens_per_chunk: int, num_
     return max(before, min(n, num_allocated_chunks))
 
 
+DENSE_KINDS = ("full_attention",)  # every chunk stored: the KV-cache manager's reachable_block_mask is None
+
+
+def offer_violations(kind: str, cow: bool, before: int, after: int, offered, offered_null, nulls) -> list[str]:
+    """What a call's offer to ``prepare_store`` breaks, for one group whose frontier moved
+    ``before`` -> ``after`` (as the spec says): every release offers only chunks below the frontier
+    and never one whose GPU block is null (``if block_id == 0: continue``, 0.26.0
+    ``offloading/scheduler.py:983``, 0.29.0 :1381, 0.30.0 :1596, 0.33.0 :1947); nothing of a
+    copy-on-write source group (``requires_cow_source``: its state comes from the CoW hand-off,
+    0.29.0 :1359, 0.30.0 :1553, 0.33.0 :1904); and a full-attention group every non-null chunk from
+    ``before`` to ``after`` (its manager's ``reachable_block_mask`` is None, 0.30.0
+    ``v1/core/single_type_kv_cache_manager.py:528-552``, 0.33.0 :545-569, not overridden by
+    ``FullAttentionManager``; before 0.30 a group without a window is always reachable, 0.29.0
+    ``offloading/scheduler.py:137-138``). Which of a window's or a Mamba group's chunks are reachable
+    is the manager's mask (0.30.0 single_type_kv_cache_manager.py:1065, :1566): bounded here, not
+    enumerated."""
+    out = []
+    past = [c for c in offered if c >= after]
+    if past:
+        out.append(f"offered chunk(s) {past} at or past the frontier {after}")
+    if offered_null:
+        out.append(f"offered chunk(s) {list(offered_null)} whose GPU block is null")
+    if cow and offered:
+        out.append(f"a copy-on-write source group offered chunk(s) {list(offered)}")
+    if kind in DENSE_KINDS and not cow:
+        want = [c for c in range(before, after) if c not in set(nulls)]
+        if [c for c in offered if before <= c < after] != want or any(c < before for c in offered):
+            out.append(f"offered chunks {list(offered)}, a full-attention group stores {want}"
+                       f" (every non-null chunk from {before} to {after})")
+    return out
+
+
 def computed_tokens(status: str, num_tokens: int, num_computed_tokens: int, num_scheduled_tokens: int = 0) -> int:
     """Tokens whose KV the forward has written once this step's batch ran: a running
     request's computed and scheduled tokens; a finished one never forwards its final

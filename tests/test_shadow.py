@@ -491,3 +491,22 @@ def test_store_judge_per_group_by_hand():
     assert judge_store_calls("0.29.0", job, {"store_calls": [call(untagged, True)]})[0] == []
     (bad,), _ = judge_store_calls("0.30.0", job, {"store_calls": [call(untagged, True)]})
     assert bad["real_draft"] is True and bad["spec_draft"] is False and "drafter" in bad["message"]
+
+
+def test_what_each_group_offers_the_tier(workers):
+    """On real 0.30.0 runs every group's offer to prepare_store is bounded by its frontier and skips
+    null blocks; a full-attention group offers every non-null chunk it passes, a window fewer, a Mamba
+    copy-on-write source group none; and a chunk the tier is never offered (planted drop_store) is a
+    store:spec_disagreement on the full-attention group."""
+    env, w = workers("0.30.0")
+    offered = collections.Counter()
+    for point in ("swa", "mamba-eagle"):
+        vs, got = _verdicts(w, "0.30.0", point)
+        assert vs and all(v["ok"] for v in vs) and "store:spec_disagreement" not in got, dict(got)
+        for v in vs:
+            offered[v["kind"]] += len(v["offered"])
+    assert 0 < offered["sliding_window"] < offered["full_attention"] and offered["mamba"] == 0, dict(offered)
+    vs, got = _verdicts(w, "0.30.0", "full", {"mutant": "drop_store"})
+    wrong = [v for v in vs if not v["ok"]]
+    assert "store:spec_disagreement" in got and wrong and all(v["kind"] == "full_attention" and v["offer"] for v in wrong)
+    assert all(v["after"] == v["spec"] for v in wrong)  # the frontier advanced as the spec says: the offer lost it

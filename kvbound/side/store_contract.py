@@ -182,7 +182,9 @@ class StoreContract:
         eagle_speculation}] (judged by spec/store.py on the host). ``groups``: every offloaded group's
         [group index, kind, tagged ``is_eagle_group`` by vLLM's planner, the connector's
         ``GroupOffloadConfig.is_eagle_group``, allocated chunks, keyed chunks, next_stored_chunk_idx
-        before, after]; ``eagle_speculation``: what the connector reads to make every untagged group a
+        before, after, whether it is a copy-on-write source group (``requires_cow_source``), the chunks
+        offered ``prepare_store``, those of them whose GPU block is null, the null chunks between the
+        frontier before and after]; ``eagle_speculation``: what the connector reads to make every untagged group a
         drafter's (``use_eagle_block_drop()``, before 0.30 ``use_eagle()``). The rest, what the store
         premises read: the request's ``num_output_placeholders``, the draft tokens scheduled for it
         this step (``scheduled_spec_decode_tokens``) and the scheduler's ``num_lookahead_tokens``
@@ -206,11 +208,28 @@ class StoreContract:
         vgroups = eng.kv_cache_config.kv_cache_groups
         gcfgs = [(getattr(gc, "group_idx", pos), gc) for pos, gc in enumerate(cs.config.kv_group_configs)]
 
+        bpc = self.bpc
+
         def groups_of(st):
             return [[gi, self.content.kinds[gi], bool(getattr(vgroups[gi], "is_eagle_group", False)),
-                     bool(getattr(gc, "is_eagle_group", False)), len(gs.block_ids) // self.bpc,
+                     bool(getattr(gc, "is_eagle_group", False)), len(gs.block_ids) // bpc,
                      len(gs.offload_keys), gs.next_stored_chunk_idx]
                     for (gi, gc), gs in zip(gcfgs, st.group_states)]
+
+        def null(gs, c):  # the chunk's last GPU block, the one the connector stores from, is null
+            i = c * bpc + bpc - 1
+            return i < len(gs.block_ids) and gs.block_ids[i] == 0
+
+        def offers(st, groups, keys):
+            """After each group's frontier: whether it is a copy-on-write source group, the chunks the
+            connector offered prepare_store, those of them whose block is null, and the null chunks
+            between the frontier before and after."""
+            where = {key: c for gs in st.group_states for c, key in enumerate(gs.offload_keys)}
+            for (gi, gc), g, gs in zip(gcfgs, groups, st.group_states):
+                mine = set(gs.offload_keys)
+                offered = sorted({where[key] for key in keys if key in mine})
+                g += [bool(getattr(gc, "requires_cow_source", False)), offered,
+                      [c for c in offered if null(gs, c)], [c for c in range(g[6], g[7]) if null(gs, c)]]
 
         def plant(st, status, groups):
             """The planted frontier defects: a finished request's drafter group stops one chunk short
@@ -244,6 +263,7 @@ class StoreContract:
                                 "lookahead": lookahead, "groups": groups_of(st),
                                 "eagle_speculation": eagle_speculation}]
             refused0 = dict(tier.refused_by)
+            tier.offered.clear()
             out = call(so, *a, **k)
             for rid, rec in before.items():
                 st = getattr(cs, "_req_status", {}).get(rid)
@@ -254,6 +274,7 @@ class StoreContract:
                     plant(st, rec[0], x["groups"])
                 for g, gs in zip(x["groups"], st.group_states):
                     g.append(gs.next_stored_chunk_idx)
+                offers(st, x["groups"], tier.offered.get(rid, ()))
                 eng.store_calls.append([eng.step_no, rid] + rec[:-1] + [
                     st.group_states[0].next_stored_chunk_idx, tier.refused_by.get(rid, 0) != refused0.get(rid, 0),
                     x])

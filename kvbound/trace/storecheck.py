@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from kvbound.proofs.store_premises import StoreTerms, check_store_call
 from kvbound.spec.store import (computed_tokens, drafter_holds_tail, is_drafter_group, next_stored_chunk_idx,
-                                store_features, store_horizon)
+                                offer_violations, store_features, store_horizon)
 
 
 def covers(release: str) -> bool:
@@ -42,7 +42,8 @@ def segment_calls(release: str, job: dict, res: dict) -> tuple:
 
 
 def _groups(call: list) -> tuple[list, bool]:
-    """(every group's [index, kind, tagged, draft, allocated, keyed, before, after], eagle speculation)."""
+    """(every group's [index, kind, tagged, draft, allocated, keyed, before, after, and from the worker
+    cow, offered, offered_null, nulls], eagle speculation)."""
     step, rid, status, P, T, C, S, mot, alloc, keyed, before, after, refused, *more = call
     x = more[0] if more else {}
     if "groups" in x:
@@ -54,7 +55,9 @@ def group_verdicts(release: str, job: dict, res: dict):
     """One verdict per captured call and offloaded group: a dict with the call's step, request and
     status, the group's index and kind, ``draft`` (the connector's) and ``spec_draft``, its frontier
     ``before``/``after`` and ``spec`` (None where the release asserts instead: a crash:exception,
-    reported as such), the ``horizon`` (None: the tier refused the store) and ``ok``."""
+    reported as such), the ``horizon`` (None: the tier refused the store), the chunks ``offered`` and
+    what the offer breaks (``offer``, ``spec/store.py`` ``offer_violations``; a refused offer is not
+    judged: the chunks are offered again later) and ``ok``."""
     calls, _, prompt_only = segment_calls(release, job, res)
     if not calls:
         return
@@ -66,7 +69,7 @@ def group_verdicts(release: str, job: dict, res: dict):
         groups, eagle_speculation = _groups(call)
         any_tagged = any(g[2] for g in groups)
         h = None if refused else store_horizon(release, status, P, T, C, S, prompt_only, mot)
-        for gi, kind, tagged, draft, alloc, keyed, before, after in groups:
+        for gi, kind, tagged, draft, alloc, keyed, before, after, *offer in groups:
             spec_draft = is_drafter_group(release, tagged, any_tagged, eagle_speculation)
             holds = h is not None and spec_draft and drafter_holds_tail(release, status, h, P)
             if h is None:
@@ -76,10 +79,13 @@ def group_verdicts(release: str, job: dict, res: dict):
                                              feats.store_caps_at_allocated,
                                              keyed if feats.store_caps_at_keyed else None,
                                              holds)
+            broken = (offer_violations(kind, offer[0], before, after, *offer[1:])
+                      if offer and h is not None and want == after else [])  # a refused offer: retried later
             yield {"step": step, "request": rid, "status": status, "P": P, "T": T, "C": C, "S": S,
                    "group": gi, "kind": kind, "draft": draft, "spec_draft": spec_draft, "allocated": alloc,
                    "keyed": keyed, "before": before, "after": after, "spec": want, "horizon": h,
-                   "holds_tail": holds, "ok": draft == spec_draft and (want is None or want == after)}
+                   "holds_tail": holds, "offered": offer[1] if offer else None, "offer": broken,
+                   "ok": draft == spec_draft and (want is None or want == after) and not broken}
 
 
 def _message(v: dict) -> str:
@@ -88,6 +94,8 @@ def _message(v: dict) -> str:
     if v["draft"] != v["spec_draft"]:
         return (f"{who}: the connector treats the group as {'a' if v['draft'] else 'no'} drafter's, the store"
                 f" spec says {'a' if v['spec_draft'] else 'no'} drafter's (is_drafter_group)")
+    if v["offer"]:
+        return f"{who}, next_stored_chunk_idx {v['before']} -> {v['after']}: " + "; ".join(v["offer"])
     why = (f"horizon {v['horizon']} tokens, {v['allocated']} chunks allocated, {v['keyed']} keyed"
            + (", the drafter's trailing chunk held back" if v["holds_tail"] else "") + ")"
            if v["horizon"] is not None else "the tier refused the store: nothing advances)")
