@@ -190,94 +190,99 @@ class StoreContract:
         this step (``scheduled_spec_decode_tokens``) and the scheduler's ``num_lookahead_tokens``
         (proofs/store_premises.py). The planted defects ``drafter_skips_trailing`` and
         ``window_frontier_ahead`` act on the frontier vLLM just advanced (tests only)."""
-        eng, tier = self.eng, self.tier
-        cs = eng.csched
-        if not hasattr(cs, "_build_store_jobs"):
-            return
-        # Before 0.26 the field is next_stored_block_idx (0.25.1 offloading/scheduler.py:229),
-        # whose store horizon spec/store.py does not model: no store-call record there.
-        if "next_stored_chunk_idx" not in getattr(getattr(eng.rel.osched, "RequestGroupState", None),
-                                                  "__dataclass_fields__", {}):
-            return
-        eng.store_calls = []
-        RS = eng.rel.RequestStatus
-        lookahead = getattr(eng.sched, "num_lookahead_tokens", 0)
-        sc = getattr(eng.vllm_config, "speculative_config", None)
-        probe = getattr(sc, "use_eagle_block_drop", None) or getattr(sc, "use_eagle", None)
-        eagle_speculation = bool(probe()) if sc is not None and probe is not None else False
-        vgroups = eng.kv_cache_config.kv_cache_groups
-        gcfgs = [(getattr(gc, "group_idx", pos), gc) for pos, gc in enumerate(cs.config.kv_group_configs)]
+        record_store_calls(self, tap)
 
-        bpc = self.bpc
 
-        def groups_of(st):
-            return [[gi, self.content.kinds[gi], bool(getattr(vgroups[gi], "is_eagle_group", False)),
-                     bool(getattr(gc, "is_eagle_group", False)), len(gs.block_ids) // bpc,
-                     len(gs.offload_keys), gs.next_stored_chunk_idx]
-                    for (gi, gc), gs in zip(gcfgs, st.group_states)]
+def record_store_calls(contract, tap):
+    """``StoreContract.subscribe``: the ``_build_store_jobs`` capture on ``contract``'s engine."""
+    eng, tier = contract.eng, contract.tier
+    cs = eng.csched
+    if not hasattr(cs, "_build_store_jobs"):
+        return
+    # Before 0.26 the field is next_stored_block_idx (0.25.1 offloading/scheduler.py:229),
+    # whose store horizon spec/store.py does not model: no store-call record there.
+    if "next_stored_chunk_idx" not in getattr(getattr(eng.rel.osched, "RequestGroupState", None),
+                                              "__dataclass_fields__", {}):
+        return
+    eng.store_calls = []
+    RS = eng.rel.RequestStatus
+    lookahead = getattr(eng.sched, "num_lookahead_tokens", 0)
+    sc = getattr(eng.vllm_config, "speculative_config", None)
+    probe = getattr(sc, "use_eagle_block_drop", None) or getattr(sc, "use_eagle", None)
+    eagle_speculation = bool(probe()) if sc is not None and probe is not None else False
+    vgroups = eng.kv_cache_config.kv_cache_groups
+    gcfgs = [(getattr(gc, "group_idx", pos), gc) for pos, gc in enumerate(cs.config.kv_group_configs)]
 
-        def null(gs, c):  # the chunk's last GPU block, the one the connector stores from, is null
-            i = c * bpc + bpc - 1
-            return i < len(gs.block_ids) and gs.block_ids[i] == 0
+    bpc = contract.bpc
 
-        def offers(st, groups, keys):
-            """After each group's frontier: whether it is a copy-on-write source group, the chunks the
-            connector offered prepare_store, those of them whose block is null, and the null chunks
-            between the frontier before and after."""
-            where = {key: c for gs in st.group_states for c, key in enumerate(gs.offload_keys)}
-            for (gi, gc), g, gs in zip(gcfgs, groups, st.group_states):
-                mine = set(gs.offload_keys)
-                offered = sorted({where[key] for key in keys if key in mine})
-                g += [bool(getattr(gc, "requires_cow_source", False)), offered,
-                      [c for c in offered if null(gs, c)], [c for c in range(g[6], g[7]) if null(gs, c)]]
+    def groups_of(st):
+        return [[gi, contract.content.kinds[gi], bool(getattr(vgroups[gi], "is_eagle_group", False)),
+                 bool(getattr(gc, "is_eagle_group", False)), len(gs.block_ids) // bpc,
+                 len(gs.offload_keys), gs.next_stored_chunk_idx]
+                for (gi, gc), gs in zip(gcfgs, st.group_states)]
 
-        def plant(st, status, groups):
-            """The planted frontier defects: a finished request's drafter group stops one chunk short
-            of the chunks vLLM advanced over (0.29's hold-back at finish); a running request's
-            sliding-window group one chunk past them."""
-            for (gi, kind, _, draft, alloc, keyed, before), gs in zip(groups, st.group_states):
-                if gs.next_stored_chunk_idx <= before:
-                    continue
-                if eng.mutant == "drafter_skips_trailing" and draft and status != "running":
-                    gs.next_stored_chunk_idx -= 1
-                elif eng.mutant == "window_frontier_ahead" and kind == "sliding_window" and status == "running":
-                    gs.next_stored_chunk_idx += 1
+    def null(gs, c):  # the chunk's last GPU block, the one the connector stores from, is null
+        i = c * bpc + bpc - 1
+        return i < len(gs.block_ids) and gs.block_ids[i] == 0
 
-        def _build_store_jobs(call, so, *a, **k):
-            before = {}
-            for rid in list(so.num_scheduled_tokens) + list(so.finished_req_ids or ()):
-                st = getattr(cs, "_req_status", {}).get(rid)
-                if st is None or rid in before:
-                    continue
-                req = st.req
-                status = "aborted" if req.status == RS.FINISHED_ABORTED else (
-                    "finished" if req.is_finished() else "running")
-                gs = (getattr(st, "group_states", None) or (None,))[0]
-                if gs is None or not hasattr(gs, "next_stored_chunk_idx") or not hasattr(gs, "block_ids"):
-                    continue  # before 0.26 the per-group store state is not this shape: not captured
-                before[rid] = [status, req.num_prompt_tokens, req.num_tokens, req.num_computed_tokens,
-                               so.num_scheduled_tokens.get(rid, 0), getattr(st, "max_offload_tokens", None),
-                               len(gs.block_ids) // self.bpc, len(gs.offload_keys), gs.next_stored_chunk_idx,
-                               {"placeholders": getattr(req, "num_output_placeholders", 0),
-                                "drafts": len((getattr(so, "scheduled_spec_decode_tokens", None) or {}).get(rid, ())),
-                                "lookahead": lookahead, "groups": groups_of(st),
-                                "eagle_speculation": eagle_speculation}]
-            refused0 = dict(tier.refused_by)
-            tier.offered.clear()
-            out = call(so, *a, **k)
-            for rid, rec in before.items():
-                st = getattr(cs, "_req_status", {}).get(rid)
-                if st is None:
-                    continue
-                x = rec[-1]
-                if eng.mutant in ("drafter_skips_trailing", "window_frontier_ahead"):
-                    plant(st, rec[0], x["groups"])
-                for g, gs in zip(x["groups"], st.group_states):
-                    g.append(gs.next_stored_chunk_idx)
-                offers(st, x["groups"], tier.offered.get(rid, ()))
-                eng.store_calls.append([eng.step_no, rid] + rec[:-1] + [
-                    st.group_states[0].next_stored_chunk_idx, tier.refused_by.get(rid, 0) != refused0.get(rid, 0),
-                    x])
-            return out
+    def offers(st, groups, keys):
+        """After each group's frontier: whether it is a copy-on-write source group, the chunks the
+        connector offered prepare_store, those of them whose block is null, and the null chunks
+        between the frontier before and after."""
+        where = {key: c for gs in st.group_states for c, key in enumerate(gs.offload_keys)}
+        for (gi, gc), g, gs in zip(gcfgs, groups, st.group_states):
+            mine = set(gs.offload_keys)
+            offered = sorted({where[key] for key in keys if key in mine})
+            g += [bool(getattr(gc, "requires_cow_source", False)), offered,
+                  [c for c in offered if null(gs, c)], [c for c in range(g[6], g[7]) if null(gs, c)]]
 
-        tap.around(cs, "_build_store_jobs", _build_store_jobs)
+    def plant(st, status, groups):
+        """The planted frontier defects: a finished request's drafter group stops one chunk short
+        of the chunks vLLM advanced over (0.29's hold-back at finish); a running request's
+        sliding-window group one chunk past them."""
+        for (gi, kind, _, draft, alloc, keyed, before), gs in zip(groups, st.group_states):
+            if gs.next_stored_chunk_idx <= before:
+                continue
+            if eng.mutant == "drafter_skips_trailing" and draft and status != "running":
+                gs.next_stored_chunk_idx -= 1
+            elif eng.mutant == "window_frontier_ahead" and kind == "sliding_window" and status == "running":
+                gs.next_stored_chunk_idx += 1
+
+    def _build_store_jobs(call, so, *a, **k):
+        before = {}
+        for rid in list(so.num_scheduled_tokens) + list(so.finished_req_ids or ()):
+            st = getattr(cs, "_req_status", {}).get(rid)
+            if st is None or rid in before:
+                continue
+            req = st.req
+            status = "aborted" if req.status == RS.FINISHED_ABORTED else (
+                "finished" if req.is_finished() else "running")
+            gs = (getattr(st, "group_states", None) or (None,))[0]
+            if gs is None or not hasattr(gs, "next_stored_chunk_idx") or not hasattr(gs, "block_ids"):
+                continue  # before 0.26 the per-group store state is not this shape: not captured
+            before[rid] = [status, req.num_prompt_tokens, req.num_tokens, req.num_computed_tokens,
+                           so.num_scheduled_tokens.get(rid, 0), getattr(st, "max_offload_tokens", None),
+                           len(gs.block_ids) // contract.bpc, len(gs.offload_keys), gs.next_stored_chunk_idx,
+                           {"placeholders": getattr(req, "num_output_placeholders", 0),
+                            "drafts": len((getattr(so, "scheduled_spec_decode_tokens", None) or {}).get(rid, ())),
+                            "lookahead": lookahead, "groups": groups_of(st),
+                            "eagle_speculation": eagle_speculation}]
+        refused0 = dict(tier.refused_by)
+        tier.offered.clear()
+        out = call(so, *a, **k)
+        for rid, rec in before.items():
+            st = getattr(cs, "_req_status", {}).get(rid)
+            if st is None:
+                continue
+            x = rec[-1]
+            if eng.mutant in ("drafter_skips_trailing", "window_frontier_ahead"):
+                plant(st, rec[0], x["groups"])
+            for g, gs in zip(x["groups"], st.group_states):
+                g.append(gs.next_stored_chunk_idx)
+            offers(st, x["groups"], tier.offered.get(rid, ()))
+            eng.store_calls.append([eng.step_no, rid] + rec[:-1] + [
+                st.group_states[0].next_stored_chunk_idx, tier.refused_by.get(rid, 0) != refused0.get(rid, 0),
+                x])
+        return out
+
+    tap.around(cs, "_build_store_jobs", _build_store_jobs)
