@@ -109,6 +109,25 @@ def next_stored_chunk_idx(before: int, horizon: int, tokens_per_chunk: int, num_
     return max(before, min(n, num_allocated_chunks))
 
 
+def group_frontier(version: str, status: str, num_prompt_tokens: int, num_tokens: int, num_computed_tokens: int,
+                   num_scheduled_tokens: int, tokens_per_chunk: int, num_allocated_chunks: int, num_keyed_chunks: int,
+                   before: int, offload_prompt_only: bool = True, max_offload_tokens: int | None = None,
+                   refused: bool = False, drafter: bool = False) -> tuple:
+    """One group at one ``_build_store_jobs`` call, the spec's whole answer: (horizon, None where the
+    tier refused the store; whether a drafter group holds its trailing chunk back; its
+    ``next_stored_chunk_idx`` after the call, None where the release asserts instead). A refused store
+    advances nothing: every release retries its chunks later."""
+    if refused:
+        return None, False, before
+    f = store_features(version)
+    h = store_horizon(version, status, num_prompt_tokens, num_tokens, num_computed_tokens, num_scheduled_tokens,
+                      offload_prompt_only, max_offload_tokens)
+    holds = drafter and drafter_holds_tail(version, status, h, num_prompt_tokens)
+    return h, holds, next_stored_chunk_idx(before, h, tokens_per_chunk, num_allocated_chunks,
+                                           f.store_caps_at_allocated,
+                                           num_keyed_chunks if f.store_caps_at_keyed else None, holds)
+
+
 DENSE_KINDS = ("full_attention",)  # every chunk stored: the KV-cache manager's reachable_block_mask is None
 
 

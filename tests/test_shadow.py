@@ -471,8 +471,16 @@ def test_untagged_speculation_makes_every_group_a_drafter_before_0_30(workers):
 def test_store_judge_per_group_by_hand():
     """A record with every group: the judge holds each to its own tokens per chunk and caps, and the
     connector's drafter decision to is_drafter_group."""
+    from kvbound.spec.store import FINISHED, group_frontier
     from kvbound.trace.storecheck import judge_store_calls
 
+    # a finished decode (P=64, T=101; horizon 101, from 0.30 100): a drafter group's sixth chunk [80, 96)
+    # held back on 0.29, stored from 0.30; a non-draft group stores it on both; a refused store advances nothing
+    fin = (FINISHED, 64, 101, 100, 0, 16, 7, 7, 4)
+    assert group_frontier("0.29.0", *fin, offload_prompt_only=False, drafter=True) == (101, True, 5)
+    assert group_frontier("0.30.0", *fin, offload_prompt_only=False, drafter=True) == (100, False, 6)
+    assert group_frontier("0.29.0", *fin, offload_prompt_only=False) == (101, False, 6)
+    assert group_frontier("0.30.0", *fin, offload_prompt_only=False, refused=True, drafter=True) == (None, False, 4)
     job = {"layout": {"groups": [{"tokens_per_block": 16}, {"tokens_per_block": 32}], "blocks_per_chunk": 1},
            "params": {"offload_prompt_only": False}}
     # group: index, kind, tagged, draft, allocated, keyed, before, after. Running, decoding: 100 tokens.

@@ -17,8 +17,8 @@ retry the chunks at a later step (0.33.0 ``offloading/scheduler.py:1991-1996``, 
 from __future__ import annotations
 
 from kvbound.proofs.store_premises import StoreTerms, check_store_call
-from kvbound.spec.store import (computed_tokens, drafter_holds_tail, is_drafter_group, next_stored_chunk_idx,
-                                offer_violations, store_features, store_horizon)
+from kvbound.spec.store import (computed_tokens, group_frontier, is_drafter_group, offer_violations, store_features,
+                                store_horizon)
 
 
 def covers(release: str) -> bool:
@@ -61,24 +61,16 @@ def group_verdicts(release: str, job: dict, res: dict):
     calls, _, prompt_only = segment_calls(release, job, res)
     if not calls:
         return
-    feats = store_features(release)
     lay = job["layout"]
     bpc = lay.get("blocks_per_chunk", 1)
     for call in calls:
         step, rid, status, P, T, C, S, mot, _, _, _, _, refused, *_ = call
         groups, eagle_speculation = _groups(call)
         any_tagged = any(g[2] for g in groups)
-        h = None if refused else store_horizon(release, status, P, T, C, S, prompt_only, mot)
         for gi, kind, tagged, draft, alloc, keyed, before, after, *offer in groups:
             spec_draft = is_drafter_group(release, tagged, any_tagged, eagle_speculation)
-            holds = h is not None and spec_draft and drafter_holds_tail(release, status, h, P)
-            if h is None:
-                want = before
-            else:
-                want = next_stored_chunk_idx(before, h, lay["groups"][gi]["tokens_per_block"] * bpc, alloc,
-                                             feats.store_caps_at_allocated,
-                                             keyed if feats.store_caps_at_keyed else None,
-                                             holds)
+            h, holds, want = group_frontier(release, status, P, T, C, S, lay["groups"][gi]["tokens_per_block"] * bpc,
+                                            alloc, keyed, before, prompt_only, mot, bool(refused), spec_draft)
             broken = (offer_violations(kind, offer[0], before, after, *offer[1:])
                       if offer and h is not None and want == after else [])  # a refused offer: retried later
             yield {"step": step, "request": rid, "status": status, "P": P, "T": T, "C": C, "S": S,
