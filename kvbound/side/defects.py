@@ -26,6 +26,9 @@ DEFECTS = (
            "tier", ("data:wrong_kv",), "full", "0.30.0"),
     Defect("drop_store", "the last key of each multi-key prepare_store never offered to the tier",
            "tier", ("store:lost_chunk",), "full", "0.30.0"),
+    Defect("allocate_past_lookahead", "allocate_slots reserves two blocks past the lookahead slots it is asked for"
+           " (an allocator that holds blocks for tokens never scheduled)", "engine",
+           ("premise:store-allocated-scheduled",), "full", "0.33.0"),
     Defect("lookup_drop_last_chunk", "the lookup's hit loses its last chunk",
            "lookups", ("lookup:lost_hit",), "full", "0.33.0"),
     Defect("lookup_defer_any_pending", "the lookup defers while the tier holds any key pending, needed or not",

@@ -145,6 +145,8 @@ class Release:
                     log_stats=bool(par.get("log_stats")),  # the engine core's (not disable_log_stats)
                     **({"hash_block_size": hbs} if hbs is not None else {}))
         wconn = type(sched.connector)(vllm_config, self.KVConnectorRole.WORKER, kv_cache_config)
+        if mutant == "allocate_past_lookahead":  # planted: the allocator reserves past the lookahead
+            _allocate_past_lookahead(sched.kv_cache_manager, lay)
         return Engine(self, lay, par, vllm_config, kv_cache_config, sched, wconn, hbs or bs)
 
     def _tag_retained_tokens(self, kv_cache_config, vllm_config):
@@ -201,6 +203,19 @@ def _structured(vllm_config):
 
 
 STALL_STEPS = 2000  # idle steps after which a run that cannot change any more is not drained
+
+
+def _allocate_past_lookahead(kvm, lay):
+    """Planted (tests only): allocate_slots reserves two blocks more than the lookahead slots it is
+    asked for, so the connector holds blocks for tokens no step scheduled (the engine's tap wraps
+    this in turn)."""
+    extra, real = 2 * lay["groups"][0]["tokens_per_block"], kvm.allocate_slots
+
+    def allocate_slots(*a, **k):
+        k["num_lookahead_tokens"] = k.get("num_lookahead_tokens", 0) + extra
+        return real(*a, **k)
+
+    kvm.allocate_slots = allocate_slots
 
 
 class Engine:

@@ -1,0 +1,52 @@
+"""The store premises (proofs/store_premises.py) on real vLLM: folded on every captured
+``_build_store_jobs`` call of a trace segment (``premise:<id>``), they hold under async scheduling
+and under speculative decoding on 0.30.0-0.33.0, and the check fires on a planted allocator
+that reserves past the lookahead slots (side/defects.py ``allocate_past_lookahead``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvbound.side.defects import BY_NAME
+from kvbound.trace import runner as R
+from kvbound.trace.storecheck import check_store_premises
+
+
+def _run(w, version, layout, sched, n, overrides=None, seed=0):
+    job = R.make_job(layout, (seed, "storeprem"), n, 0, sched, overrides)
+    job["max_steps"] = 3000
+    res = w.job(job)
+    found, _ = R.check_result(version, layout, job, res)
+    _, checked = check_store_premises(version, job, res)
+    return [f for f in found if f.kind.startswith("premise:store-")], checked, found
+
+
+@pytest.mark.parametrize("version", ["0.30.0", "0.31.0", "0.32.0", "0.33.0"])
+def test_store_premises_hold_under_async_scheduling_and_speculative_decoding(version, workers):
+    """Async scheduling (placeholders in num_computed_tokens, requests preempted and finished by a
+    stale output) and speculative decoding (drafts, lookahead slots: an MTP drafter of 3 tokens) on
+    the real release: every store premise holds on every captured store call."""
+    env, w = workers(version)
+    for layout, sched in (("full", "async"), ("swa-mtp", "sync")):
+        bad, checked, found = _run(w, version, layout, sched, 200)
+        assert checked > 0, (layout, sched, [f.kind for f in found])
+        assert not bad, (layout, sched, [f.detail for f in bad])
+
+
+def test_store_premises_hold_under_an_eagle_drafter_0_33(workers):
+    env, w = workers("0.33.0")
+    bad, checked, _ = _run(w, "0.33.0", "eagle", "sync", 200)
+    assert checked > 300 and not bad, [f.detail for f in bad]
+
+
+def test_the_store_premise_check_fires_on_an_allocator_past_the_lookahead(workers):
+    """The planted allocator holds blocks no scheduled token needs: store-allocated-scheduled
+    breaks on the calls that see them; the same point clean reports no store premise."""
+    d = BY_NAME["allocate_past_lookahead"]
+    env, w = workers(d.release)
+    bad, checked, _ = _run(w, d.release, d.layout, "sync", 100, {"mutant": d.name})
+    assert set(d.catches) <= {f.kind for f in bad}, [f.kind for f in bad]
+    f = next(f for f in bad if f.kind == "premise:store-allocated-scheduled")
+    assert f.detail["count"] >= 1 and "A·B < C + S + 2L + B" in f.detail["detail"]
+    clean, checked_clean, _ = _run(w, d.release, d.layout, "sync", 100)
+    assert checked_clean > 0 and not clean, [f.detail for f in clean]
