@@ -234,6 +234,27 @@ def test_the_seed_pr_with_the_agreed_start_cures_the_0_26_boundary_crash(tmp_pat
     assert BOUNDARY in r["gone"] and r["new"] == [], r
 
 
+@pytest.mark.parametrize("version,patch,trace_file,keys", [
+    # mamba-all on 0.26.0: the Mamba reads and the store of another state are the 0.24-0.26
+    # max(per_group_hits) start; the agreed start alone (no scan change) removes them all
+    ("0.26.0", SEED_PR / "patch-0.26.0-agreed-start-only.diff",
+     "0-26-0-mamba-all-data-wrong-kv-mamba-another-prefix-8req.json", ["data:wrong_kv[mamba: another prefix]"]),
+    # mamba528 on 0.27.0: a copy-on-write rewrites an in-flight store's source; 0.29.0's two lines
+    # that fence a copy's destination (offloading/scheduler.py:1133-1134) remove the three findings
+    ("0.27.0", ROOT / "docs" / "trace-findings" / "0-27-0-copy-fence-from-0-29-0.diff",
+     "0-27-0-mamba528-data-wrong-kv-mamba-unwritten-arrived-by-a-load-23req.json",
+     ["data:wrong_kv[mamba: unwritten, arrived by a load]", "store:source_rewritten", "store:unwritten_source"]),
+])
+def test_a_fix_sketch_removes_the_settled_finding(version, patch, trace_file, keys, tmp_path, prepared, capsys):
+    prepared(version)
+    out = tmp_path / "review.json"
+    rc = main(["review", "--vllm", version, "--patch", str(patch), "--replay",
+               str(ROOT / "docs" / "trace-findings" / trace_file), "--json", str(out)])
+    assert rc == 0, capsys.readouterr().out
+    (r,) = json.loads(out.read_text())["replay"]
+    assert sorted(r["gone"]) == keys and r["new"] == [] and r["kept"] == [], r
+
+
 def test_replay_options_are_one_line(tmp_path, prepared, capsys):
     prepared("0.26.0")
     pr = str(SEED_PR / "patch-0.26.0.diff")

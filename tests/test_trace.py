@@ -338,6 +338,11 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-26-0-mamba-eagle-scripted-data-copy-of-uncomputed-tokens-2req.json", None),
     # 0.21-0.25.1 under async: a finished request's last chunk is never stored (docs/findings.md)
     ("0-23-0-full-store-all-store-lost-chunk-1req.json", None),
+    # mamba-all (cache mode "all") on 0.24-0.26: the max(per_group_hits) start, the state block
+    # holding another request's state instead of the null block
+    ("0-26-0-mamba-all-data-wrong-kv-mamba-another-prefix-8req.json", None),
+    # 0.27-0.28: a Mamba copy-on-write rewrites an in-flight store's source block (fenced in 0.29)
+    ("0-27-0-mamba528-data-wrong-kv-mamba-unwritten-arrived-by-a-load-23req.json", None),
     # 0.23.0: a whole-prompt hit on a Mamba (align) hybrid resumes at 447 on the state after 448
     ("0-23-0-mamba-block-data-wrong-kv-mamba-unwritten-arrived-by-a-load-2req.json", None),
     # 0.28-0.29 with no group tagged EAGLE: every group is EAGLE, none re-verified (lookup:false_hit)
