@@ -8,7 +8,7 @@ key is named ``(group_idx, chunk_idx)`` or ``(group_idx, "b", key_tokens)`` (a p
 boundary key: the hash of the first ``key_tokens`` tokens), written ``G:C`` / ``G:b:T``.
 
 The algorithm that answers a case is ``lookup.py``'s; the file form (docs/case-format.md,
-"Lookup cases") is below, and ``load_any_case_paths`` reads lookup and load cases side by side.
+"Lookup cases") is below; ``case_kinds.load_any_case_paths`` reads it beside load and store cases.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from kvbound.errors import CaseError
-
-from .cases import case_from_dict, load_case_paths
 
 
 class Answer(str, Enum):
@@ -188,13 +186,3 @@ def lookup_case_to_dict(case: LookupCase) -> dict:
 
 def is_lookup_case(d) -> bool:
     return isinstance(d, dict) and "lookup" in d and "groups" not in d
-
-
-def load_any_case_paths(paths) -> list:
-    """Like ``cases.load_case_paths``, but a lookup case (a dict with ``lookup``) becomes a
-    ``LookupCase`` beside the load cases, in file order."""
-
-    def one(d, where):
-        return lookup_case_from_dict(d, where) if is_lookup_case(d) else case_from_dict(d, where)
-
-    return load_case_paths(paths, one)

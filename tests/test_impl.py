@@ -346,7 +346,7 @@ def test_case_format_v2_agrees_every_family():
     """Partial tails (boundary keys, the partial_tail assert), EAGLE margins, retained
     window tokens, resumed requests, group subsets and unsupported outcomes, as the spec."""
     from kvbound.spec.cases import Case
-    from kvbound.spec.lookup_case import load_any_case_paths
+    from kvbound.spec.case_kinds import load_any_case_paths
 
     # the load-plan cases of tests/cases_v2 (its lookup cases are conform's and test_lookup's: no impl)
     v2 = [c for c in load_any_case_paths([ROOT / "tests" / "cases_v2"]) if isinstance(c, Case)]

@@ -70,7 +70,7 @@ def test_mixed_chunk_grids_judged_per_group():
     chunk 6 [72, 84), which the load reads whole, so no false hit; a hit of 16 (boundary 64,
     inside group 0's chunk 5, on group 1's grid) loses 16 tokens; claiming 80 with 0:6 not
     ready is a false hit naming it."""
-    from kvbound.spec.lookup_case import load_any_case_paths
+    from kvbound.spec.case_kinds import load_any_case_paths
     from kvbound.spec.lookup_contract import best_boundary
 
     (case,) = load_any_case_paths([ROOT / "tests" / "cases_v2" / "lookup_mixed_chunk_grids.json"])
@@ -95,7 +95,7 @@ def test_mixed_chunk_grids_recurrent_state_on_its_own_grid():
     hit at 80 (tests/cases_v2/lookup_mixed_grids_mamba.json; real 0.29.0 and 0.33.0 agree with the
     spec, .ci/conform), inside Mamba chunk 6 [72, 84): a false hit. The best boundary is 72 (0:3,
     0:4 and 1:5 ready), which vLLM does not take."""
-    from kvbound.spec.lookup_case import load_any_case_paths
+    from kvbound.spec.case_kinds import load_any_case_paths
     from kvbound.spec.lookup_contract import best_boundary
 
     (case,) = load_any_case_paths([ROOT / "tests" / "cases_v2" / "lookup_mixed_grids_mamba.json"])

@@ -70,10 +70,17 @@ def gather(args) -> list[tuple[Case, str, str]]:
     if args.paths:
         from kvbound.spec.strategies import family_of
 
-        from kvbound.spec.lookup_case import LookupCase, load_any_case_paths
+        from kvbound.spec.lookup_case import LookupCase
+        from kvbound.spec.store_case import StoreCase
 
-        items += [(c, "file", "lookup" if isinstance(c, LookupCase) else family_of(c))
-                  for c in load_any_case_paths(args.paths)]
+        from . import read_cases
+
+        for c in read_cases(args.paths):
+            if isinstance(c, StoreCase):  # conform drives the load and the lookup; the trace drives stores
+                _progress(f"{c.name}: a store case: kvbound conform drives update_state_after_alloc and "
+                          "get_num_new_matched_tokens only; skipped (kvbound plan, explain and premises take it)")
+                continue
+            items.append((c, "file", "lookup" if isinstance(c, LookupCase) else family_of(c)))
     if args.cases:
         if args.cases < 0:
             raise UsageError("--cases must be >= 0")

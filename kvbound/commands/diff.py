@@ -20,11 +20,12 @@ from pathlib import Path
 from kvbound.errors import EXIT_FAIL, EXIT_INPUT, EXIT_OK, UsageError
 from kvbound.records import DiffDisagreement, DiffRecord
 from kvbound.draw import draw_case
-from kvbound.spec import PLAN_FIELDS, AssertName, GroupKind, case_to_dict, dump_cases, load_case_paths
+from kvbound.spec import PLAN_FIELDS, AssertName, Case, GroupKind, case_to_dict, dump_cases
+from kvbound.spec.lookup_case import LookupCase
 from kvbound.spec.strategies import ALL_FAMILIES, FAMILIES, family_of, random_cases
 from kvbound.spec.verdicts import PLAN_CHECK_VERDICTS, Verdict
 
-from . import add_variant_args, selected_variants
+from . import add_variant_args, read_cases, selected_variants
 
 DEFAULT_CORPUS = "corpus"
 DEFAULT_CASES = 1000  # generated cases when neither case files nor --exhaustive are given
@@ -121,6 +122,19 @@ def _parse_against(text: str) -> tuple:
     return out
 
 
+def _load_cases_only(paths) -> list:
+    """The load cases of the files; a lookup or store case has no impl to diff: one line each on stderr."""
+    out = []
+    for c in read_cases(paths):
+        if isinstance(c, Case):
+            out.append(c)
+        else:
+            kind = "lookup" if isinstance(c, LookupCase) else "store"
+            print(f"{c.name}: a {kind} case: kvbound diff compares load plans only; skipped (kvbound plan, "
+                  "explain and premises take it)", file=sys.stderr)
+    return out
+
+
 def _case_chunks(cases_iter, size: int, device):
     from kvbound.impl import CaseChunk
 
@@ -174,7 +188,7 @@ def run(args) -> int:
             scope = Scope.parse(args.exhaustive)
         except ScopeError as e:
             raise UsageError(f"--exhaustive: {e}") from None
-    files = load_case_paths(args.paths) if args.paths else []
+    files = _load_cases_only(args.paths) if args.paths else []
     n_gen = args.cases if args.cases is not None else (0 if files or scope else DEFAULT_CASES)
     if n_gen < 0:
         raise UsageError("--cases: must be non-negative")

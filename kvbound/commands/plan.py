@@ -6,10 +6,11 @@ import json
 
 from kvbound.spec import Variant, plan_for_version, plan_load
 from kvbound.spec.lookup import lookup_for_version
-from kvbound.spec.lookup_case import LookupCase, load_any_case_paths
+from kvbound.spec.lookup_case import LookupCase
+from kvbound.spec.store_case import StoreCase, plan_store
 from kvbound.spec.versions import LATEST
 
-from . import add_case_args, add_variant_args, selected_variants
+from . import add_case_args, add_variant_args, read_cases, selected_variants
 
 
 def register(sub):
@@ -23,7 +24,10 @@ def register(sub):
         "case-format-v2 features); --variant V as its last release (legacy 0.29, fixed 0.32, fixed-sync 0.33). "
         "A lookup case (docs/case-format.md, \"Lookup cases\") prints get_num_new_matched_tokens' answer instead: "
         "hit (tokens; null = deferred), partial_tail_boundary and the keys asked, as --vllm-version X "
-        "(default: the release it was captured on, else 0.33.0).",
+        "(default: the release it was captured on, else 0.33.0). A store case (\"Store cases\") prints what "
+        "_build_store_jobs does: the horizon, next_stored_chunk_idx before and after, the chunks stored, whether "
+        "they end within the computed tokens, and, where the case records what the release did, whether it agrees "
+        "(as --vllm-version X, default the case's release). A trace finding file gives the case it names.",
     )
     add_case_args(p)
     add_variant_args(p)
@@ -32,7 +36,10 @@ def register(sub):
 
 def run(args) -> int:
     (variant,) = selected_variants(args, default=(Variant.FIXED_SYNC,))
-    for case in load_any_case_paths(args.cases):
+    for case in read_cases(args.cases):
+        if isinstance(case, StoreCase):
+            print(json.dumps(plan_store(case, args.vllm_version).to_json(case)), flush=True)
+            continue
         if isinstance(case, LookupCase):
             version = args.vllm_version or case.release or LATEST
             line = lookup_for_version(case, version).to_json(case.name)

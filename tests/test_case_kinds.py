@@ -1,0 +1,129 @@
+"""Every command takes every case kind (issue 24 items 5 and 6): load, lookup and store cases, side
+by side in one directory, and a trace finding file through the case it names. A store case is one
+``_build_store_jobs`` call (spec/store_case.py, docs/case-format.md "Store cases")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import ROOT, kvbound
+
+from kvbound.errors import CaseError
+from kvbound.spec.case_kinds import load_any_case_paths
+from kvbound.spec.store_case import StoreCase, plan_store, store_case_from_dict, store_case_to_dict
+
+STORE = ROOT / "tests" / "cases_store"
+KEYED = STORE / "keyed_cap_running.json"
+FINISHED = STORE / "finished_past_computed_029.json"
+CASE_COMMANDS = ("plan",)  # every command that reads case files
+MIXED = ROOT / "tests" / "cases_v2" / "lookup_mixed_chunk_grids.json"
+
+
+def plan_lines(*args):
+    r = kvbound("plan", *args)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(x) for x in r.stdout.splitlines()]
+
+
+def test_the_keyed_cap_record_advances_as_each_release_does():
+    """Issue 24's record: running, P=8, T=9, C=8, S=0, 4-token chunks, 2 allocated, 1 keyed: 0.33.0
+    advanced 0 -> 1 (the case records it); 0.30+ cap at the keyed chunks, 0.26-0.29 do not."""
+    (line,) = plan_lines(KEYED)
+    assert line["kind"] == "store" and line["outcome"] == "ok" and line["vllm_version"] == "0.33.0"
+    assert line["horizon"] == 8 and line["next_stored_chunk_idx"] == {"before": 0, "after": 1}
+    assert line["stored_chunks"] == [0] and line["within_computed"] is True
+    assert line["observed_after"] == 1 and line["agrees"] is True
+    for release, after in (("0.30.0", 1), ("0.32.0", 1), ("0.29.0", 2), ("0.27.0", 2), ("0.26.0", 2)):
+        (line,) = plan_lines("--vllm-version", release, KEYED)
+        assert line["next_stored_chunk_idx"]["after"] == after, release
+        assert "agrees" not in line and line["observed_on"] == "0.33.0"  # observed on another release
+    (line,) = plan_lines("--vllm-version", "0.25.1", KEYED)
+    assert line["outcome"] == "unsupported" and "starts at 0.26.0" in line["reason"]
+
+
+def test_a_finished_request_stores_past_its_computed_tokens_before_the_clamp():
+    """store.computed's refuted 0.27-0.29 finished witness as a case: the stored chunk ends past the
+    tokens the forward computed; 0.30's clamp stores nothing."""
+    (line,) = plan_lines(FINISHED)
+    assert line["stored_chunks"] == [0] and line["computed_tokens"] == 15 and line["within_computed"] is False
+    (line,) = plan_lines("--vllm-version", "0.30.0", FINISHED)
+    assert line["stored_chunks"] == [] and line["horizon"] == 15 and line["within_computed"] is True
+
+
+def test_0_26_asserts_where_more_chunks_than_allocated_blocks():
+    d = json.loads(KEYED.read_text())
+    d["store"].update(release="0.26.0", num_allocated_chunks=1)
+    p = plan_store(store_case_from_dict(d))
+    assert p.outcome == "assertion_error" and p.after is None and "len(offload_keys)" in p.reason
+    d["store"]["release"] = "0.27.0"
+    assert plan_store(store_case_from_dict(d)).after == 1  # 0.27 caps at the allocated chunk instead
+
+
+def test_a_refused_store_advances_nothing():
+    d = json.loads(KEYED.read_text())
+    d["store"].update(refused=True, next_stored_chunk_idx_after=0)
+    p = plan_store(store_case_from_dict(d))
+    assert p.after == 0 and p.stored == () and "refused" in p.reason
+
+
+def test_a_store_case_round_trips():
+    case = load_any_case_paths([KEYED])[0]
+    assert isinstance(case, StoreCase)
+    assert store_case_from_dict(json.loads(json.dumps(store_case_to_dict(case)))) == case
+
+
+@pytest.mark.parametrize("field,value,rule", [
+    ("status", "paused", "must be one of running, finished, aborted"),
+    ("release", "0.18.0", "store.release"),
+    ("release", 33, "must be a vLLM release string"),
+    ("num_tokens", 7, "must be >= num_prompt_tokens=8"),
+    ("num_computed_tokens", 10, "must be <= num_tokens=9"),
+    ("tokens_per_block", 0, "must be an integer >= 1"),
+    ("num_keyed_chunks", -1, "must be an integer >= 0"),
+    ("num_allocated_chunks", True, "must be an integer >= 0"),
+    ("offload_prompt_only", "yes", "must be true or false"),
+    ("max_offload_tokens", "8", "must be an integer >= 0 or null"),
+    ("format", 2, "reads store case format 1"),
+    ("next_stored_chunk_idx_before", 0, "unknown field"),
+])
+def test_a_bad_store_field_is_one_line_naming_case_field_rule(tmp_path, field, value, rule):
+    d = json.loads(KEYED.read_text())
+    d["store"][field] = value
+    with pytest.raises(CaseError) as e:
+        store_case_from_dict(d)
+    assert e.value.case == "store-keyed-cap-running" and e.value.field.startswith("store.")
+    assert rule in str(e.value)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(d))
+    for cmd in CASE_COMMANDS:
+        r = kvbound(cmd, p)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (cmd, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "case 'store-keyed-cap-running': store." in r.stderr
+        assert rule in r.stderr
+
+
+def test_a_missing_store_field_is_named(tmp_path):
+    d = json.loads(KEYED.read_text())
+    del d["store"]["num_keyed_chunks"]
+    with pytest.raises(CaseError, match="store.num_keyed_chunks: missing required field"):
+        store_case_from_dict(d)
+
+
+def test_every_kind_side_by_side_in_one_directory(tmp_path):
+    for src in (KEYED, MIXED, ROOT / "examples" / "pr_case.json"):
+        (tmp_path / src.name).write_text(src.read_text())
+    lines = {x["name"]: x for x in plan_lines(tmp_path)}
+    assert lines["store-keyed-cap-running"]["next_stored_chunk_idx"]["after"] == 1
+    assert lines["lookup-mixed-chunk-grids"]["hit"] == 32
+    assert lines["pr-recurrent-unhashed-below-boundary"]["dst_block_ids"] == [22, 34]
+
+
+def test_diff_says_one_line_per_case_it_does_not_diff():
+    """kvbound diff compares load plans: a lookup or store case among its files is one line each."""
+    r = kvbound("diff", ROOT / "tests" / "cases_v2", STORE, "--workers", "1", "--against", "spec")
+    assert r.returncode == 0, r.stderr
+    skipped = [x for x in r.stderr.splitlines() if "kvbound diff compares load plans only" in x]
+    assert len(skipped) == 2 + len(list(STORE.glob("*.json")))
+    assert any(x.startswith("store-keyed-cap-running: a store case") for x in skipped)
+    assert "4 case(s)" in r.stdout  # the four load cases of cases_v2
