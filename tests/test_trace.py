@@ -170,8 +170,9 @@ def test_every_layout_runs_on_033_and_the_first_supporting_release_of_each_need(
     assert all(support(name, "0.33.0") is None for name in LAYOUTS if name != "mamba-all")  # "all" left in 0.32
     assert support("mamba-block", "0.23.0") is None and support("mamba", "0.26.0") is None
     assert support("chunked", "0.28.0") is None and support("eagle", "0.29.0") is None
-    assert [n for n in LAYOUTS if support(n, "0.21.0") is None] == ["full", "swa", "full-multi-pd",
-                                                                          "swa-multi-pd", "bpc2"]
+    # 0.21 - 0.22 have no offload_prompt_only and store decoded tokens: the store-all layouts run there
+    assert [n for n in LAYOUTS if support(n, "0.21.0") is None] == ["full", "swa", "full-store-all", "swa-store-all",
+                                                                          "full-multi-pd", "swa-multi-pd", "bpc2"]
 
 
 def test_run_trace_skips_an_unsupported_layout_before_starting_an_engine():
