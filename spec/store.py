@@ -31,8 +31,11 @@ from .vocab import ReleaseFeatures
 RUNNING, FINISHED, ABORTED = "running", "finished", "aborted"
 
 # The columns of RELEASES the store spec reads (each with its source in spec/versions.py).
+# STORE_COLUMNS: one full-attention, non-draft group's frontier (the store obligations' subject,
+# proofs/store.py); GROUP_STORE_COLUMNS: what else a group's kind and role change.
 STORE_COLUMNS = ("next_stored_chunk_idx", "store_aborted_at_computed", "store_finished_clamp", "store_caps_at_allocated",
-                 "store_caps_at_keyed", "store_drafter_tail_at_finish", "untagged_groups_non_draft")
+                 "store_caps_at_keyed")
+GROUP_STORE_COLUMNS = ("store_drafter_tail_at_finish", "untagged_groups_non_draft", "store_skips_cow_source")
 
 
 def store_features(version: str) -> ReleaseFeatures:
@@ -131,13 +134,14 @@ def group_frontier(version: str, status: str, num_prompt_tokens: int, num_tokens
 DENSE_KINDS = ("full_attention",)  # every chunk stored: the KV-cache manager's reachable_block_mask is None
 
 
-def offer_violations(kind: str, cow: bool, before: int, after: int, offered, offered_null, nulls) -> list[str]:
+def offer_violations(version: str, kind: str, cow: bool, before: int, after: int, offered, offered_null,
+                     nulls) -> list[str]:
     """What a call's offer to ``prepare_store`` breaks, for one group whose frontier moved
     ``before`` -> ``after`` (as the spec says): every release offers only chunks below the frontier
     and never one whose GPU block is null (``if block_id == 0: continue``, 0.26.0
-    ``offloading/scheduler.py:983``, 0.29.0 :1381, 0.30.0 :1596, 0.33.0 :1947); nothing of a
+    ``offloading/scheduler.py:983``, 0.29.0 :1381, 0.30.0 :1596, 0.33.0 :1947); from 0.29 nothing of a
     copy-on-write source group (``requires_cow_source``: its state comes from the CoW hand-off,
-    0.29.0 :1359, 0.30.0 :1553, 0.33.0 :1904); and a full-attention group every non-null chunk from
+    ``store_skips_cow_source``; 0.28 offers its block table's chunks); and a full-attention group every non-null chunk from
     ``before`` to ``after`` (its manager's ``reachable_block_mask`` is None, 0.30.0
     ``v1/core/single_type_kv_cache_manager.py:528-552``, 0.33.0 :545-569, not overridden by
     ``FullAttentionManager``; before 0.30 a group without a window is always reachable, 0.29.0
@@ -150,9 +154,9 @@ def offer_violations(kind: str, cow: bool, before: int, after: int, offered, off
         out.append(f"offered chunk(s) {past} at or past the frontier {after}")
     if offered_null:
         out.append(f"offered chunk(s) {list(offered_null)} whose GPU block is null")
-    if cow and offered:
+    if cow and offered and store_features(version).store_skips_cow_source:
         out.append(f"a copy-on-write source group offered chunk(s) {list(offered)}")
-    if kind in DENSE_KINDS and not cow:
+    if kind in DENSE_KINDS and not cow:  # (no full-attention group is a copy-on-write source)
         want = [c for c in range(before, after) if c not in set(nulls)]
         if [c for c in offered if before <= c < after] != want or any(c < before for c in offered):
             out.append(f"offered chunks {list(offered)}, a full-attention group stores {want}"

@@ -107,6 +107,10 @@ ARRIVALS: dict[str, tuple[str, str]] = {
     "store_caps_at_keyed": ("0.30.0", f"storable_chunks caps at the keyed chunks, len(offload_keys): a chunk whose block "
                                       f"hash has not arrived waits (0.30.0 {_S}:450-451; 0.33.0 :472-473; 0.29.0 "
                                       ":382-408 caps at the allocated chunks only)"),
+    "store_skips_cow_source": ("0.29.0", f"_build_store_jobs offers nothing of a copy-on-write source group "
+                                         f"(requires_cow_source, Mamba align: its state comes from the CoW hand-off) "
+                                         f"(0.29.0 {_S}:1359-1360; 0.33.0 :1904-1905; 0.28.0 :1278-1287 offers its "
+                                         "block table's chunks)"),
     "store_drafter_tail_at_finish": ("0.30.0", f"storable_chunks lifts a drafter (EAGLE/MTP) group's trailing-chunk "
                                                f"hold-back once the request has finished (0.30.0 {_S}:442-446; 0.33.0 "
                                                ":464-468; 0.26.0 :324-327 and 0.29.0 :401-404 hold it back while "

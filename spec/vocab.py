@@ -240,6 +240,7 @@ class ReleaseFeatures:
     store_caps_at_allocated: bool = True  # 0.27+: storable_chunks <= allocated chunks (0.26: an assert)
     store_finished_clamp: bool = True  # 0.30+: a finished request stores up to max(prompt, num_tokens - 1)
     store_caps_at_keyed: bool = True  # 0.30+: storable_chunks <= keyed chunks (len(offload_keys))
+    store_skips_cow_source: bool = True  # 0.29+: a copy-on-write source group (Mamba align) offers no chunk
     store_drafter_tail_at_finish: bool = True  # 0.30+: a finished request's drafter group stores its trailing chunk
     untagged_groups_non_draft: bool = True  # 0.30+: speculative decoding with no tagged group: no group is a drafter's
     release: str = "0.33.0"  # the release these facts were read from (for reasons)

@@ -471,8 +471,13 @@ def test_untagged_speculation_makes_every_group_a_drafter_before_0_30(workers):
 def test_store_judge_per_group_by_hand():
     """A record with every group: the judge holds each to its own tokens per chunk and caps, and the
     connector's drafter decision to is_drafter_group."""
-    from kvbound.spec.store import FINISHED, group_frontier
+    from kvbound.spec.store import FINISHED, GROUP_STORE_COLUMNS, group_frontier
+    from kvbound.spec.versions import first_release
     from kvbound.trace.storecheck import judge_store_calls
+
+    # the per-group columns, each written once at its first release
+    assert {c: first_release(lambda f, c=c: getattr(f, c)) for c in GROUP_STORE_COLUMNS} == {
+        "store_drafter_tail_at_finish": "0.30.0", "untagged_groups_non_draft": "0.30.0", "store_skips_cow_source": "0.29.0"}
 
     # a finished decode (P=64, T=101; horizon 101, from 0.30 100): a drafter group's sixth chunk [80, 96)
     # held back on 0.29, stored from 0.30; a non-draft group stores it on both; a refused store advances nothing

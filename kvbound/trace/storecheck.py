@@ -71,7 +71,7 @@ def group_verdicts(release: str, job: dict, res: dict):
             spec_draft = is_drafter_group(release, tagged, any_tagged, eagle_speculation)
             h, holds, want = group_frontier(release, status, P, T, C, S, lay["groups"][gi]["tokens_per_block"] * bpc,
                                             alloc, keyed, before, prompt_only, mot, bool(refused), spec_draft)
-            broken = (offer_violations(kind, offer[0], before, after, *offer[1:])
+            broken = (offer_violations(release, kind, offer[0], before, after, *offer[1:])
                       if offer and h is not None and want == after else [])  # a refused offer: retried later
             yield {"step": step, "request": rid, "status": status, "P": P, "T": T, "C": C, "S": S,
                    "group": gi, "kind": kind, "draft": draft, "spec_draft": spec_draft, "allocated": alloc,
