@@ -523,3 +523,22 @@ def test_what_each_group_offers_the_tier(workers):
     wrong = [v for v in vs if not v["ok"]]
     assert "store:spec_disagreement" in got and wrong and all(v["kind"] == "full_attention" and v["offer"] for v in wrong)
     assert all(v["after"] == v["spec"] for v in wrong)  # the frontier advanced as the spec says: the offer lost it
+    assert all(v["after"] == v["spec"] for v in wrong)  # the frontier advanced as the spec says: the offer lost it
+
+
+def test_a_copy_on_write_source_group_stores_its_chunks_before_0_29(workers):
+    """0.28.0 has requires_cow_source (offloading/scheduler.py:96, :263-266) but its _build_store_jobs
+    still offers the Mamba align group's chunks from the block table (:1278-1287); 0.29.0 skips the
+    group (:1359-1360). On a real 0.28.0 mamba run the Mamba group offers chunks and the judge,
+    reading column store_skips_cow_source, finds no store:spec_disagreement; the 0.29+ rule still
+    flags the same offer (issue 24: the 23-request mamba528 file on 0.28.0 was a false one)."""
+    from kvbound.spec.store import offer_violations
+
+    env, w = workers("0.28.0")
+    vs, got = _verdicts(w, "0.28.0", "mamba")
+    cow_offers = [v for v in vs if v["kind"] == "mamba" and v["offered"]]
+    assert cow_offers, "0.28.0 offers no Mamba chunk"
+    assert all(v["ok"] for v in vs) and "store:spec_disagreement" not in got, dict(got)
+    assert offer_violations("0.28.0", "mamba", True, 0, 3, [2], [], []) == []
+    assert offer_violations("0.29.0", "mamba", True, 0, 3, [2], [], []) == [
+        "a copy-on-write source group offered chunk(s) [2]"]
