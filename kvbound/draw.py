@@ -39,19 +39,14 @@ def group_starts(case: Case, gi: int, variants) -> dict:
     return out
 
 
-def fold_columns(blocks, f: int, k: int, starts) -> list:
-    """Indices to draw, ``None`` for "…": runs of >= 4 like blocks without a marker fold
-    into first, …, last, so a 1000-block table stays one line (text and SVG alike)."""
-    n = max(len(blocks), k + 1)
-    marks = {f, k} | {s for s in starts if s is not None}
+def fold(n: int, glyphs, marks) -> list:
+    """Columns 0..n-1 to draw, ``None`` for "…": a run of >= 4 alike columns (``glyphs(i)``) with
+    no mark folds into first, …, last (every drawing of a row of cells: tables, keys, chunks)."""
     cols: list = []
     i = 0
     while i < n:
         j = i
-        while (
-            j < len(blocks) and j not in marks
-            and block_glyph(blocks[j], j, f) == block_glyph(blocks[i], i, f)
-        ):
+        while j < n and j not in marks and glyphs(j) == glyphs(i):
             j += 1
         if j - i >= 4:
             cols += [i, None, j - 1]
@@ -60,6 +55,15 @@ def fold_columns(blocks, f: int, k: int, starts) -> list:
             cols.append(i)
             i += 1
     return cols
+
+
+def fold_columns(blocks, f: int, k: int, starts) -> list:
+    """Indices to draw, ``None`` for "…": runs of >= 4 like blocks without a marker fold
+    into first, …, last, so a 1000-block table stays one line (text and SVG alike)."""
+    n = max(len(blocks), k + 1)
+    marks = {f, k} | {s for s in starts if s is not None}
+    # past the table (k beyond it) every column is its own
+    return fold(n, lambda j: block_glyph(blocks[j], j, f) if j < len(blocks) else j, marks)
 
 
 def plan_starts(case: Case, gi: int, plans: dict) -> dict:

@@ -20,8 +20,7 @@ from dataclasses import asdict, dataclass
 
 from kvbound.errors import CaseError, UnsupportedVersion
 
-from .store import (ABORTED, FINISHED, RUNNING, STORE_COLUMNS, computed_tokens, next_stored_chunk_idx,
-                    store_features, store_horizon)
+from .store import ABORTED, FINISHED, RUNNING, STORE_COLUMNS, computed_tokens, group_frontier, store_features
 from .versions import release_features, spans
 
 STATUSES = (RUNNING, FINISHED, ABORTED)
@@ -32,14 +31,17 @@ STORE_FIELDS = (
     ("release", REQUIRED), ("status", REQUIRED), ("num_prompt_tokens", REQUIRED), ("num_tokens", REQUIRED),
     ("num_computed_tokens", REQUIRED), ("num_scheduled_tokens", 0), ("tokens_per_block", REQUIRED),
     ("blocks_per_chunk", 1), ("num_allocated_chunks", REQUIRED), ("num_keyed_chunks", REQUIRED),
-    ("offload_prompt_only", True), ("max_offload_tokens", None), ("refused", False),
+    ("offload_prompt_only", True), ("max_offload_tokens", None), ("refused", False), ("drafter", False),
+    ("scheduler", "sync"), ("num_output_placeholders", 0), ("num_draft_tokens", 0), ("num_lookahead_tokens", 0),
     ("next_stored_chunk_idx", REQUIRED), ("next_stored_chunk_idx_after", None), ("format", STORE_CASE_FORMAT),
 )
 _INT_MIN = {"num_prompt_tokens": 1, "num_tokens": 1, "num_computed_tokens": 0, "num_scheduled_tokens": 0,
             "tokens_per_block": 1, "blocks_per_chunk": 1, "num_allocated_chunks": 0, "num_keyed_chunks": 0,
-            "max_offload_tokens": 0, "next_stored_chunk_idx": 0, "next_stored_chunk_idx_after": 0}
+            "max_offload_tokens": 0, "next_stored_chunk_idx": 0, "next_stored_chunk_idx_after": 0,
+            "num_output_placeholders": 0, "num_draft_tokens": 0, "num_lookahead_tokens": 0}
 _NULLABLE = {"max_offload_tokens", "next_stored_chunk_idx_after"}
-_BOOLS = ("offload_prompt_only", "refused")
+_BOOLS = ("offload_prompt_only", "refused", "drafter")
+SCHEDULERS = ("sync", "async")
 TOP_FIELDS = ("name", "description", "store")
 
 
@@ -60,6 +62,11 @@ class StoreCase:
     max_offload_tokens: int | None
     refused: bool  # the tier refused the store (prepare_store returned None)
     next_stored_chunk_idx: int  # before the call
+    drafter: bool = False  # the group is a drafter's (spec.store.is_drafter_group): it holds its trailing chunk
+    scheduler: str = "sync"  # sync | async (the AsyncScheduler): what the store premises assume differs
+    num_output_placeholders: int = 0  # request.num_output_placeholders (async)
+    num_draft_tokens: int = 0  # draft tokens scheduled this step (speculative decoding)
+    num_lookahead_tokens: int = 0  # the slots allocate_slots reserves past them
     next_stored_chunk_idx_after: int | None = None  # what the release did (None: not recorded)
     format: int = STORE_CASE_FORMAT
 
@@ -114,14 +121,13 @@ def plan_store(case: StoreCase, version: str | None = None) -> StorePlan:
     except ValueError as e:
         return StorePlan(version, "unsupported", before=case.next_stored_chunk_idx, reason=str(e))
     computed = computed_tokens(case.status, case.num_tokens, case.num_computed_tokens, case.num_scheduled_tokens)
+    h, _, after = group_frontier(version, case.status, case.num_prompt_tokens, case.num_tokens,
+                                 case.num_computed_tokens, case.num_scheduled_tokens, case.tokens_per_chunk,
+                                 case.num_allocated_chunks, case.num_keyed_chunks, case.next_stored_chunk_idx,
+                                 case.offload_prompt_only, case.max_offload_tokens, case.refused, case.drafter)
     if case.refused:
-        return StorePlan(version, "ok", None, computed, case.next_stored_chunk_idx, case.next_stored_chunk_idx,
+        return StorePlan(version, "ok", None, computed, case.next_stored_chunk_idx, after,
                          "the tier refused the store: nothing advances (the chunks are retried at a later step)")
-    h = store_horizon(version, case.status, case.num_prompt_tokens, case.num_tokens, case.num_computed_tokens,
-                      case.num_scheduled_tokens, case.offload_prompt_only, case.max_offload_tokens)
-    after = next_stored_chunk_idx(case.next_stored_chunk_idx, h, case.tokens_per_chunk, case.num_allocated_chunks,
-                                  feats.store_caps_at_allocated,
-                                  case.num_keyed_chunks if feats.store_caps_at_keyed else None)
     if after is None:
         return StorePlan(version, "assertion_error", h, computed, case.next_stored_chunk_idx, None,
                          f"{ASSERT_026}: {h // case.tokens_per_chunk} chunks below the horizon, "
@@ -173,6 +179,8 @@ def store_case_from_dict(d: dict, where: str = "?") -> StoreCase:
         v[f] = x
     if v["format"] != STORE_CASE_FORMAT:
         raise CaseError(name, "store.format", f"this kvbound reads store case format {STORE_CASE_FORMAT}, got {v['format']!r}")
+    if v["scheduler"] not in SCHEDULERS:
+        raise CaseError(name, "store.scheduler", f"must be one of {', '.join(SCHEDULERS)}, got {v['scheduler']!r}")
     if v["status"] not in STATUSES:
         raise CaseError(name, "store.status", f"must be one of {', '.join(STATUSES)}, got {v['status']!r}")
     if not isinstance(v["release"], str):

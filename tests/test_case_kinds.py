@@ -16,7 +16,7 @@ from kvbound.spec.store_case import StoreCase, plan_store, store_case_from_dict,
 STORE = ROOT / "tests" / "cases_store"
 KEYED = STORE / "keyed_cap_running.json"
 FINISHED = STORE / "finished_past_computed_029.json"
-CASE_COMMANDS = ("plan",)  # every command that reads case files
+CASE_COMMANDS = ("plan", "explain")  # every command that reads case files
 MIXED = ROOT / "tests" / "cases_v2" / "lookup_mixed_chunk_grids.json"
 
 
@@ -127,3 +127,43 @@ def test_diff_says_one_line_per_case_it_does_not_diff():
     assert len(skipped) == 2 + len(list(STORE.glob("*.json")))
     assert any(x.startswith("store-keyed-cap-running: a store case") for x in skipped)
     assert "4 case(s)" in r.stdout  # the four load cases of cases_v2
+
+
+def explain(*args) -> str:
+    r = kvbound("explain", *args)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_explain_draws_a_lookup_case_per_group_on_its_own_grid():
+    """The mixed-grid input (issue 24 item 3): group 0's 12-token chunks 4-6 HIT, group 1's 16-token
+    chunks 3-4 HIT; the hit ends at 80, inside group 0's chunk 6 and at the end of group 1's chunk 4."""
+    out = explain(MIXED)
+    g0, g1 = out.split("group 0 ")[1].split("group 1 ")
+    assert "tokens_per_chunk=12" in g0 and "[H]  [H]  [H]   |" in g0
+    assert "boundary 80: inside chunk 6 [72, 84); reads chunks 4:HIT, 5:HIT, 6:HIT" in g0
+    assert "tokens_per_chunk=16" in g1 and "boundary 80: the end of chunk 4; reads chunks 3:HIT, 4:HIT" in g1
+    assert "vLLM 0.33.0  hit 32 tokens (boundary 80); asked 0:4, 0:5, 0:6, 1:3, 1:4" in out
+    for clause in ("no false hit: ✓", "no lost hit: ✓", "no needless deferral: ✓ not deferred"):
+        assert clause in out
+
+
+def test_explain_names_the_clause_a_lookup_breaks():
+    """A Mamba group on a 12-token grid beside a 16-token one: the hit at 80 is off the state's grid."""
+    out = explain(ROOT / "tests" / "cases_v2" / "lookup_mixed_grids_mamba.json")
+    assert "cannot support it" in out and "no false hit: ✗ hit 32 tokens (boundary 80)" in out
+    assert "no lost hit: ✓" in out
+
+
+def test_explain_draws_a_store_case_per_release():
+    out = explain(KEYED)
+    assert "computed    [c]  [c]  [.]" in out.replace("computed         ", "computed    ")
+    lines = {x[:17].strip(): " ".join(x[17:].split()) for x in out.splitlines() if x.startswith("  0.")}
+    assert lines["0.27.0 – 0.29.0"].startswith("[S] [S] · next_stored_chunk_idx 0 -> 2: stores chunks 0..1")
+    assert lines["0.30.0 – 0.33.0"].startswith("[S] · · next_stored_chunk_idx 0 -> 1: stores chunk 0 ✓")
+    assert "observed on 0.33.0: next_stored_chunk_idx 0 -> 1 ✓ the spec agrees" in out
+    fin = explain(FINISHED)
+    assert "✗ chunk 0 ends at 16 > 15 computed" in fin and "stores nothing ✓" in fin
+    one = explain("--vllm-version", "0.29.0", KEYED)
+    assert "  0.29.0" in one and "0.30.0 – 0.33.0" not in one
+    assert "✗ the spec of 0.33.0" not in one  # the observation is judged by its own release
