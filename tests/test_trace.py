@@ -344,6 +344,7 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-26-0-mamba-all-data-wrong-kv-mamba-another-prefix-8req.json", None),
     # 0.27-0.28: a Mamba copy-on-write rewrites an in-flight store's source block (fenced in 0.29)
     ("0-27-0-mamba528-data-wrong-kv-mamba-unwritten-arrived-by-a-load-23req.json", None),
+    ("0-28-0-mamba-store-source-rewritten-13req.json", None),  # the same defect on 0.28.0 (`mamba`)
     # 0.23.0: a whole-prompt hit on a Mamba (align) hybrid resumes at 447 on the state after 448
     ("0-23-0-mamba-block-data-wrong-kv-mamba-unwritten-arrived-by-a-load-2req.json", None),
     # 0.28-0.29 with no group tagged EAGLE: every group is EAGLE, none re-verified (lookup:false_hit)
