@@ -16,7 +16,7 @@ from kvbound.spec.store_case import StoreCase, plan_store, store_case_from_dict,
 STORE = ROOT / "tests" / "cases_store"
 KEYED = STORE / "keyed_cap_running.json"
 FINISHED = STORE / "finished_past_computed_029.json"
-CASE_COMMANDS = ("plan", "explain")  # every command that reads case files
+CASE_COMMANDS = ("plan", "explain", "premises")  # every command that reads case files
 MIXED = ROOT / "tests" / "cases_v2" / "lookup_mixed_chunk_grids.json"
 
 
@@ -167,3 +167,45 @@ def test_explain_draws_a_store_case_per_release():
     one = explain("--vllm-version", "0.29.0", KEYED)
     assert "  0.29.0" in one and "0.30.0 – 0.33.0" not in one
     assert "✗ the spec of 0.33.0" not in one  # the observation is judged by its own release
+
+
+def test_premises_fold_the_lookup_facts_on_a_lookup_case():
+    """The load premises about the lookup's answer, per group on its own chunk: the mixed-grid hit of
+    32 tokens is at least a chunk of each group and within its keys."""
+    r = kvbound("premises", MIXED)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for gi in (0, 1):
+        for pid in ("keys-cover-hit", "hit-a-chunk"):
+            assert any(x.startswith(f"lookup-mixed-chunk-grids  group {gi} ") and pid in x and x.endswith("holds")
+                       for x in r.stdout.splitlines()), (gi, pid)
+
+
+def test_a_lookup_fact_fails_on_a_hit_under_a_chunk():
+    """The same fold can fail: a hit of 8 tokens is under group 1's 16-token chunk."""
+    from kvbound.proofs.case_premises import lookup_terms
+    from kvbound.proofs.premises import BY_ID
+
+    case = load_any_case_paths([MIXED])[0]
+    assert BY_ID["hit-a-chunk"].check_terms(lookup_terms(case, 0, 12, None)) is None
+    why = BY_ID["hit-a-chunk"].check_terms(lookup_terms(case, 1, 8, None))
+    assert why and "M=8 < tokens_per_chunk=16" in why
+    why = BY_ID["keys-cover-hit"].check_terms(lookup_terms(case, 1, 40, None))  # T=88 > 5 keys * 16
+    assert why and "5 offload keys" in why
+
+
+def test_premises_fold_the_store_premises_on_a_store_case(tmp_path):
+    r = kvbound("premises", KEYED)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "store-running-scheduled" in r.stdout and "store-allocated-scheduled" in r.stdout
+    assert "premises: 2/2 checks hold on 1 case(s)" in r.stdout
+    d = json.loads(KEYED.read_text())
+    d["store"].update(num_computed_tokens=8, num_scheduled_tokens=5)  # scheduled past its tokens
+    p = tmp_path / "over.json"
+    p.write_text(json.dumps(d))
+    r = kvbound("premises", p)
+    assert r.returncode == 1
+    assert "store-running-scheduled  FAILS" in r.stdout and "C=8 S=5" in r.stdout
+    d["store"].update(scheduler="async", num_output_placeholders=5)  # async: placeholders are scheduled too
+    p.write_text(json.dumps(d))
+    r = kvbound("premises", p)
+    assert "store-running-scheduled  holds" in r.stdout
