@@ -1,0 +1,47 @@
+"""The 0.22.1 - 0.33.0 reset / KV-event finding, checked without kvbound trace (docs/findings.md):
+scripts/repro_reset_kv_events.py stores one request's 8 chunks on the CPU tier with KV cache
+events on, resets the prefix cache with the connector, and looks the same prompt up again. The
+tier answers no hit, yet no event removed the 8 blocks: a KV-event consumer still lists them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import ROOT, release_env_for
+
+SCRIPT = ROOT / "scripts" / "repro_reset_kv_events.py"
+
+
+def _run(version, *flags):
+    env = release_env_for(version)
+    penv = dict(os.environ, PYTHONPATH=env.tree, VLLM_TARGET_DEVICE="cpu")
+    p = subprocess.run([env.python, str(SCRIPT), "--json", *flags], capture_output=True, text=True,
+                       env=penv, timeout=600)
+    assert p.returncode in (0, 1), p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("version", ["0.22.1", "0.33.0"])
+def test_a_connector_reset_leaves_the_cpu_blocks_listed_by_events(version):
+    res = _run(version)
+    assert res["vllm"] == version and res["reset"]
+    assert res["cpu_blocks_by_events_before_reset"] == 8
+    assert res["connector_hit_tokens_after"] == 0  # the tier no longer holds the prompt
+    assert res["cpu_blocks_by_events_after"] == 8 and res["stale"]  # no event said so
+
+
+def test_the_control_keeps_the_tier_and_its_events_agree():
+    """The GPU prefix cache reset alone: the tier keeps the 8 blocks the events list, and the
+    same prompt hits them whole."""
+    res = _run("0.33.0", "--no-reset")
+    assert res["connector_hit_tokens_after"] == 128 and res["cpu_blocks_by_events_after"] == 8
+    assert not res["stale"]
+
+
+def test_0_21_does_not_clear_the_tier_on_reset():
+    res = _run("0.21.0")
+    assert res["connector_hit_tokens_after"] == 128 and not res["stale"]
