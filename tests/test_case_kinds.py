@@ -78,7 +78,8 @@ def test_a_store_case_round_trips():
     ("release", "0.18.0", "store.release"),
     ("release", 33, "must be a vLLM release string"),
     ("num_tokens", 7, "must be >= num_prompt_tokens=8"),
-    ("num_computed_tokens", 10, "must be <= num_tokens=9"),
+    ("num_computed_tokens", -1, "must be an integer >= 0"),
+    ("scheduler", "eager", "must be one of sync, async"),
     ("tokens_per_block", 0, "must be an integer >= 1"),
     ("num_keyed_chunks", -1, "must be an integer >= 0"),
     ("num_allocated_chunks", True, "must be an integer >= 0"),
@@ -209,3 +210,49 @@ def test_premises_fold_the_store_premises_on_a_store_case(tmp_path):
     p.write_text(json.dumps(d))
     r = kvbound("premises", p)
     assert "store-running-scheduled  holds" in r.stdout
+
+
+def test_a_store_finding_carries_a_replayable_store_case(workers):
+    """A trace store finding names its call as a store case (``detail.store_case``): on the planted
+    window_frontier_ahead (0.33.0 swa: a sliding-window group's frontier one chunk ahead) the case's
+    plan disagrees with what the planted release did, and on the same point clean every captured
+    call's every group, as a store case, agrees with its spec."""
+    from kvbound.side.defects import BY_NAME
+    from kvbound.trace import runner as R
+    from kvbound.trace.storecheck import group_verdicts, segment_calls, store_case_of
+
+    defect = BY_NAME["window_frontier_ahead"]
+    env, w = workers(defect.release)
+
+    def run(overrides=None):
+        job = R.make_job(defect.layout, (3, "mut"), 40, 0, "sync", overrides)
+        job["max_steps"] = 3000
+        res = w.job(job)
+        assert res.get("ok", True), res.get("error")
+        return job, res, R.check_result(defect.release, defect.layout, job, res)[0]
+
+    job, res, found = run()
+    assert not [f for f in found if f.kind == "store:spec_disagreement"]
+    verdicts = list(group_verdicts(defect.release, job, res))
+    assert len(verdicts) > 100
+    for v in verdicts[::7]:
+        case = store_case_from_dict(store_case_of(defect.release, job, v["call"], v["group"], v["spec_draft"]))
+        p = plan_store(case)
+        assert p.after == v["spec"] == case.next_stored_chunk_idx_after, (v, case)
+    job, res, found = run({"mutant": defect.name})
+    (f,) = [f for f in found if f.kind == "store:spec_disagreement"]
+    case = store_case_from_dict(f.detail["store_case"])
+    assert case.release == "0.33.0" and plan_store(case).after == f.detail["spec"] != case.next_stored_chunk_idx_after
+    line = plan_store(case).to_json(case)
+    assert line["agrees"] is False and line["observed_after"] == f.detail["real"]
+    assert segment_calls(defect.release, job, res)[0]
+
+
+def test_a_trace_finding_file_gives_the_case_it_names():
+    found = ROOT / "docs" / "trace-findings"
+    (line,) = plan_lines(found / "0-29-0-swa-scripted-lookup-needless-deferral-13req.json")
+    assert line["vllm_version"] == "0.29.0" and line["deferred"] is True  # its lookup case, as its release
+    out = explain(found / "0-29-0-swa-scripted-lookup-needless-deferral-13req.json")
+    assert "no needless deferral: ✗ deferred" in out
+    r = kvbound("plan", found / "0-26-0-mamba-eagle-scripted-data-copy-of-uncomputed-tokens-2req.json")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "names no case" in r.stderr

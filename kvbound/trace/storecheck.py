@@ -17,6 +17,7 @@ retry the chunks at a later step (0.33.0 ``offloading/scheduler.py:1991-1996``, 
 from __future__ import annotations
 
 from kvbound.proofs.store_premises import StoreTerms, check_store_call
+from kvbound.spec.store_case import StoreCase, store_case_to_dict
 from kvbound.spec.store import (computed_tokens, group_frontier, is_drafter_group, offer_violations, store_features,
                                 store_horizon)
 
@@ -77,7 +78,7 @@ def group_verdicts(release: str, job: dict, res: dict):
                    "group": gi, "kind": kind, "draft": draft, "spec_draft": spec_draft, "allocated": alloc,
                    "keyed": keyed, "before": before, "after": after, "spec": want, "horizon": h,
                    "holds_tail": holds, "offered": offer[1] if offer else None, "offer": broken,
-                   "ok": draft == spec_draft and (want is None or want == after) and not broken}
+                   "ok": draft == spec_draft and (want is None or want == after) and not broken, "call": call}
 
 
 def _message(v: dict) -> str:
@@ -108,7 +109,8 @@ def judge_store_calls(release: str, job: dict, res: dict) -> tuple[list[dict], i
     v = bad[0]
     first = {"check": "store:spec_disagreement", "step": v["step"], "request": v["request"], "group": v["group"],
              "kind": v["kind"], "message": _message(v), "real": v["after"], "spec": v["spec"],
-             "horizon": v["horizon"], "count": len(bad), "kinds": sorted({b["kind"] for b in bad})}
+             "horizon": v["horizon"], "count": len(bad), "kinds": sorted({b["kind"] for b in bad}),
+             "store_case": store_case_of(release, job, v["call"], v["group"], v["spec_draft"])}
     if v["draft"] != v["spec_draft"]:
         first.update(real_draft=v["draft"], spec_draft=v["spec_draft"])
     return [first], len(seen)
@@ -134,6 +136,29 @@ def check_store_premises(release: str, job: dict, res: dict) -> tuple[list[dict]
                            x["placeholders"], x["drafts"], x["lookahead"], is_async, before)
         for p, detail in check_store_call(terms, status, caps):
             count[p.id] = count.get(p.id, 0) + 1
-            first.setdefault(p.id, {"check": "premise:" + p.id, "step": step, "request": rid, "status": status,
-                                    "detail": f"request {rid} ({status}) at step {step}: {detail}"})
+            if p.id not in first:
+                first[p.id] = {"check": "premise:" + p.id, "step": step, "request": rid, "status": status,
+                               "detail": f"request {rid} ({status}) at step {step}: {detail}",
+                               "store_case": store_case_of(release, job, [step, rid, status, P, T, C, S, mot, alloc,
+                                                                          keyed, before, after, refused, *more], 0)}
     return [dict(first[i], count=count[i]) for i in sorted(first)], checked
+
+
+def store_case_of(release: str, job: dict, call: list, group: int, drafter: bool = False) -> dict:
+    """One group of a captured ``_build_store_jobs`` call as a store case (spec/store_case.py), the
+    replayable input of a store finding: ``kvbound plan``, ``explain`` and ``premises`` take it."""
+    step, rid, status, P, T, C, S, mot, alloc, keyed, before, after, refused, *more = call
+    lay, par = job["layout"], job["params"]
+    x = more[0] if more else {}
+    row = next((g for g in _groups(call)[0] if g[0] == group), None)
+    if row is not None:
+        alloc, keyed, before, after = row[4:8]
+    return store_case_to_dict(StoreCase(
+        name=f"trace-{release}-step{step}-request{rid}-group{group}", release=release, status=status,
+        num_prompt_tokens=P, num_tokens=T, num_computed_tokens=C, num_scheduled_tokens=S,
+        tokens_per_block=lay["groups"][group]["tokens_per_block"], blocks_per_chunk=lay.get("blocks_per_chunk", 1),
+        num_allocated_chunks=alloc, num_keyed_chunks=keyed,
+        offload_prompt_only=bool(par.get("offload_prompt_only", True)), max_offload_tokens=mot,
+        refused=bool(refused), next_stored_chunk_idx=before, next_stored_chunk_idx_after=after, drafter=drafter,
+        scheduler="async" if par.get("async") else "sync", num_output_placeholders=x.get("placeholders", 0),
+        num_draft_tokens=x.get("drafts", 0), num_lookahead_tokens=x.get("lookahead", 0)))
