@@ -71,6 +71,9 @@ ARRIVALS: dict[str, tuple[str, str]] = {
                                    " v1/kv_offload/tiering/manager.py:647; 0.26.0 has none)"),
     "max_load_tokens": ("0.31.0", f"a request's kv_transfer_params max_load_tokens caps its hit (0.31.0 {_S}:367,391-393;"
                                   f" 0.33.0 {_S}:384-396,866-870,1097-1101; 0.30.0 has none)"),
+    "max_offload_tokens": ("0.23.0", f"a request's kv_transfer_params max_offload_tokens caps what it offloads (0.23.0"
+                                     f" {_S}:183,197-207,737-739; 0.33.0 {_S}:399-410,762-768,1662-1668; 0.22.1 has"
+                                     " none)"),
     "retention_interval": ("0.30.0", "the connector reads CacheConfig.prefix_cache_retention_interval (0.30.0"
                                      f" {_S}:176; 0.33.0 {_S}:206,1852-1901; 0.29.0 has the config field,"
                                      " vllm/config/cache.py:156, but no connector line reads it)"),

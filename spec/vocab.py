@@ -225,6 +225,7 @@ class ReleaseFeatures:
     connector_reset_cache: bool = True  # 0.22+: OffloadingConnector.reset_cache (reset_prefix_cache(reset_connector))
     load_tier_filter: bool = True  # 0.27+: kv_transfer_params kv_load_tiers (a request's tier filter)
     max_load_tokens: bool = True  # 0.31+: kv_transfer_params max_load_tokens (a request's load limit)
+    max_offload_tokens: bool = True  # 0.23+: kv_transfer_params max_offload_tokens (a request's offload limit)
     retention_interval: bool = True  # 0.30+: the connector reads CacheConfig.prefix_cache_retention_interval
     # the lookup (get_num_new_matched_tokens; spec/lookup.py, docs/lookup.md):
     lookup_eagle: bool = True  # 0.24+: is_eagle_group pops its trailing chunk; Mamba alignment cap

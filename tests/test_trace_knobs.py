@@ -32,6 +32,8 @@ def _run(w, version, point, mutant=None, n=80):
     ("full-tiering-fs@load_tiers_p=0.3", "0.33.0", "promote_reversed_keys", None),
     ("full@prompt_logprobs_p=0.1", "0.33.0", "lookup_extra_chunk", None),
     ("full@load_limit_p=0.3", "0.33.0", "lookup_extra_chunk", None),
+    # a capped request's chunks past its max_offload_tokens are not lost; a dropped store still is
+    ("full@offload_limit_p=0.3", "0.33.0", "drop_store", None),
     # the chunks a reset dropped are exempt until the tier is given them again: a chunk never offered is not
     ("full@reset_p=0.1", "0.33.0", "drop_store", None),
 ])
@@ -65,6 +67,7 @@ def test_the_request_level_traffic_leaves_the_organic_stream_as_it_was():
     ("full@load_tiers_p=0.3", "0.26.0", "0.27.0 offloading/scheduler.py:61,387"),
     ("swa@retention_interval=dense", "0.29.0", "0.30.0 offloading/scheduler.py:176"),
     ("full@load_limit_p=0.3", "0.30.0", "0.31.0 offloading/scheduler.py:367,391-393"),
+    ("full@offload_limit_p=0.3", "0.22.1", "0.23.0 offloading/scheduler.py:183,197-207"),
 ])
 def test_a_release_without_the_knob_is_one_line(point, version, says):
     line = S.support(point, version)

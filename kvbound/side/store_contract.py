@@ -124,7 +124,8 @@ class StoreContract:
     def check_lost_chunks(self):
         """Every whole chunk of a finished (not aborted) request's full-attention, non-draft
         groups whose KV was computed (the final sampled token never is) and that the policy
-        offloads (the prompt only, under ``offload_prompt_only``) is in the tier, unless the
+        offloads (the prompt only, under ``offload_prompt_only``; no further than the request's
+        ``max_offload_tokens``) is in the tier, unless the
         tier evicted it, refused to allocate, declined to store it (``TierTransfers.declined``),
         lost it to a connector reset and was not given it again (``reset_dropped``), or
         (scripted) stalled its write
@@ -151,6 +152,11 @@ class StoreContract:
                 continue
             horizon = req.num_prompt_tokens if prompt_only else req.num_tokens - 1
             horizon = min(horizon, self.tier.finished[rid])
+            # the request's own offload limit: kv_transfer_params max_offload_tokens, a
+            # non-negative int (0.23.0 offloading/scheduler.py:197-207,737-739; 0.33.0 :399-410,762-768)
+            cap = (getattr(req, "kv_transfer_params", None) or {}).get("max_offload_tokens")
+            if type(cap) is int and cap >= 0:
+                horizon = min(horizon, cap)
             hashes = list(req.block_hashes)
             for pos, gc in enumerate(cfg.kv_group_configs):
                 gi = getattr(gc, "group_idx", pos)

@@ -87,6 +87,7 @@ ENGINE_PARAMS = (
     EngineParam("reset_p", float, None, _TRAFFIC),  # per step: reset_prefix_cache(reset_connector=True)
     EngineParam("load_tiers_p", float, None, _TRAFFIC),  # requests with kv_transfer_params kv_load_tiers
     EngineParam("load_limit_p", float, None, _TRAFFIC),  # requests with kv_transfer_params max_load_tokens
+    EngineParam("offload_limit_p", float, None, _TRAFFIC),  # requests with kv_transfer_params max_offload_tokens
     EngineParam("prompt_logprobs_p", float, None, _TRAFFIC),  # requests asking prompt logprobs (skip reading)
 )
 BASE = {p.name: p.base for p in ENGINE_PARAMS if p.base is not None}
@@ -173,13 +174,16 @@ RETENTION_INTERVAL = Need("retention_interval", "the connector reads CacheConfig
                           " vllm/config/cache.py:156)")
 MAX_LOAD_TOKENS = Need("max_load_tokens", "a request's load limit (kv_transfer_params max_load_tokens) arrived in"
                        " 0.31 (0.31.0 offloading/scheduler.py:367,391-393; 0.30.0 has none)")
+MAX_OFFLOAD_TOKENS = Need("max_offload_tokens", "a request's offload limit (kv_transfer_params max_offload_tokens)"
+                          " arrived in 0.23 (0.23.0 offloading/scheduler.py:183,197-207; 0.22.1 has none)")
 # What a fault setting needs of a release when it is on (a layout's or an --engine value): the scripted
 # tier wraps OffloadingManager.on_schedule_end; a failed transfer needs a connector that takes it.
 SCRIPT_KEYS = ("pending_p", "retry_p", "evict_p", "stall_p", "refuse_p")  # the scripted tier's (side/engine.py)
 PARAM_NEEDS = {"fail_p": TRANSFER_FAILURES, "store_fail_p": TRANSFER_FAILURES,
                **{k: SCHEDULE_END_HOOK for k in SCRIPT_KEYS},
                "reset_p": CONNECTOR_RESET_CACHE, "load_tiers_p": LOAD_TIER_FILTER,
-               "retention_interval": RETENTION_INTERVAL, "load_limit_p": MAX_LOAD_TOKENS}
+               "retention_interval": RETENTION_INTERVAL, "load_limit_p": MAX_LOAD_TOKENS,
+               "offload_limit_p": MAX_OFFLOAD_TOKENS}
 _MAMBA = (MAMBA_EXTERNAL_KV,)
 _MAMBA16 = _MAMBA + (PREFIX_MATCH_UNIT,)
 

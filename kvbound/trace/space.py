@@ -108,6 +108,8 @@ AXES = (
          "engine"),
     Axis("load_tiers_p", ("0.0", "0.3"), "the share of requests with a tier filter (kv_load_tiers)", "engine"),
     Axis("load_limit_p", ("0.0", "0.3"), "the share of requests with a load limit (max_load_tokens)", "engine"),
+    Axis("offload_limit_p", ("0.0", "0.3"), "the share of requests with an offload limit (max_offload_tokens)",
+         "engine"),
     Axis("prompt_logprobs_p", ("0.0", "0.1"), "the share of requests asking prompt logprobs (skip reading the"
          " prefix cache)", "engine"),
 )

@@ -12,7 +12,8 @@ A request is JSON for the worker: ``id``, ``arrive`` (step), ``prompt`` (segment
 ``["uniq", rid, n]``), ``max_tokens``, ``abort_after`` (steps, or None); and, only where the
 engine asks for them (drawn from a stream of their own, so the organic stream stays as it was):
 ``kv_transfer_params`` (``load_tiers_p``: a tier filter, ``LOAD_TIERS``; ``load_limit_p``: a cap on
-the tokens one lookup may load, ``LOAD_LIMITS``) and ``prompt_logprobs``
+the tokens one lookup may load, ``LOAD_LIMITS``; ``offload_limit_p``: a cap on what it offloads,
+``OFFLOAD_LIMITS``) and ``prompt_logprobs``
 (``prompt_logprobs_p``: a request that skips reading the prefix cache).
 """
 
@@ -33,6 +34,10 @@ LOAD_TIERS = ([{"medium": "cpu"}], [{"medium": "STORAGE", "locality": "local"}],
 # int caps the hit, _lookup_complete_chunks :866-870 and _lookup_partial_tail :1097-1101; anything else is
 # ignored with a warning): none, a token, a block and a few, a long prompt's worth, and two it ignores.
 LOAD_LIMITS = (0, 1, 16, 40, 200, -1, "all")
+# The max_offload_tokens values under offload_limit_p (0.33.0 offloading/scheduler.py:399-410, the same
+# parse; _calc_num_offloadable_tokens :762-768 caps the stores, the boundary store :1662-1668 asserts
+# its boundary is within the cap): none, a block, a chunk of 528 tokens, a long prompt's worth, one ignored.
+OFFLOAD_LIMITS = (0, 16, 64, 528, 1000, "all")
 
 
 def seg_len(seg) -> int:
@@ -119,12 +124,14 @@ def workload(n: int, seed, layout: dict, engine: dict, first_id: int = 0) -> lis
 
 
 def _request_params(reqs: list, seed, engine: dict) -> None:
-    """``load_tiers_p``, ``load_limit_p``, ``prompt_logprobs_p``: the share of requests that carry
-    a tier filter (``LOAD_TIERS``), a load limit (``LOAD_LIMITS``) or ask for prompt logprobs,
+    """``load_tiers_p``, ``load_limit_p``, ``prompt_logprobs_p``, ``offload_limit_p``: the share of
+    requests that carry a tier filter (``LOAD_TIERS``), a load limit (``LOAD_LIMITS``), ask for prompt
+    logprobs, or carry an offload limit (``OFFLOAD_LIMITS``),
     drawn from a stream of their own."""
     tiers_p, logprobs_p = engine.get("load_tiers_p") or 0.0, engine.get("prompt_logprobs_p") or 0.0
     limit_p = engine.get("load_limit_p") or 0.0
-    if not (tiers_p or logprobs_p or limit_p):
+    offload_p = engine.get("offload_limit_p") or 0.0
+    if not (tiers_p or logprobs_p or limit_p or offload_p):
         return
     prng = random.Random(repr(seed) + "-params")
     for r in reqs:
@@ -134,6 +141,8 @@ def _request_params(reqs: list, seed, engine: dict) -> None:
             r.setdefault("kv_transfer_params", {})["max_load_tokens"] = prng.choice(LOAD_LIMITS)
         if prng.random() < logprobs_p:
             r["prompt_logprobs"] = 1
+        if offload_p and prng.random() < offload_p:
+            r.setdefault("kv_transfer_params", {})["max_offload_tokens"] = prng.choice(OFFLOAD_LIMITS)
 
 
 def _burst_request(rng, source: dict | None, step: int, rid: int, b: int, cap: int) -> dict:
