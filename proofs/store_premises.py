@@ -161,12 +161,19 @@ STORE_PREMISES: tuple = (
         "The allocator holds blocks for the tokens computed and scheduled and, under speculative decoding, "
         "for the L lookahead slots past them, and for the drafts rejected since (at most L: num_computed_tokens "
         "takes them back, the blocks stay): A ≤ cdiv(C + S + 2L, B); without speculative decoding A ≤ "
-        "cdiv(C + S, B) (async scheduling: C counts the placeholders the allocator was asked for). Except a "
-        "request preempted and then finished by a stale output (async, C = 0): the connector still holds the "
-        "blocks it had at the preemption.",
-        "A·B < C + S + 2L + B ∨ (async ∧ C = 0 ∧ S = 0)  (no speculative decoding: L = 0)", FULL,
-        per_release("slot", "inc", "rej", "pre", "clear"),
-        lambda s: OR(s.A * s.B < s.C + s.S + 2 * s.L + s.B, _preempted(s))),
+        "cdiv(C + S, B) (async scheduling: C counts the placeholders the allocator was asked for). Under "
+        "async scheduling with speculative decoding the drafts of two steps are taken back after an "
+        "allocation: those of the step in flight when it was made (counted in C as placeholders) and those of "
+        "the step it scheduled, at most L each (a stop inside the accepted drafts takes back no more than the "
+        "drafts rejected would), so A ≤ cdiv(C + S + 3L, B) (measured on 0.30.0-0.33.0: eagle and swa-mtp "
+        "async reach A·B = C + 2L + B at a finished request's call). Except a request preempted and then "
+        "finished by a stale output (async, C = 0): the connector still holds the blocks it had at the "
+        "preemption.",
+        "A·B < C + S + 2L + B ∨ (async ∧ A·B < C + S + 3L + B) ∨ (async ∧ C = 0 ∧ S = 0)  "
+        "(no speculative decoding: L = 0)", FULL,
+        per_release("slot", "inc", "ph", "rej", "trim", "pre", "clear"),
+        lambda s: OR(s.A * s.B < s.C + s.S + 2 * s.L + s.B, AND(s.is_async, s.A * s.B < s.C + s.S + 3 * s.L + s.B),
+                     _preempted(s))),
     StorePremise(
         "store-preempted-stored",
         "A request preempted and then finished by a stale output (async scheduling, C = 0) stores nothing "

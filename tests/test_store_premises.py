@@ -50,3 +50,26 @@ def test_the_store_premise_check_fires_on_an_allocator_past_the_lookahead(worker
     assert f.detail["count"] >= 1 and "A·B < C + S + 2L + B" in f.detail["detail"]
     clean, checked_clean, _ = _run(w, d.release, d.layout, "sync", 100)
     assert checked_clean > 0 and not clean, [f.detail for f in clean]
+
+
+def test_store_calls_are_captured_and_judged_under_async_speculative_decoding_0_33(workers):
+    """Async scheduling with speculative decoding, where the shadow KV is off (engine.py): the store
+    calls are still recorded (store_contract.record_store_calls), every one is judged by the store spec
+    and folded with every store premise (drafts scheduled, lookahead slots, placeholders), none breaks;
+    the planted allocator past the lookahead breaks store-allocated-scheduled on the same point."""
+    from kvbound.trace.storecheck import judge_store_calls
+
+    env, w = workers("0.33.0")
+    for layout in ("eagle", "swa-mtp", "mamba-eagle"):
+        job = R.make_job(layout, (0, "storeprem"), 60, 0, "async", None)
+        job["max_steps"] = 3000
+        res = w.job(job)
+        assert job["params"]["async"] and job["layout"].get("speculative"), layout
+        calls = res["store_calls"]
+        assert any(c[-1]["drafts"] > 0 and c[-1]["lookahead"] > 0 for c in calls), layout  # drafts reached it
+        disagree, judged = judge_store_calls("0.33.0", job, res)
+        prem, checked = check_store_premises("0.33.0", job, res)
+        assert judged == len({(c[0], c[1]) for c in calls}) > 300 and checked == len(calls), (layout, judged, checked)
+        assert not disagree and not prem, (layout, disagree, prem)
+    bad, checked, _ = _run(w, "0.33.0", "eagle", "async", 60, {"mutant": "allocate_past_lookahead"})
+    assert checked > 300 and "premise:store-allocated-scheduled" in {f.kind for f in bad}, [f.kind for f in bad]

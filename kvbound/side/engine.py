@@ -18,7 +18,7 @@ import dataclasses
 import random
 import time
 
-from . import adapter, capture, checks, compose, defects, fakes, lookups, shadow, sidecar, tap
+from . import adapter, capture, checks, compose, defects, fakes, lookups, shadow, sidecar, store_contract, tap
 
 
 class Release:
@@ -252,10 +252,9 @@ class Engine:
         self.loaded_keys = []
         self.step_no = 0
         self.step_cpu = []  # process CPU time at the start of each step (the host's time to detect)
-        # Shadow KV (docs/trace.md). Not under async scheduling with spec decode: a step is
-        # scheduled before the previous one's rejections apply and the real runner corrects
-        # its positions on the GPU (gpu_model_runner.py's deferred state corrections), which
-        # the fake runner does not model.
+        # Shadow KV (docs/trace.md). Not under async scheduling with spec decode (store calls recorded all
+        # the same): a step is scheduled before the previous one's rejections apply and the real runner fixes
+        # its positions on the GPU (gpu_model_runner.py's deferred state corrections; not modelled).
         # Nor on the pre-0.25 worker API (one transfer_async per job): its fake moves nothing.
         self.shadow = None if par.get("shadow") is False or (par.get("async") and self.num_spec) \
             or not hasattr(self.transfers, "submit_store") else shadow.ShadowKV(self)
@@ -266,6 +265,7 @@ class Engine:
             fakes.script_tier(self.csched.manager, rel.obase, self.tap)
         if getattr(self.csched.manager, "secondary_tiers", None):
             fakes.settle_tiers(self.csched.manager, self.tap)
+        store_contract.record_store_calls(self, self.tap)  # eng.store_calls, with the shadow or not
         self._subscribe()
         self.checks.subscribe(self.tap)
         self.lookup_capture.subscribe(self.tap)

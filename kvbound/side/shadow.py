@@ -34,6 +34,5 @@ class ShadowKV:
 
     def subscribe(self, tap):
         self.transfers.subscribe(tap, self.eng)
-        self.contract.subscribe(tap)
         tap.subscribe("update_states", self.content.update_states)
         tap.subscribe("forward", self.content.forward)

@@ -5,7 +5,8 @@ Each stored GPU block holds, in every slot its key covers, the KV of the key's p
 (``check_store``, at the moment the store's content is copied); a store's source is not
 rewritten before that copy (``guard_write``, the fence, at every write); after drain, every
 chunk the policy offloads is in the tier (``check_lost_chunks``); and every
-``_build_store_jobs`` call is recorded for the host's ``spec/store.py`` (``subscribe``).
+``_build_store_jobs`` call is recorded for the host's ``spec/store.py`` (``record_store_calls``,
+with the shadow or without it).
 """
 
 from .adapter import first_attr
@@ -180,28 +181,30 @@ class StoreContract:
                                      % (rid, gi, j, j * tpc, (j + 1) * tpc))
                         break
 
-    def subscribe(self, tap):
-        """Every ``_build_store_jobs`` call, per request: [status, num_prompt_tokens, num_tokens,
-        num_computed_tokens, num_scheduled_tokens, max_offload_tokens, group 0's allocated chunks,
-        keyed chunks (``len(offload_keys)``, what 0.30+'s ``storable_chunks`` caps at),
-        next_stored_chunk_idx before, after, refused, {placeholders, drafts, lookahead, groups,
-        eagle_speculation}] (judged by spec/store.py on the host). ``groups``: every offloaded group's
-        [group index, kind, tagged ``is_eagle_group`` by vLLM's planner, the connector's
-        ``GroupOffloadConfig.is_eagle_group``, allocated chunks, keyed chunks, next_stored_chunk_idx
-        before, after, whether it is a copy-on-write source group (``requires_cow_source``), the chunks
-        offered ``prepare_store``, those of them whose GPU block is null, the null chunks between the
-        frontier before and after]; ``eagle_speculation``: what the connector reads to make every untagged group a
-        drafter's (``use_eagle_block_drop()``, before 0.30 ``use_eagle()``). The rest, what the store
-        premises read: the request's ``num_output_placeholders``, the draft tokens scheduled for it
-        this step (``scheduled_spec_decode_tokens``) and the scheduler's ``num_lookahead_tokens``
-        (proofs/store_premises.py). The planted defects ``drafter_skips_trailing`` and
-        ``window_frontier_ahead`` act on the frontier vLLM just advanced (tests only)."""
-        record_store_calls(self, tap)
 
+def record_store_calls(eng, tap):
+    """Every ``_build_store_jobs`` call, per request: [status, num_prompt_tokens, num_tokens,
+    num_computed_tokens, num_scheduled_tokens, max_offload_tokens, group 0's allocated chunks,
+    keyed chunks (``len(offload_keys)``, what 0.30+'s ``storable_chunks`` caps at),
+    next_stored_chunk_idx before, after, refused, {placeholders, drafts, lookahead, groups,
+    eagle_speculation}] (judged by spec/store.py on the host). ``groups``: every offloaded group's
+    [group index, kind, tagged ``is_eagle_group`` by vLLM's planner, the connector's
+    ``GroupOffloadConfig.is_eagle_group``, allocated chunks, keyed chunks, next_stored_chunk_idx
+    before, after, whether it is a copy-on-write source group (``requires_cow_source``), the chunks
+    offered ``prepare_store``, those of them whose GPU block is null, the null chunks between the
+    frontier before and after]; ``eagle_speculation``: what the connector reads to make every untagged group a
+    drafter's (``use_eagle_block_drop()``, before 0.30 ``use_eagle()``). The rest, what the store
+    premises read: the request's ``num_output_placeholders``, the draft tokens scheduled for it
+    this step (``scheduled_spec_decode_tokens``) and the scheduler's ``num_lookahead_tokens``
+    (proofs/store_premises.py). The planted defects ``drafter_skips_trailing`` and
+    ``window_frontier_ahead`` act on the frontier vLLM just advanced (tests only).
 
-def record_store_calls(contract, tap):
-    """``StoreContract.subscribe``: the ``_build_store_jobs`` capture on ``contract``'s engine."""
-    eng, tier = contract.eng, contract.tier
+    The one record of the store calls, the shadow KV's or not: it reads only vLLM's objects and
+    the layout (each group's kind, the blocks per chunk), and sees the tier's ``prepare_store``
+    answers itself (the chunks offered, the refusals), so it runs where the shadow does not (async
+    scheduling with speculative decoding, engine.py). Subscribed after a scripted tier (which may
+    refuse) and before the shadow's tier (whose planted ``drop_store`` and ``advance_on_refusal``
+    act outside it)."""
     cs = eng.csched
     if not hasattr(cs, "_build_store_jobs"):
         return
@@ -211,6 +214,9 @@ def record_store_calls(contract, tap):
                                               "__dataclass_fields__", {}):
         return
     eng.store_calls = []
+    offered, refused_by = {}, {}  # request id -> the keys offered prepare_store this call; its refusals
+    kinds = [g["kind"] for g in eng.lay["groups"]]
+    bpc = eng.lay.get("blocks_per_chunk", 1)
     RS = eng.rel.RequestStatus
     lookahead = getattr(eng.sched, "num_lookahead_tokens", 0)
     sc = getattr(eng.vllm_config, "speculative_config", None)
@@ -219,10 +225,8 @@ def record_store_calls(contract, tap):
     vgroups = eng.kv_cache_config.kv_cache_groups
     gcfgs = [(getattr(gc, "group_idx", pos), gc) for pos, gc in enumerate(cs.config.kv_group_configs)]
 
-    bpc = contract.bpc
-
     def groups_of(st):
-        return [[gi, contract.content.kinds[gi], bool(getattr(vgroups[gi], "is_eagle_group", False)),
+        return [[gi, kinds[gi], bool(getattr(vgroups[gi], "is_eagle_group", False)),
                  bool(getattr(gc, "is_eagle_group", False)), len(gs.block_ids) // bpc,
                  len(gs.offload_keys), gs.next_stored_chunk_idx]
                 for (gi, gc), gs in zip(gcfgs, st.group_states)]
@@ -268,13 +272,13 @@ def record_store_calls(contract, tap):
                 continue  # before 0.26 the per-group store state is not this shape: not captured
             before[rid] = [status, req.num_prompt_tokens, req.num_tokens, req.num_computed_tokens,
                            so.num_scheduled_tokens.get(rid, 0), getattr(st, "max_offload_tokens", None),
-                           len(gs.block_ids) // contract.bpc, len(gs.offload_keys), gs.next_stored_chunk_idx,
+                           len(gs.block_ids) // bpc, len(gs.offload_keys), gs.next_stored_chunk_idx,
                            {"placeholders": getattr(req, "num_output_placeholders", 0),
                             "drafts": len((getattr(so, "scheduled_spec_decode_tokens", None) or {}).get(rid, ())),
                             "lookahead": lookahead, "groups": groups_of(st),
                             "eagle_speculation": eagle_speculation}]
-        refused0 = dict(tier.refused_by)
-        tier.offered.clear()
+        refused0 = dict(refused_by)
+        offered.clear()
         out = call(so, *a, **k)
         for rid, rec in before.items():
             st = getattr(cs, "_req_status", {}).get(rid)
@@ -285,10 +289,20 @@ def record_store_calls(contract, tap):
                 plant(st, rec[0], x["groups"])
             for g, gs in zip(x["groups"], st.group_states):
                 g.append(gs.next_stored_chunk_idx)
-            offers(st, x["groups"], tier.offered.get(rid, ()))
+            offers(st, x["groups"], offered.get(rid, ()))
             eng.store_calls.append([eng.step_no, rid] + rec[:-1] + [
-                st.group_states[0].next_stored_chunk_idx, tier.refused_by.get(rid, 0) != refused0.get(rid, 0),
+                st.group_states[0].next_stored_chunk_idx, refused_by.get(rid, 0) != refused0.get(rid, 0),
                 x])
         return out
 
+    def prepare_store(call, keys, *a, **k):
+        keys = list(keys)
+        rid = getattr(a[0] if a else k.get("req_context"), "req_id", None)
+        offered.setdefault(rid, []).extend(keys)
+        out = call(keys, *a, **k)
+        if out is None:
+            refused_by[rid] = refused_by.get(rid, 0) + 1
+        return out
+
+    tap.around(cs.manager, "prepare_store", prepare_store)
     tap.around(cs, "_build_store_jobs", _build_store_jobs)

@@ -66,8 +66,6 @@ class TierTransfers:
         self.declined = set()  # keys a prepare_store was offered but chose not to store, not holding them
         # (the CPU tier's store_threshold: a chunk offered fewer times is skipped, 0.33.0
         # v1/kv_offload/cpu/manager.py:281-291)
-        self.refused_by = {}  # request id -> prepare_store calls refused
-        self.offered = {}  # request id -> the keys the connector offered prepare_store (store_contract.py reads)
         stats.update(shadow_copies=0)
 
     def subscribe(self, tap, eng):
@@ -82,13 +80,9 @@ class TierTransfers:
             keys = list(keys)
             if eng.mutant == "drop_store" and len(keys) > 1:  # planted: a chunk never offered to the tier
                 keys = keys[:-1]
-            ctx = a[0] if a else k.get("req_context")
-            sh.offered.setdefault(getattr(ctx, "req_id", None), []).extend(keys)  # what the tier is offered
             out = call(keys, *a, **k)
             if out is None:
                 sh.refused.update(keys)
-                rid = getattr(ctx, "req_id", None)
-                sh.refused_by[rid] = sh.refused_by.get(rid, 0) + 1
                 if eng.mutant == "advance_on_refusal":  # planted: the connector takes a refusal for "stored"
                     return eng.rel.obase.PrepareStoreOutput(keys_to_store=[], store_spec=None, evicted_keys=[])
             else:
