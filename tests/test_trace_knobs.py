@@ -25,6 +25,8 @@ def _run(w, version, point, mutant=None, n=80):
 
 @pytest.mark.parametrize("point,version,defect,expect", [
     ("full@eviction_policy=arc", "0.33.0", "drop_store", None),
+    # a small CPU tier evicts (pool pressure): an evicted chunk is not lost, a dropped store still is
+    ("full@cpu_chunks=32", "0.33.0", "drop_store", None),
     ("full@store_threshold=2", "0.33.0", "drop_store", None),
     ("full@log_stats=true", "0.33.0", "lookup_extra_chunk", None),
     # a sliding window's stores: the store one chunk past the horizon reads a block not yet written

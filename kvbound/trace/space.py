@@ -99,6 +99,8 @@ AXES = (
     Axis("fail_p", ("0.0", "0.05"), "a load job fails (TransferResult success=False)", "engine"),
     Axis("store_fail_p", ("0.0", "0.05"), "a store job fails (TransferResult success=False)", "engine"),
     # the CPU tier's knobs, the scheduler's, and traffic (docs/trace.md "The configuration space")
+    Axis("cpu_chunks", ("256", "32"), "the CPU tier's capacity in chunks (32: pool pressure, the tier evicts:"
+         " cpu/manager.py's eviction and the policies' evict paths)", "engine"),
     Axis("eviction_policy", ("lru", "arc"), "the CPU tier's cache policy (kv_connector_extra_config)", "engine"),
     Axis("store_threshold", ("0", "2"), "offers of a chunk before the CPU tier stores it", "engine"),
     Axis("log_stats", ("false", "true"), "the scheduler keeps its stats (connector stats, hits by tier)", "engine"),
