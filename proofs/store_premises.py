@@ -166,14 +166,16 @@ STORE_PREMISES: tuple = (
         "allocation: those of the step in flight when it was made (counted in C as placeholders) and those of "
         "the step it scheduled, at most L each (a stop inside the accepted drafts takes back no more than the "
         "drafts rejected would), so A ≤ cdiv(C + S + 3L, B) (measured on 0.30.0-0.33.0: eagle and swa-mtp "
-        "async reach A·B = C + 2L + B at a finished request's call). Except a request preempted and then "
-        "finished by a stale output (async, C = 0): the connector still holds the blocks it had at the "
-        "preemption.",
-        "A·B < C + S + 2L + B ∨ (async ∧ A·B < C + S + 3L + B) ∨ (async ∧ C = 0 ∧ S = 0)  "
+        "async reach A·B = C + 2L + B at a finished request's call). Except a request preempted (C = 0) and "
+        "then ended before its next lookup, under either scheduler: finished by a stale output (async) or "
+        "aborted while it waits (sync too: measured on 0.33.0 mamba@cpu_chunks=32, A = 4, C = S = 0, "
+        "docs/trace.md): _preempt_request sets C = 0 and frees its blocks, but the connector still "
+        "holds the block_ids it had at the preemption, which only its next lookup clears.",
+        "A·B < C + S + 2L + B ∨ (async ∧ A·B < C + S + 3L + B) ∨ (C = 0 ∧ S = 0)  "
         "(no speculative decoding: L = 0)", FULL,
         per_release("slot", "inc", "ph", "rej", "trim", "pre", "clear"),
         lambda s: OR(s.A * s.B < s.C + s.S + 2 * s.L + s.B, AND(s.is_async, s.A * s.B < s.C + s.S + 3 * s.L + s.B),
-                     _preempted(s))),
+                     AND(s.C == 0, s.S == 0))),
     StorePremise(
         "store-preempted-stored",
         "A request preempted and then finished by a stale output (async scheduling, C = 0) stores nothing "

@@ -158,3 +158,7 @@ def test_a_campaign_with_coverage_repeats_itself_and_times_each_finding(tmp_path
     assert doc["findings"] and all(set(f["detect"]) == {"point", "requests", "cpu_s"} for f in doc["findings"])
     assert all(f["detect"]["point"].startswith("0.33.0, layout mamba-block-sync, seed 2, segment ")
                and 0 < f["detect"]["requests"] <= 120 for f in doc["findings"])
+    # coverage is asked of the worker, never saved with a finding: its file replays on a plain worker
+    saved = sorted((tmp_path / "f-a").glob("*.json"))
+    assert saved and not any("coverage" in json.loads(p.read_text())["segment"] for p in saved)
+    assert main(["trace", "--replay", str(saved[0]), "--vllm", "0.33.0"]) == 1

@@ -224,7 +224,11 @@ def test_store_premises_restated_per_mode():
     assert alloc(t(45, 0, 46, A=4, L=2)) is True  # drafts rejected since the allocation (0.33.0 eagle, sync)
     assert alloc(t(45, 0, 46, A=4)) is False
     assert alloc(t(0, 0, 307, A=20, is_async=True)) is True  # a preempted request's blocks, still held
-    assert alloc(t(0, 0, 307, A=20)) is False
+    # ... under sync scheduling too: preempted, then aborted before its next lookup (0.33.0
+    # mamba@cpu_chunks=32, tests/data/trace/0-33-0-mamba-cpu-chunks-32-preempted-then-aborted-10req.json)
+    assert alloc(t(0, 0, 279, A=4, B=64)) is True
+    assert not check_store_call(t(0, 0, 279, A=4, B=64, P=279, N0=4, horizon=0), "aborted", True)
+    assert alloc(t(0, 64, 307, A=20)) is False  # scheduled again: its lookup cleared the stale block_ids
     kept = STORE_BY_ID["store-preempted-stored"].term  # ... from which it stores nothing new
     # 0.33.0 full async: a finished request's horizon max(P, T - 1) = 306, 19 chunks, all stored before
     assert kept(t(0, 0, 307, A=20, is_async=True, N0=19, horizon=306)) is True

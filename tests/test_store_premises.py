@@ -73,3 +73,26 @@ def test_store_calls_are_captured_and_judged_under_async_speculative_decoding_0_
         assert not disagree and not prem, (layout, disagree, prem)
     bad, checked, _ = _run(w, "0.33.0", "eagle", "async", 60, {"mutant": "allocate_past_lookahead"})
     assert checked > 300 and "premise:store-allocated-scheduled" in {f.kind for f in bad}, [f.kind for f in bad]
+
+
+def test_store_premises_hold_on_a_request_preempted_then_aborted_0_33(workers):
+    """Sync scheduling: a request preempted (_preempt_request: num_computed_tokens = 0, its blocks freed)
+    and aborted before its next lookup reaches _build_store_jobs with C = S = 0 while the connector still
+    holds the block_ids it had at the preemption (only get_num_new_matched_tokens clears them, 0.33.0
+    offloading/scheduler.py:1243). The shrunk reproducer (0.33.0 mamba@cpu_chunks=32, request 187: 256
+    tokens scheduled, preempted at step 246, aborted) reaches that call; store-allocated-scheduled once
+    broke on it (A = 4 > cdiv(C + S, B) = 0), though the call stores nothing (horizon C = 0)."""
+    from pathlib import Path
+
+    from kvbound.trace import tracefile as TF
+
+    f = TF.load(Path(__file__).parent / "data" / "trace" / "0-33-0-mamba-cpu-chunks-32-preempted-then-aborted-10req.json")
+    env, w = workers(f.release)
+    job = dict(f.segment)
+    assert not job["params"]["async"]
+    res = w.job(job)
+    reached = [c for c in res["store_calls"] if c[2] == "aborted" and c[5] == 0 and c[6] == 0 and c[8] > 0]
+    assert reached and res["stats"]["preemptions"] >= 1, res["stats"]
+    prem, checked = check_store_premises(f.release, job, res)
+    assert checked > 0 and not prem, prem
+    assert all(c[10] == c[11] for c in reached)  # next_stored_chunk_idx unchanged: it stores nothing

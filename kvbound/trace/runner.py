@@ -212,9 +212,9 @@ def run_trace(env: ReleaseEnv, layouts, n_requests: int, seed: int = 0, segment:
             while done < n_requests:
                 n = min(segment, n_requests - done)
                 job = make_job(name, (seed, name, seg_i), n, done, kinds[seg_i % len(kinds)], overrides)
-                if coverage is not None:
-                    job["coverage"] = True
-                res = w.job(job)
+                # Coverage is asked of the worker, never kept in the job: the job is the finding's
+                # segment, and its replay starts a worker without coverage.
+                res = w.job({**job, "coverage": True} if coverage is not None else job)
                 got, tally = check_result(env.version, name, job, res)
                 for f in got:
                     f.detect = detect(f, f"layout {name}, seed {seed}, segment {seg_i}", done, s.cpu_seconds, job, res)
