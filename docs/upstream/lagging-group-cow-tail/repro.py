@@ -8,14 +8,14 @@ Needs only vLLM and runs on CPU (a local config.json; the model is never built):
     PYTHONPATH=<vllm tree> python repro.py
 
 The engine core's Scheduler with the OffloadingConnector (CPU tier), full attention +
-Mamba ("align"), 64-token blocks, prefix-match unit 16 (--prefix-match-unit 16), 16 GPU
-blocks. Request A (213 tokens, 4 output tokens) runs and finishes: full attention caches
-its prefix in 16-token units (up to 208 tokens), Mamba its state at block boundaries
-(64, 128, 192). Request B (A's prompt, A's first output token and 48 tokens of its
-own) then hits 208 tokens in the full-attention group and 192 in the Mamba group; the
-scheduler's connector path (v1/core/sched/scheduler.py:742) takes the longer, 208, for
-both groups, and the Mamba group records a copy-on-write tail at block 3 of its 3
-blocks.
+Mamba ("align") + an EAGLE drafter's full-attention group (is_eagle_group, 2
+speculative tokens), 64-token blocks, prefix-match unit 16 (--prefix-match-unit 16), 16
+GPU blocks. Request A (213 tokens, 4 output tokens) runs and finishes. Request B (A's
+prompt, A's first output token and 48 tokens of its own) then hits 208 tokens in the
+Mamba group (its state at A's prompt end) and 192 in both attention groups (their one
+lookup drops the EAGLE block); the scheduler's connector path
+(v1/core/sched/scheduler.py:742) takes the longest, 208, for every group, and each
+attention group records a copy-on-write tail at block index 3 of its 3 blocks.
 
 Exit 1 with one line when schedule() raises the AssertionError of _apply_cow (0.26.0),
 0 when B is scheduled past its hit and finishes, 2 when B did not get the diverged hit
