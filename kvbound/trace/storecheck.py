@@ -126,7 +126,8 @@ def check_store_premises(release: str, job: dict, res: dict) -> tuple[list[dict]
     is_async = bool(job["params"].get("async"))
     caps = store_features(release).store_caps_at_allocated
     first, count, checked = {}, {}, 0
-    for step, rid, status, P, T, C, S, mot, alloc, keyed, before, after, refused, *more in calls:
+    for call in calls:
+        step, rid, status, P, T, C, S, mot, alloc, keyed, before, after, refused, *more = call
         if not more:
             continue  # a record without the premises' fields (placeholders, drafts, lookahead)
         x = more[0]
@@ -139,8 +140,7 @@ def check_store_premises(release: str, job: dict, res: dict) -> tuple[list[dict]
             if p.id not in first:
                 first[p.id] = {"check": "premise:" + p.id, "step": step, "request": rid, "status": status,
                                "detail": f"request {rid} ({status}) at step {step}: {detail}",
-                               "store_case": store_case_of(release, job, [step, rid, status, P, T, C, S, mot, alloc,
-                                                                          keyed, before, after, refused, *more], 0)}
+                               "store_case": store_case_of(release, job, call, 0)}
     return [dict(first[i], count=count[i]) for i in sorted(first)], checked
 
 
