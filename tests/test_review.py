@@ -18,6 +18,8 @@ And ``--replay F`` on the real 0.26.0 tree, with the 5-request reproducer of the
 (docs/upstream/seed-pr-scan-from-boundary): the seed PR's scan from ``f`` alone turns the crash
 into a read of a block nothing wrote (``data:wrong_kv[full_attention: unwritten]``, exit 1); with
 the hit every group agrees on as the start as well, the crash is gone and nothing is new (exit 0).
+Each upstream report's candidate patch (docs/upstream/<slug>/patch.diff) on the trace file of its
+finding, in the same CI-sized form: the finding gone, nothing new, exit 0.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from conftest import DATA, ROOT
 PATCHES = DATA / "review"
 FIX = PATCHES / "0-33-0-mamba-sync-reservation-fix.diff"
 PLANTED = PATCHES / "0-33-0-planted-load-skips-first-block.diff"
-SEED_PR = ROOT / "docs" / "upstream" / "seed-pr-scan-from-boundary"
+UPSTREAM = ROOT / "docs" / "upstream"
+SEED_PR = UPSTREAM / "seed-pr-scan-from-boundary"
 BOUNDARY_5REQ = ROOT / "docs" / "trace-findings" / "0-26-0-mamba-vllm-exception-update-state-after-alloc-5req.json"
 BOUNDARY = ("crash:exception@update_state_after_alloc:assert num_locally_computed_tokens <= "
             "num_locally_computed_gpu_blocks * tokens_per_block")
@@ -244,6 +247,14 @@ def test_the_seed_pr_with_the_agreed_start_cures_the_0_26_boundary_crash(tmp_pat
     ("0.27.0", ROOT / "docs" / "trace-findings" / "0-27-0-copy-fence-from-0-29-0.diff",
      "0-27-0-mamba528-data-wrong-kv-mamba-unwritten-arrived-by-a-load-23req.json",
      ["data:wrong_kv[mamba: unwritten, arrived by a load]", "store:source_rewritten", "store:unwritten_source"]),
+    # the upstream reports' candidate patches, each on the trace file of its finding
+    # (docs/upstream/<slug>/README.md, "Candidate fix"): the 0.28.0 backport of that fence ...
+    ("0.28.0", UPSTREAM / "copy-overwrites-inflight-store-source" / "patch.diff",
+     "0-28-0-mamba-store-source-rewritten-13req.json", ["store:foreign_source", "store:source_rewritten"]),
+    # ... and the 0.26.0 agreed hit when a lagging group would record a copy-on-write tail it lacks
+    ("0.26.0", UPSTREAM / "lagging-group-cow-tail" / "patch.diff",
+     "0-26-0-mamba-eagle-vllm-exception-apply-cow-2req.json",
+     ["crash:exception@_apply_cow:assert block_idx < len(req_blocks)"]),
 ])
 def test_a_fix_sketch_removes_the_settled_finding(version, patch, trace_file, keys, tmp_path, prepared, capsys):
     prepared(version)
