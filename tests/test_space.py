@@ -79,3 +79,46 @@ def test_the_commands_take_axes_points_and_draws(capsys):
     assert "blocks_per_chunk takes 1, 2, 4" in capsys.readouterr().err
     assert main(["campaign", "--vllm", "0.33.0", "--point", "full@nope=1"]) == 2
     assert "K one of" in capsys.readouterr().err
+
+
+def test_the_sweep_puts_every_axis_value_in_the_default_campaign():
+    """Every SWEEP entry is a point as point_name spells it that some campaign release runs, and
+    every value of every axis is held by a named layout or a SWEEP point, unless no campaign
+    release runs it on any layout it applies to (support says why: a failed transfer)."""
+    from kvbound.spec.versions import CAMPAIGN_RELEASES
+
+    runs = S.runnable_on(CAMPAIGN_RELEASES)
+    assert len(set(S.SWEEP)) == len(S.SWEEP)
+    for p in S.SWEEP:
+        assert S.point_name(*S.split(p)) == p and p not in LAYOUTS and runs(p), p
+    held = {(a.name, a.value_of(S.resolve(p))) for p in list(LAYOUTS) + list(S.SWEEP) for a in S.AXES}
+    unswept = []
+    for a in S.AXES:
+        for v in a.values:
+            if (a.name, v) in held:
+                continue
+            tried = [S.point_name(b, {a.name: v}) for b, lay in LAYOUTS.items() if a.applies(lay)]
+            assert not any(runs(t) for t in tried), f"{a.name}={v} runs on some release but no default point has it"
+            unswept.append(f"{a.name}={v}")
+    assert unswept == ["fail_p=0.05", "store_fail_p=0.05"]
+    assert "no release takes failed loads or stores" in S.support("full@fail_p=0.05", "0.33.0")
+
+
+def test_the_default_campaign_runs_the_layouts_then_the_sweep_and_explore_draws_runnable_points():
+    import argparse
+
+    def args(**kw):
+        return argparse.Namespace(**dict(dict(layout=[], point=[], axis=[], explore=0, seed=0), **kw))
+
+    assert S.chosen(args(), sweep=True) == list(LAYOUTS) + list(S.SWEEP)
+    assert S.chosen(args()) == list(LAYOUTS)  # kvbound trace: the named layouts
+    assert S.chosen(args(layout=["full"]), sweep=True) == ["full"]
+    assert S.chosen(args(point=["mamba@abort_p=0.2"]), sweep=True) == ["mamba@abort_p=0.2"]
+    assert S.chosen(args(axis=["abort_p=0.2"]), sweep=True) == [f"{l}@abort_p=0.2" for l in LAYOUTS]
+    # without a test of what runs, the first draw of each (unchanged); with one, a draw it refuses is drawn again
+    free = S.explore(LAYOUTS, 40, 3)
+    only_0_21 = S.runnable_on(["0.21.0"])
+    assert not all(only_0_21(p) for p in free)
+    kept = S.explore(LAYOUTS, 40, 3, only_0_21)
+    assert kept and all(only_0_21(p) for p in kept) and kept == S.explore(LAYOUTS, 40, 3, only_0_21)
+    assert S.explore(LAYOUTS, 3, 3, lambda p: False) == []

@@ -49,3 +49,39 @@ def test_an_axis_finds_its_planted_defect_and_its_clean_point_none(layout, versi
     assert res["stats"][counter] > 0
     _, kinds = _run(w, version, layout, defect)
     assert set(BY_NAME[defect].catches) <= kinds
+
+
+def test_the_scheduler_axis_runs_every_segment_of_its_point_on_its_scheduler():
+    """A point's ``scheduler`` overrides the run's (a campaign alternates per segment): every job of
+    ``full@scheduler=async`` is an async one, of ``full`` the run's, and a point without the axis
+    keeps the run's alternation."""
+    from kvbound.trace.space import resolve
+
+    class Recorder:  # stands for the worker: records the jobs run_trace sends, answers an empty segment
+        def __init__(self):
+            self.jobs = []
+
+        def job(self, job):
+            self.jobs.append(job)
+            return {"calls": [], "stats": {}, "findings": []}
+
+    rec = Recorder()
+    R.run_trace(type("Env", (), {"version": "0.33.0"})(), ["full@scheduler=async", "full", "full@scheduler=sync"],
+                800, sched="both", worker=rec)
+    by_point = [(j["layout"]["name"], j["params"]["async"]) for j in rec.jobs]
+    assert by_point == [("full@scheduler=async", True), ("full@scheduler=async", True), ("full", False),
+                        ("full", True), ("full@scheduler=sync", False), ("full@scheduler=sync", False)]
+    assert resolve("full@scheduler=async").scheduler == "async" and resolve("full").scheduler is None
+
+
+def test_an_async_point_finds_a_planted_store_defect_and_its_clean_run_none(workers):
+    """``full@scheduler=async`` on the real 0.33.0 AsyncScheduler: the store premises restated for
+    async hold on a clean run, and an allocator that holds blocks past the lookahead breaks
+    ``store-allocated-scheduled`` (the planted ``allocate_past_lookahead``)."""
+    env, w = workers("0.33.0")
+    point = "full@scheduler=async"
+    _, clean = R.run_trace(env, [point], 80, 5, worker=w)
+    assert clean == [], [f.kind for f in clean]
+    _, found = R.run_trace(env, [point], 80, 5, worker=w, overrides={"mutant": "allocate_past_lookahead"})
+    assert {f.kind for f in found} >= set(BY_NAME["allocate_past_lookahead"].catches)
+    assert all(f.segment["params"]["async"] for f in found)

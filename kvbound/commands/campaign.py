@@ -57,7 +57,8 @@ def add_run_arguments(p) -> None:
     from kvbound.trace.layouts import LAYOUTS
 
     p.add_argument("--layout", action="append", choices=sorted(LAYOUTS), default=[],
-                   help="repeatable; default: every layout")
+                   help="repeatable; default: every layout, then the points of kvbound.trace.space.SWEEP (each axis value no"
+                        " layout holds, docs/trace.md)")
     p.add_argument("--budget", type=float, default=None, metavar="S",
                    help=f"seconds the campaign is planned to take (default {CAMPAIGN_PLAN.budget_s:.0f}); turned into"
                         " requests per layout by a fixed table of costs (kvbound.options.PlanOptions: worker"
@@ -93,8 +94,10 @@ def plan(args) -> tuple[list, list]:
     releases = expand_releases(args.vllm)
     for v in releases:
         variant_for_version(v)  # UnsupportedVersion: one line, exit 2
-    # guided: round 0 is the points named, --explore N the points of each later round
-    layouts = tuple(space.chosen(argparse.Namespace(**dict(vars(args), explore=0)) if args.guided else args))
+    # guided: round 0 is the points named, --explore N the points of each later round; --explore's
+    # draws are points some release of the campaign runs (a checkout runs what its base runs)
+    named = argparse.Namespace(**dict(vars(args), explore=0)) if args.guided else args
+    layouts = tuple(space.chosen(named, sweep=True, runnable=space.runnable_on(releases)))
     columns = list(releases)
     src_col = None
     if args.vllm_src:
@@ -156,9 +159,7 @@ def planner(args, shards):
     """The guided campaign's planner: points drawn only where some release of the campaign runs them."""
     from kvbound.trace.guide import Planner
 
-    judged_as = [sh.release for sh in shards]
-    return Planner(args.seed, args.explore,
-                   lambda point: any(space.support(point, v) is None for v in judged_as))
+    return Planner(args.seed, args.explore, space.runnable_on(sh.release for sh in shards))
 
 
 def _bar(quiet, t0):

@@ -154,7 +154,7 @@ def run(args) -> int:
         print(f"kvbound review: vllm {args.vllm} could not be prepared:\n  {e}", file=sys.stderr)
         return EXIT_INPUT
     replays = _replay_files(args.replay, release)
-    layouts = tuple(space.chosen(args))
+    layouts = tuple(space.chosen(args, sweep=True, runnable=space.runnable_on([release])))
     workers = min(local_workers(args), 2)
     options = trace_options(args, [release, release], layouts, workers)
     if args.keep_tree and Path(args.keep_tree).exists():

@@ -203,6 +203,8 @@ class Layout:
     # after a P/D consumer (side/pd_connector.py)
     offload_spec: str | None = None  # None: CPUOffloadingSpec; "tiering-fs": TieringOffloadingSpec with its
     # file-system tier on a temporary directory
+    scheduler: str | None = None  # None: the run's (--scheduler; a campaign alternates sync and async per
+    # segment); "sync" or "async": every segment of the point
 
     def __post_init__(self):
         unknown = set(self.engine) - {p.name for p in ENGINE_PARAMS}

@@ -208,7 +208,7 @@ def run_trace(env: ReleaseEnv, layouts, n_requests: int, seed: int = 0, segment:
             summaries.append(s)
             t0 = time.monotonic()
             done, seg_i = 0, 0
-            kinds = schedulers(sched)
+            kinds = schedulers(resolve(name).scheduler or sched)  # the point's own, else the run's
             while done < n_requests:
                 n = min(segment, n_requests - done)
                 job = make_job(name, (seed, name, seg_i), n, done, kinds[seg_i % len(kinds)], overrides)

@@ -16,6 +16,11 @@ release cannot run is one line saying why (``support``), never a traceback.
 then covers every base layout times every combination (``points``); ``--explore N`` adds N
 points drawn from the whole space with the run's seed (``explore``), with no clock involved,
 so the same command gives the same points.
+
+A campaign's default (no ``--layout``, ``--point`` or ``--axis``) is every named layout and the
+``SWEEP``: points that put each axis value no named layout holds on the layouts where it acts,
+so the default campaign runs every axis on each release that supports it (a value no campaign
+release runs, such as a failed transfer, is left out: ``support`` says why on every release).
 """
 
 from __future__ import annotations
@@ -88,6 +93,8 @@ AXES = (
          " tier", "field", {"tiering-fs": (L.TIERING_FS, L.SCHEDULE_END_HOOK)}),
     Axis("offload_prompt_only", ("true", "false"), "offload the prompt only, or decoded tokens too", "engine",
          {"true": (L.OFFLOAD_PROMPT_ONLY,)}),
+    Axis("scheduler", ("run", "sync", "async"), "the scheduler of every segment (run: as the run says, --scheduler;"
+         " a campaign alternates sync and async per segment)", "field"),
     Axis("prefix_burst_p", ("0.0", "0.3", "0.5"), "the share of requests that start a shared-prefix burst",
          "engine"),
     Axis("abort_p", ("0.04", "0.0", "0.2"), "the share of requests aborted 0..8 steps after arrival", "engine"),
@@ -116,6 +123,59 @@ AXES = (
          " prefix cache)", "engine"),
 )
 BY_NAME = {a.name: a for a in AXES}
+
+
+# The default campaign's points beside the named layouts (``chosen(..., sweep=True)``), each axis
+# value no named layout holds put on the layouts where it acts: a hybrid's partial tails, a sliding
+# window's freed blocks, the full-attention baseline. Spelled as ``point_name`` spells them.
+SWEEP = (
+    "full@blocks_per_chunk=4",
+    "mamba@blocks_per_chunk=2",  # chunks of two blocks over a Mamba group's partial tails
+    "mamba@composition=multi-pd",
+    "swa@offload_spec=tiering-fs",
+    "mamba@offload_spec=tiering-fs",
+    "mamba@offload_prompt_only=false",
+    "full@scheduler=async",  # async scheduling on every segment: a campaign's 200 requests are one sync segment
+    "swa@scheduler=async",
+    "mamba@scheduler=async",
+    "mamba-eagle@scheduler=async",
+    "full-faults@scheduler=async",
+    "mamba-eagle@scheduler=sync",
+    "full@prefix_burst_p=0.5",
+    "mamba528@prefix_burst_p=0.5",  # shared-prefix bursts on a hash unit below the block size
+    "mamba-eagle@prefix_burst_p=0.3",
+    "full@abort_p=0.0",  # no aborts: every request runs to its end
+    "full@abort_p=0.2",
+    "mamba@abort_p=0.2",
+    "full-scripted@evict_p=0.3",
+    "swa-scripted@refuse_p=0.3",
+    "swa-scripted@late_p=0.1",
+    "full@cpu_chunks=32",
+    "full@cpu_chunks=32,eviction_policy=arc",
+    "swa@cpu_chunks=32,eviction_policy=arc",
+    "mamba@cpu_chunks=32",
+    "full@eviction_policy=arc,store_threshold=2,log_stats=true",
+    "mamba@log_stats=true",
+    "mamba-sync@log_stats=true",  # the sync-load path's stats (0.33.0)
+    "swa@retention_interval=dense",
+    "mamba@retention_interval=dense",
+    "full@reset_p=0.02",
+    "swa@reset_p=0.1",
+    "mamba@reset_p=0.1",
+    "full-tiering-fs@log_stats=true,reset_p=0.1,load_tiers_p=0.3",
+    "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
+    "swa@load_limit_p=0.3",
+    "mamba@load_limit_p=0.3",  # a load limit under partial tails
+    "full@offload_limit_p=0.3",
+    "swa@offload_limit_p=0.3",
+    "mamba528@offload_limit_p=0.3",
+)
+
+
+def runnable_on(releases):
+    """The test a drawn point passes: some release of ``releases`` runs it (``support``)."""
+    releases = tuple(releases)
+    return lambda point: any(support(point, v) is None for v in releases)
 
 
 def parse_axis(item: str) -> tuple:
@@ -197,16 +257,25 @@ def points(bases, pinned: dict) -> list:
     return list(dict.fromkeys(out))
 
 
-def explore(bases, n: int, seed) -> list:
+EXPLORE_TRIES = 64  # draws of one point before ``explore`` gives up on it (none was runnable)
+
+
+def explore(bases, n: int, seed, runnable=None) -> list:
     """``n`` points drawn from the whole space with ``seed``: a base layout, then on each axis
-    that applies to it one of its values (the layout's own value half the time)."""
+    that applies to it one of its values (the layout's own value half the time). With
+    ``runnable`` (a point -> bool, e.g. ``runnable_on``) a draw it refuses is drawn again, up to
+    ``EXPLORE_TRIES`` times, so the points are ones the run can run; without it, the first draw."""
     rng = random.Random(f"explore-{seed!r}")
     out = []
     for _ in range(n):
-        base = rng.choice(list(bases))
-        lay = L.LAYOUTS[base]
-        moved = {a.name: rng.choice(a.values) for a in AXES if a.applies(lay) and rng.random() < 0.5}
-        out.append(point_name(base, moved))
+        for _ in range(EXPLORE_TRIES):
+            base = rng.choice(list(bases))
+            lay = L.LAYOUTS[base]
+            moved = {a.name: rng.choice(a.values) for a in AXES if a.applies(lay) and rng.random() < 0.5}
+            point = point_name(base, moved)
+            if runnable is None or runnable(point):
+                out.append(point)
+                break
     return list(dict.fromkeys(out))
 
 
@@ -221,12 +290,16 @@ def add_arguments(p) -> None:
                    help="add N points drawn from the whole space with the run's seed")
 
 
-def chosen(args) -> list:
+def chosen(args, sweep: bool = False, runnable=None) -> list:
     """The points a command line names: each --layout (every layout, unless only --point is
-    given) times the --axis values, then each --point, then --explore's draws."""
+    given) times the --axis values, then each --point, then --explore's draws (only points
+    ``runnable`` passes, where given). ``sweep`` (a campaign's): with no --layout, --point or
+    --axis, every named layout and then ``SWEEP``."""
     if args.explore < 0:
         raise UsageError("--explore must be >= 0")
     pinned = dict(parse_axis(item) for item in args.axis)
     named = [point_name(*split(name)) for name in args.point]
     bases = list(dict.fromkeys(args.layout)) or ([] if named and not pinned else list(L.LAYOUTS))
-    return list(dict.fromkeys(points(bases, pinned) + named + explore(L.LAYOUTS, args.explore, args.seed)))
+    swept = list(SWEEP) if sweep and not (args.layout or named or pinned) else []
+    drawn = explore(L.LAYOUTS, args.explore, args.seed, runnable)
+    return list(dict.fromkeys(points(bases, pinned) + swept + named + drawn))
