@@ -18,7 +18,7 @@ import dataclasses
 import random
 import time
 
-from . import adapter, capture, checks, compose, defects, fakes, lookups, shadow, sidecar, store_contract, tap
+from . import adapter, capture, checks, compose, defects, fakes, kv_events, lookups, shadow, sidecar, store_contract, tap
 
 
 class Release:
@@ -130,6 +130,7 @@ class Release:
                 target_model_config=model_config, target_parallel_config=ParallelConfig())
             sc.method = sp["method"]
             spec_kw["speculative_config"] = sc
+        spec_kw.update(kv_events.config(par))  # engine setting kv_events: KV cache events on
         vllm_config = VllmConfig(
             **spec_kw,
             model_config=model_config, cache_config=cache_config, scheduler_config=sched_cfg,
@@ -147,7 +148,9 @@ class Release:
         wconn = type(sched.connector)(vllm_config, self.KVConnectorRole.WORKER, kv_cache_config)
         if mutant == "allocate_past_lookahead":  # planted: the allocator reserves past the lookahead
             _allocate_past_lookahead(sched.kv_cache_manager, lay)
-        return Engine(self, lay, par, vllm_config, kv_cache_config, sched, wconn, hbs or bs)
+        eng = Engine(self, lay, par, vllm_config, kv_cache_config, sched, wconn, hbs or bs)
+        eng.kv_events = kv_events.subscribe(eng, eng.tap)  # the tier's KV events (engine setting kv_events)
+        return eng
 
     def _tag_retained_tokens(self, kv_cache_config, vllm_config):
         """What the release's planner does after merging the workers' specs: every sliding-window

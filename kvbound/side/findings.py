@@ -69,12 +69,21 @@ def _read(d, groups):
     return f"{kind}: {found}" + (", arrived by a load" if via.startswith("load job") else "")
 
 
+def _event_view(d, groups):
+    if not d.get("view"):
+        return None
+    return "%s: %s" % (d.get("medium"), d["view"]) + (", dropped by a reset" if d.get("left_by") == "reset" else "")
+
+
 # An exception's site: the function and the statement (or, without one, the error).
 SITE = Shape(("assert_site", "error"), "{kind}@{shape}", _site, _site_function)
 # The group kind and answer of each key a needless deferral hangs on.
 DEFERRAL = Shape(("deferred_on",), "{kind}[{shape}]", _deferral)
 # The group kind a wrong read is in, what it found there, and whether a load brought it.
 READ = Shape(("group", "found", "provenance"), "{kind}[{shape}]", _read)
+# The medium of a KV-event view that disagrees with its tier, which way (stale or missing), and
+# whether the stale blocks were dropped by a connector reset.
+EVENT_VIEW = Shape(("medium", "view", "left_by"), "{kind}[{shape}]", _event_view)
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,9 @@ _ROWS = (
     FindingKind("store:wrong_key", "a store's CPU key is not the chunk hash of the block it copies"),
     FindingKind("store:null_source", "a store reads the null block"),
     FindingKind("store:source_rewritten", "a block is rewritten while a store not yet copied reads it"),
+    FindingKind("store:stale_event", "after the connector's KV events are taken, a consumer that applied them"
+                " in order lists a block the offload tier does not hold (stale) or misses one it holds"
+                " (missing)", EFFICIENCY, EVENT_VIEW),
     FindingKind("store:lost_chunk", "after drain, a chunk the policy offloads is not in the tier",
                 EFFICIENCY),
     FindingKind("lookup:spec_disagreement", "get_num_new_matched_tokens answered other than the release's"

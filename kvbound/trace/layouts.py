@@ -89,6 +89,7 @@ ENGINE_PARAMS = (
     EngineParam("load_limit_p", float, None, _TRAFFIC),  # requests with kv_transfer_params max_load_tokens
     EngineParam("offload_limit_p", float, None, _TRAFFIC),  # requests with kv_transfer_params max_offload_tokens
     EngineParam("prompt_logprobs_p", float, None, _TRAFFIC),  # requests asking prompt logprobs (skip reading)
+    EngineParam("kv_events", _flag, None, _ENGINE),  # KV cache events on: the tier's checked (side/kv_events.py)
 )
 BASE = {p.name: p.base for p in ENGINE_PARAMS if p.base is not None}
 OVERRIDES = {p.name: p for p in ENGINE_PARAMS if p.flag}

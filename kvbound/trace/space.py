@@ -121,6 +121,8 @@ AXES = (
          "engine"),
     Axis("prompt_logprobs_p", ("0.0", "0.1"), "the share of requests asking prompt logprobs (skip reading the"
          " prefix cache)", "engine"),
+    Axis("kv_events", ("false", "true"), "KV cache events on (KVEventsConfig enable_kv_cache_events): the offload"
+         " tier's events checked against what it holds (side/kv_events.py)", "engine"),
 )
 BY_NAME = {a.name: a for a in AXES}
 
