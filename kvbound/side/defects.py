@@ -57,6 +57,8 @@ DEFECTS = (
            " one chunk past the chunks it stored", "store_contract", ("store:spec_disagreement",), "swa", "0.33.0"),
     Defect("event_drop_removed", "the CPU tier drops its first removal event (an eviction it never announces)",
            "kv_events", ("store:stale_event",), "full@cpu_chunks=32,kv_events=true", "0.33.0"),
+    Defect("event_drop_stored", "the CPU tier drops its first stored event (a completed store it never announces)",
+           "kv_events", ("store:stale_event",), "full@cpu_chunks=32,kv_events=true", "0.33.0"),
     Defect("refusal_leaks", "the tier refuses a store after allocating it: its chunks stay write-pending"
            " for ever", "fakes", ("liveness:stuck_request",), "full-faults", "0.33.0"),
 )

@@ -24,7 +24,7 @@ holds one the consumer does not list), after which the consumer re-reads the tie
 is reported once.
 
 Planted (tests only, the job's ``mutant``): ``event_drop_removed``, the tier drops its first
-removal event. Standard library and vLLM only.
+removal event; ``event_drop_stored``, its first stored event. Standard library and vLLM only.
 """
 
 import collections
@@ -130,7 +130,7 @@ class KVEventCheck:
                              % type(eng.csched.manager).__name__)
         self.snapshot = None  # the tier's content at the manager's last drain
         self.reset_dropped = set()  # tier keys a reset dropped, not stored since
-        self.dropped_removal = False  # planted: the one removal event the tier dropped
+        self.dropped = False  # planted: the one event the tier dropped
         self.takes = 0
 
     def held(self):
@@ -147,11 +147,11 @@ class KVEventCheck:
     def subscribe(self, tap):
         eng, mgr = self.eng, self.eng.csched.manager
 
-        def drop_removed(call):  # planted (tests only): the tier drops its first removal event
+        def drop_one(call):  # planted (tests only): the tier drops its first removal (or stored) event
             evs = list(call())
             for i, ev in enumerate(evs):
-                if ev.removed and not getattr(ev, "metadata_only", False) and not self.dropped_removal:
-                    self.dropped_removal = True
+                if ev.removed == removal and not getattr(ev, "metadata_only", False) and not self.dropped:
+                    self.dropped = True
                     return evs[:i] + evs[i + 1:]
             return evs
 
@@ -178,8 +178,9 @@ class KVEventCheck:
             self.reset_dropped |= set(before) - set(self.held())
             return out
 
-        if eng.mutant == "event_drop_removed":
-            tap.around(mgr, "take_events", drop_removed)
+        removal = eng.mutant == "event_drop_removed"
+        if removal or eng.mutant == "event_drop_stored":
+            tap.around(mgr, "take_events", drop_one)
         tap.around(mgr, "take_events", drain)
         tap.around(eng.csched, "take_events", take_events)
         if hasattr(self.tier, "reset_cache"):
