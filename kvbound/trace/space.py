@@ -171,6 +171,8 @@ SWEEP = (
     "full@offload_limit_p=0.3",
     "swa@offload_limit_p=0.3",
     "mamba528@offload_limit_p=0.3",
+    "full@cpu_chunks=32,kv_events=true",  # the tier's KV events checked while it evicts (stored and removed)
+    "mamba@kv_events=true",  # ... on a hybrid's two groups of one hash, partial tails' keys among them
 )
 
 
