@@ -10,10 +10,12 @@ connector's scheduler drains them (``take_events``, 0.33.0 ``:466-479``) and tur
 pool's events at the end of every ``update_from_output`` (0.33.0
 ``v1/core/sched/scheduler.py:2622-2637``; 0.21.0 ``:1464-1474``).
 
-The promise checked: a consumer that applies the connector's events in order (``BlockStored``
-adds its block hashes to its medium, ``BlockRemoved`` drops them, ``AllBlocksCleared`` empties
-the medium it names, or every medium) holds exactly what the tier holds ready, each time the
-events are taken. The consumer counts announcements per block (as 0.33.0
+The promise checked: a consumer that applies the published events in order (the batch the
+scheduler assembles: the KV-cache manager's, then the connector's; ``BlockStored`` adds its block
+hashes to its medium, ``BlockRemoved`` drops them, ``AllBlocksCleared`` empties the medium it names,
+or, naming none, every medium: the widest reading, so the GPU pool's clear after a reset it accepted
+empties the CPU view too) holds exactly what the tier holds ready, each time the connector's events
+are taken. The consumer counts announcements per block (as 0.33.0
 ``offloading/events.py:9-13`` expects of a consumer), keyed by the medium, the KV-cache group the
 event names and the hash; where an event names no group (the placeholder events before 0.24
 carry block hashes and the medium only) the view is compared by medium and hash. The tier's
@@ -172,6 +174,12 @@ class KVEventCheck:
                 self.snapshot = None
             return evs
 
+        def gpu_take(call, *a, **k):  # the batch's first part: the GPU pool's events (AllBlocksCleared)
+            evs = call(*a, **k)
+            for ev in evs or ():
+                self.view.apply(ev)
+            return evs
+
         def reset_cache(call, *a, **k):
             before = self.held()
             out = call(*a, **k)
@@ -182,6 +190,7 @@ class KVEventCheck:
         if removal or eng.mutant == "event_drop_stored":
             tap.around(mgr, "take_events", drop_one)
         tap.around(mgr, "take_events", drain)
+        tap.around(eng.sched.kv_cache_manager, "take_events", gpu_take)
         tap.around(eng.csched, "take_events", take_events)
         if hasattr(self.tier, "reset_cache"):
             tap.around(self.tier, "reset_cache", reset_cache)
