@@ -276,3 +276,24 @@ def test_replay_options_are_one_line(tmp_path, prepared, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("kvbound review: error: --replay") for line in err), err
     assert "release 0.33.0, but the patch is reviewed against 0.26.0" in err[1], err
+
+
+def test_the_lookup_deferral_patch_removes_the_deferral_and_only_departs_from_the_release_spec(
+        tmp_path, prepared, capsys):
+    """docs/upstream/lookup-defers-on-unusable-pending-chunk: the deferral on a chunk the EAGLE pop
+    discards is gone. The patched tree is judged by 0.33.0's spec, a model of the unpatched lookup,
+    so the one new key is the change itself: that spec defers where the patched vLLM answers 0 (exit
+    1); no contract clause (false hit, lost hit, needless deferral) finds anything."""
+    prepared("0.33.0")
+    out = tmp_path / "review.json"
+    trace_file = ROOT / "docs" / "trace-findings" / (
+        "0-33-0-eagle-lookup-needless-deferral-deferred-on-full-attention-hit-pending-2req.json")
+    rc = main(["review", "--vllm", "0.33.0", "--patch",
+               str(UPSTREAM / "lookup-defers-on-unusable-pending-chunk" / "patch.diff"),
+               "--replay", str(trace_file), "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 1, printed
+    (r,) = json.loads(out.read_text())["replay"]
+    assert r["gone"] == ["lookup:needless_deferral[deferred on full_attention HIT_PENDING]"], r
+    assert r["new"] == ["lookup:spec_disagreement"] and r["kept"] == [], r
+    assert "the spec of 0.33.0's lookup gives None (boundary None), vLLM 0 (boundary None)" in printed, printed

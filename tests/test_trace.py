@@ -352,6 +352,9 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-29-0-mamba-eagle-untagged-lookup-false-hit-24req.json", None),
     # the same-step partial-hit copy, reached on 0.29.0 without EAGLE tags
     ("0-29-0-mamba-eagle-untagged-data-copy-of-uncomputed-tokens-4req.json", None),
+    # 0.26-0.33: the lookup defers on a pending chunk the EAGLE pop discards (docs/upstream/
+    # lookup-defers-on-unusable-pending-chunk)
+    ("0-33-0-eagle-lookup-needless-deferral-deferred-on-full-attention-hit-pending-2req.json", None),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""

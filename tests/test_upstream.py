@@ -19,6 +19,7 @@ REPORTS = {
     "copy-overwrites-inflight-store-source": ("0.28.0", "test_copy_overwrites_inflight_store_source.py"),
     "cpu-tier-reset-without-kv-event": ("0.33.0", "test_cpu_tier_reset_without_kv_event.py"),
     "lagging-group-cow-tail": ("0.26.0", "test_lagging_group_cow_tail.py"),
+    "lookup-defers-on-unusable-pending-chunk": ("0.33.0", "test_lookup_defers_on_unusable_pending_chunk.py"),
     "offload-limit-partial-tail-assert": ("0.33.0", "test_offload_limit_partial_tail_assert.py"),
     "partial-hit-copy-same-step": ("0.33.0", "test_partial_hit_copy_same_step.py"),
     "swa-full-prompt-load-null-block": ("0.33.0", "test_swa_full_prompt_load_null_block.py"),
