@@ -255,6 +255,10 @@ def test_the_seed_pr_with_the_agreed_start_cures_the_0_26_boundary_crash(tmp_pat
     ("0.26.0", UPSTREAM / "lagging-group-cow-tail" / "patch.diff",
      "0-26-0-mamba-eagle-vllm-exception-apply-cow-2req.json",
      ["crash:exception@_apply_cow:assert block_idx < len(req_blocks)"]),
+    # ... and the 0.33.0 skip of a partial-tail store past the request's max_offload_tokens
+    ("0.33.0", UPSTREAM / "offload-limit-partial-tail-assert" / "patch.diff",
+     "0-33-0-mamba528-offload-limit-p-0-3-crash-exception-build-partial-tail-store-jobs-1req.json",
+     ["crash:exception@_build_partial_tail_store_jobs:assert boundary <= max_boundary"]),
 ])
 def test_a_fix_sketch_removes_the_settled_finding(version, patch, trace_file, keys, tmp_path, prepared, capsys):
     prepared(version)
