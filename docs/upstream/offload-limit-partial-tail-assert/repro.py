@@ -11,9 +11,10 @@ Mamba ("align"), 528-token blocks, prefix-match unit 16 (--prefix-match-unit 16:
 connector's partial-tail offload is on), 24 GPU blocks. One request, A: 848 prompt
 tokens (one full 528-token block and a 320-token partial tail), 3 output tokens,
 kv_transfer_params={"max_offload_tokens": 528}. After its prefill the KV-cache manager
-hands the connector the Mamba state of the prompt's end (boundary 848) for partial-tail
-offload (SchedulerOutput.kv_connector_block_state.boundary_state_offloads). The
-request asked that nothing past token 528 be offloaded.
+hands the connector the Mamba state at the prompt's last reusable hash boundary (832 on
+0.32.0 - 0.33.0, 848 before) for partial-tail offload
+(SchedulerOutput.kv_connector_block_state.boundary_state_offloads). The request asked
+that nothing past token 528 be offloaded.
 
 The check, on every step: schedule() returns, and no store job of the step reads a
 boundary-state block handed off at a boundary past the request's cap (the aligned
