@@ -355,6 +355,7 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     # 0.26-0.33: the lookup defers on a pending chunk the EAGLE pop discards (docs/upstream/
     # lookup-defers-on-unusable-pending-chunk)
     ("0-33-0-eagle-lookup-needless-deferral-deferred-on-full-attention-hit-pending-2req.json", None),
+    ("0-33-0-swa-scripted-lookup-needless-deferral-deferred-on-full-attention-hit-pending-48req.json", None),
     # 0.28-0.33: a request capping its offload below its partial-tail boundary asserts the cap
     ("0-33-0-mamba528-offload-limit-p-0-3-crash-exception-build-partial-tail-store-jobs-1req.json",
      "_build_partial_tail_store_jobs"),

@@ -9,9 +9,9 @@ Needs only vLLM and runs on CPU (a local config.json; the model is never built):
 
 The engine core's Scheduler with the OffloadingConnector (CPU tier), an EAGLE drafter (2
 speculative tokens) and one full-attention KV-cache group holding the target's and the
-drafter's layers (so tagged is_eagle_group), 16-token blocks. Request A (96 prompt tokens, 1 output token) runs and finishes; the
-connector's stores of its 6 chunks stay in flight (this fake worker reports no transfer
-done), so the CPU tier answers HIT_PENDING for them. Request B (A's prompt and 40 tokens
+drafter's layers (so tagged is_eagle_group), 16-token blocks. Request A (96 prompt tokens,
+1 output token) runs and finishes; the connector's stores of its 6 chunks stay in flight
+(this fake worker reports no transfer done), so the CPU tier answers HIT_PENDING for them. Request B (A's prompt and 40 tokens
 of its own) then hits 80 tokens in the GPU prefix cache (5 of A's 6 blocks: the
 coordinator drops the last block for EAGLE) and asks the connector for the rest: chunk 5
 is pending, chunk 6 was never stored. The lookup defers (get_num_new_matched_tokens
