@@ -1,7 +1,10 @@
 """What --coverage costs the traffic rate, in one run: the same segment of each layout with
-coverage off and on, one after the other in ONE worker (started to measure, so both halves
-share the process and the machine's load), as requests per CPU-second of the worker, and the
-ratio on / off. A warm-up job first (the first engine imports the CPU tier's modules).
+coverage off, traced over the whole job (``"coverage": "job"``) and traced only while the
+connector code runs (``"coverage": true``, what ``--coverage`` runs: kvbound/side/cover.py
+``Scope``), one after the other in ONE worker (started to measure, so the three share the
+process and the machine's load), as requests per CPU-second of the worker, and each traced
+rate over the rate off. A warm-up job first (the first engine imports the CPU tier's modules).
+The order of the three rotates from layout to layout.
 
     .venv/bin/python scripts/bench_coverage.py [--vllm 0.33.0] [--requests 200] [--layout L ...]
 """
@@ -12,8 +15,11 @@ import argparse
 import sys
 
 from kvbound.conform.prepare import prepare_release
-from kvbound.trace.layouts import LAYOUTS, layout_support
+from kvbound.trace.layouts import LAYOUTS
 from kvbound.trace.runner import make_job, start_worker
+from kvbound.trace.space import support
+
+MODES = (("off", None), ("job", "job"), ("scoped", True))  # the column, the job's "coverage"
 
 
 def main(argv=None) -> int:
@@ -23,27 +29,32 @@ def main(argv=None) -> int:
     p.add_argument("--layout", action="append", default=[])
     args = p.parse_args(argv)
     env = prepare_release(args.vllm, None)
-    layouts = [n for n in (args.layout or LAYOUTS) if layout_support(n, env.version) is None]
+    layouts = [n for n in (args.layout or LAYOUTS) if support(n, env.version) is None]
     w = start_worker(env, coverage=True)
     try:
         w.job(make_job(layouts[0], (0, "warm-up"), 20, 0, "sync"))
-        tot = {False: [0, 0.0], True: [0, 0.0]}
+        tot = {m: [0, 0.0] for m, _ in MODES}
         print(f"vllm {env.version}, {args.requests} requests per layout, requests per CPU-second of the worker")
-        print(f"  {'layout':<22} {'off':>8} {'on':>8} {'on/off':>7}")
+        print(f"  {'layout':<22} {'off':>8} {'job':>8} {'scoped':>8} {'job/off':>8} {'scoped/off':>10}")
         for i, name in enumerate(layouts):
             job = make_job(name, (0, name, 0), args.requests, 0, "sync" if i % 2 else "async")
             rate = {}
-            for cov in ((False, True) if i % 2 else (True, False)):  # alternate which half goes first
-                res = w.job(dict(job, coverage=cov))
+            for mode, cov in MODES[i % 3:] + MODES[:i % 3]:  # rotate which goes first
+                res = w.job(dict(job, coverage=cov) if cov is not None else job)
                 n, cpu = res.get("stats", {}).get("requests", 0), float(res.get("cpu_seconds", 0.0))
-                tot[cov][0] += n
-                tot[cov][1] += cpu
-                rate[cov] = n / cpu if cpu else 0.0
-            print(f"  {name:<22} {rate[False]:8.0f} {rate[True]:8.0f} {rate[True] / max(rate[False], 1e-9):7.2f}")
-        off, on = (tot[c][0] / max(tot[c][1], 1e-9) for c in (False, True))
-        print(f"  {'all':<22} {off:8.0f} {on:8.0f} {on / max(off, 1e-9):7.2f}")
-        print(f"coverage on keeps {100 * on / max(off, 1e-9):.0f}% of the traffic rate"
-              f" (costs {100 * (1 - on / max(off, 1e-9)):.0f}%)")
+                tot[mode][0] += n
+                tot[mode][1] += cpu
+                rate[mode] = n / cpu if cpu else 0.0
+            off = max(rate["off"], 1e-9)
+            print(f"  {name:<22} {rate['off']:8.0f} {rate['job']:8.0f} {rate['scoped']:8.0f}"
+                  f" {rate['job'] / off:8.2f} {rate['scoped'] / off:10.2f}")
+        r = {m: tot[m][0] / max(tot[m][1], 1e-9) for m in tot}
+        off = max(r["off"], 1e-9)
+        print(f"  {'all':<22} {r['off']:8.0f} {r['job']:8.0f} {r['scoped']:8.0f}"
+              f" {r['job'] / off:8.2f} {r['scoped'] / off:10.2f}")
+        for mode in ("job", "scoped"):
+            print(f"coverage traced over the {'whole job' if mode == 'job' else 'connector calls'} keeps"
+                  f" {100 * r[mode] / off:.0f}% of the traffic rate (costs {100 * (1 - r[mode] / off):.0f}%)")
     finally:
         w.stop()
     return 0

@@ -8,6 +8,8 @@ import ast
 import json
 from pathlib import Path
 
+import pytest
+
 from kvbound.cli import main
 from kvbound.records import CampaignRecord, reproducible
 from kvbound.side import cover
@@ -162,3 +164,55 @@ def test_a_campaign_with_coverage_repeats_itself_and_times_each_finding(tmp_path
     saved = sorted((tmp_path / "f-a").glob("*.json"))
     assert saved and not any("coverage" in json.loads(p.read_text())["segment"] for p in saved)
     assert main(["trace", "--replay", str(saved[0]), "--vllm", "0.33.0"]) == 1
+
+
+SCOPE_LAYOUTS = ("full", "swa", "mamba", "mamba-eagle", "full-multi-pd", "full-tiering-fs", "full-faults")
+
+
+def _line_diffs(whole: dict, scoped: dict) -> dict:
+    """Per file, the executed lines one of two coverage reports has and the other lacks."""
+    out = {}
+    for rel in sorted(set(whole) | set(scoped)):
+        a = set(whole.get(rel, {}).get("executed", ()))
+        b = set(scoped.get(rel, {}).get("executed", ()))
+        if a != b:
+            out[rel] = {"whole only": sorted(a - b), "scoped only": sorted(b - a)}
+    return out
+
+
+@pytest.mark.parametrize("release", ["0.33.0", "0.29.0"])
+def test_a_scoped_job_runs_the_lines_the_whole_job_runs(prepared, release):
+    """``--coverage`` traces only inside the connector's calls (cover.Scope): each job of the
+    layouts reports, file by file, the lines the same job traced whole reports, and the same
+    results (coverage changes no finding). A scope that lets a generator it returned run outside
+    (a planted defect, cover.PLANTS) is told apart: the connector's take_events lines go missing."""
+    from kvbound.trace.runner import make_job, start_worker
+    from kvbound.trace.space import support
+
+    env = prepared(release)
+    layouts = [n for n in SCOPE_LAYOUTS if support(n, env.version) is None]
+    assert len(layouts) >= 6, layouts
+    w = start_worker(env, coverage=True)
+    try:
+        for i, name in enumerate(layouts):
+            job = make_job(name, (0, name, 0), 60, 0, "async" if i % 2 else "sync")
+            whole, scoped = w.job(dict(job, coverage="job")), w.job(dict(job, coverage=True))
+            assert not whole.get("setup_error") and not whole.get("harness_fault"), whole
+            assert _line_diffs(whole["coverage"], scoped["coverage"]) == {}, name
+            assert whole["coverage"][SCHED]["executed"], name
+            for k in ("ok", "error", "stats", "violations", "cases", "lookups", "store_calls"):
+                assert whole.get(k) == scoped.get(k), (name, k)
+        # (again: the lines later jobs' imports ran count for every job after, cover.Probe.imported)
+        job = make_job("full", (0, "full", 0), 60, 0, "sync")
+        whole = w.job(dict(job, coverage="job"))
+        planted = w.job(dict(job, coverage=True, coverage_plant="generators_outside"))
+        bad = w.job(dict(job, coverage=True, coverage_plant="nope"))
+        again = w.job(dict(job, coverage=True))  # the refused job left the worker measuring as before
+    finally:
+        w.stop()
+    missed = _line_diffs(whole["coverage"], planted["coverage"])
+    assert missed and all(not d["scoped only"] for d in missed.values()), missed
+    take_events = _first_line_of(Path(env.tree) / SCHED, "OffloadingConnectorScheduler.take_events")
+    assert take_events in missed[SCHED]["whole only"], missed
+    assert "unknown coverage plant 'nope'" in bad["setup_error"] and bad["harness_fault"], bad
+    assert _line_diffs(whole["coverage"], again["coverage"]) == {}

@@ -11,8 +11,11 @@ imported included (no line of theirs ran). Paths are relative to the release tre
 (``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``).
 
 When: coverage.py runs while the worker imports vLLM (a module's definitions are lines it
-executes) and, for a job that asks (``"coverage": true``), from before its engine is built to
-after its run. What runs while a module of the connector code is imported (its definitions,
+executes) and, for a job that asks (``"coverage": true``), while its engine is built and
+closed and inside each call of the connector's code after that (``Scope``: the engine core,
+the scheduler and kvbound's checks run untraced in between, at the rate they run unmeasured);
+``"coverage": "job"`` traces the job whole, from before its engine is built to after its run
+(the same lines, slower: tests/test_coverage.py compares them). What runs while a module of the connector code is imported (its definitions,
 and the calls it makes then: the CPU tier's policy factory registers its policies, 0.33.0
 ``v1/kv_offload/cpu/policies/factory.py:25-36``) runs once per process: at the worker's start,
 or in the first job whose engine imports it (the CPU tier's modules come with the first engine
@@ -28,10 +31,13 @@ tell "not reachable on CPU" from "not reached yet" without reading vLLM).
 
 import ast
 import collections
+import functools
 import importlib.abc
 import importlib.util
+import inspect
 import os
 import sys
+import types
 
 ENV = "KVBOUND_COVERAGE"
 CONNECTOR_CODE = ("vllm/distributed/kv_transfer/kv_connector/v1/offloading",
@@ -157,6 +163,12 @@ class _ImportingLoader(importlib.abc.Loader):
         return self.inner.create_module(spec)
 
     def exec_module(self, module):
+        scope = self.hook.probe.scope  # a scoped job: an import runs inside it, wherever it is asked
+        if scope is not None:
+            return scope.run(self._exec, module)
+        return self._exec(module)
+
+    def _exec(self, module):
         hook = self.hook
         hook.depth += 1
         if hook.depth == 1:
@@ -167,6 +179,113 @@ class _ImportingLoader(importlib.abc.Loader):
             hook.depth -= 1
             if hook.depth == 0:
                 hook.probe.cov.switch_context("")
+
+
+# Defects a test plants in the scope (a job's ``coverage_plant``), to show the scoped job's lines
+# are held to the whole job's: each one makes a scoped job miss lines the connector runs.
+PLANTS = {"generators_outside": "a generator a scoped method returns is iterated outside the scope"
+                                " (the connector's take_events, drained by vLLM's scheduler)"}
+
+
+class Scope:
+    """What a scoped job traces (``Probe.start(scoped=True)``): coverage.py's tracer of the main
+    thread is on while ``depth`` > 0 (a count, so nested calls are one span: ``run``, the
+    methods ``wrap`` scopes) and off in between, so the engine, the scheduler and kvbound's
+    checks run untraced outside the connector's calls.
+
+    On CPython 3.11 any trace function slows every frame while it is set, whatever it records
+    (docs/benchmarks.md "Coverage"), so the switch removes it: ``CTracer.stop`` only clears the
+    tracer's started flag and the tracer takes itself off at its next event
+    (``PyEval_SetTrace(NULL, NULL)``, coverage/ctracer/tracer.c ``CTracer_trace``);
+    ``CTracer.start`` sets it again. (``Collector.pause`` and ``resume`` would switch every
+    thread's tracer from the calling thread: not used. The file-system tier's I/O threads keep
+    the tracers coverage.py gave them when they started, traced whole, as in a whole job.)
+    Every switch but ``narrow``'s is made in a frame of this module that is entered and left in
+    one state, by C calls (no frame of theirs), so the tracer's stack of frames follows the
+    interpreter's; while tracing is switched on, the frame that switched it is charged to the
+    tracer's top entry, one of this file's (``narrow``'s: it left the tracer one entry deep),
+    which records nothing: this file is not measured.
+
+    What runs inside: the engine's build and close (``trace_worker.py``), every import of a
+    module of the connector code (``_ImportingLoader``), every call of the methods ``wrap``
+    scopes, and each step of a generator they return (a generator's body runs where it is
+    iterated: the connector's ``take_events``, drained by vLLM's scheduler). tests/test_coverage.py
+    holds a scoped job to the lines the same job traced whole runs, file by file."""
+
+    def __init__(self, probe, tracer, plant=None):
+        self.probe, self.tracer, self.plant = probe, tracer, plant
+        self.depth = 1  # on: a job starts with its build
+
+    def run(self, fn, *a, **k):
+        """``fn(*a, **k)`` inside the scope. The switches are made in this frame (C calls of
+        the tracer: no frame of theirs), which is entered and left in one state."""
+        self.depth += 1
+        if self.depth == 1:
+            self.tracer.start()
+        try:
+            return fn(*a, **k)
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                self.tracer.stop()
+
+    def narrow(self):
+        """The job's engine is built: from here only inside the scope. The one switch made
+        otherwise (on since the job's start, off from here): the tracer's stack stays one
+        entry deeper than the interpreter's, an entry of this file's, which records nothing."""
+        self.depth -= 1
+        if self.depth == 0:
+            self.tracer.stop()
+
+    def wrap(self, obj):
+        """Each method of ``obj`` whose code is the connector code's (its class's and the
+        classes' it inherits: the file decides) runs inside the scope: an instance attribute
+        around the bound method. An instance attribute already there (another wrapper) is
+        refused: each method is wrapped once."""
+        for name in dir(type(obj)):
+            fn = inspect.getattr_static(type(obj), name)
+            code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+            if code is None or name.startswith("__") or not self.probe.measured(code.co_filename):
+                continue
+            if name in vars(obj):
+                raise RuntimeError("%s.%s is wrapped already: the coverage scope wraps each method once"
+                                   % (type(obj).__name__, name))
+            setattr(obj, name, self._scoped(getattr(obj, name)))
+
+    def _scoped(self, method):
+        @functools.wraps(method)
+        def scoped(*a, **k):
+            self.depth += 1
+            if self.depth == 1:
+                self.tracer.start()
+            try:
+                out = method(*a, **k)
+            finally:
+                self.depth -= 1
+                if self.depth == 0:
+                    self.tracer.stop()
+            if type(out) is types.GeneratorType and self.plant != "generators_outside":
+                return self._generator(out)
+            return out
+
+        return scoped
+
+    def _generator(self, gen):
+        """``gen``'s items, each step of it (next, send, throw, close) inside the scope."""
+        value = error = None
+        while True:
+            try:
+                out = self.run(gen.send, value) if error is None else self.run(gen.throw, error)
+            except StopIteration as stop:
+                return stop.value
+            value = error = None
+            try:
+                value = yield out
+            except GeneratorExit:
+                self.run(gen.close)
+                raise
+            except BaseException as e:  # noqa: BLE001 - thrown in: passed on to gen
+                error = e
 
 
 class Probe:
@@ -183,16 +302,38 @@ class Probe:
         self.imported = {}  # relpath -> the lines that ran while its module was imported
         self._static = {}  # relpath -> (reporter, statements, gpu_only)
         self._hook = _ImportContext(self)
+        self._measured = {}  # a code object's file name -> whether it is of the connector code
+        self.scope = None  # the Scope of a scoped job, while it runs
 
-    def start(self):
+    def start(self, scoped=False, plant=None):
+        """Start measuring; ``scoped``: traced only inside ``self.scope`` (``Scope``), which is
+        on until its ``narrow``; ``plant``: a row of ``PLANTS`` (tests only)."""
+        if plant is not None and plant not in PLANTS:
+            raise ValueError("unknown coverage plant %r: kvbound/side/cover.py PLANTS has %s"
+                             % (plant, ", ".join(PLANTS)))
         self.cov.erase()
         self.cov.start()
+        self.scope = None
+        if scoped:
+            tracer = self.cov._collector.tracers[0]  # Collector.start's: the calling (main) thread's
+            if type(tracer).__name__ != "CTracer":  # the switch's semantics (Scope) are the C tracer's
+                self.cov.stop()
+                raise RuntimeError("coverage.py runs its %s, not its CTracer" % type(tracer).__name__)
+            self.scope = Scope(self, tracer, plant)
         sys.meta_path.insert(0, self._hook)
+
+    def measured(self, filename):
+        """Whether code of ``filename`` (a code object's) is of the connector code."""
+        got = self._measured.get(filename)
+        if got is None:
+            got = self._measured[filename] = os.path.realpath(filename) in self.paths
+        return got
 
     def stop(self, at_import=False):
         """Stop measuring; the lines that ran since ``start``, per file, with the lines every
         module imported so far ran at its import. ``at_import``: all of them are import-time."""
         sys.meta_path.remove(self._hook)
+        self.scope = None
         self.cov.stop()
         data = self.cov.get_data()
         out = {}
