@@ -259,6 +259,10 @@ def test_the_seed_pr_with_the_agreed_start_cures_the_0_26_boundary_crash(tmp_pat
     ("0.33.0", UPSTREAM / "offload-limit-partial-tail-assert" / "patch.diff",
      "0-33-0-mamba528-offload-limit-p-0-3-crash-exception-build-partial-tail-store-jobs-1req.json",
      ["crash:exception@_build_partial_tail_store_jobs:assert boundary <= max_boundary"]),
+    # mamba528 on 0.27.0 async: a producer's partial-tail entry registered again on its live Mamba
+    # block; registering it only while the chunk that ends there is computed removes it
+    ("0.27.0", ROOT / "docs" / "trace-findings" / "0-27-0-partial-tail-register-while-computed.diff",
+     "0-27-0-mamba528-data-wrong-kv-mamba-unwritten-3req.json", ["data:wrong_kv[mamba: unwritten]"]),
 ])
 def test_a_fix_sketch_removes_the_settled_finding(version, patch, trace_file, keys, tmp_path, prepared, capsys):
     prepared(version)
@@ -268,6 +272,22 @@ def test_a_fix_sketch_removes_the_settled_finding(version, patch, trace_file, ke
     assert rc == 0, capsys.readouterr().out
     (r,) = json.loads(out.read_text())["replay"]
     assert sorted(r["gone"]) == keys and r["new"] == [] and r["kept"] == [], r
+
+
+@pytest.mark.parametrize("patch", [
+    ROOT / "docs" / "trace-findings" / "0-27-0-copy-fence-from-0-29-0.diff",
+    ROOT / "docs" / "upstream" / "copy-overwrites-inflight-store-source" / "patch.diff"])
+def test_the_copy_fence_keeps_the_partial_tail_entry_finding(patch, tmp_path, prepared, capsys):
+    """Not the connector's reuse fence: with a copy's destination fenced (0.29.0's lines, or the
+    upstream report's patch), the 3-request partial-tail file keeps its finding on 0.27.0."""
+    prepared("0.27.0")
+    out = tmp_path / "review.json"
+    rc = main(["review", "--vllm", "0.27.0", "--patch", str(patch), "--replay",
+               str(ROOT / "docs" / "trace-findings" / "0-27-0-mamba528-data-wrong-kv-mamba-unwritten-3req.json"),
+               "--json", str(out)])
+    assert rc == 0, capsys.readouterr().out
+    (r,) = json.loads(out.read_text())["replay"]
+    assert r["gone"] == [] and r["new"] == [] and r["kept"] == ["data:wrong_kv[mamba: unwritten]"], r
 
 
 def test_replay_options_are_one_line(tmp_path, prepared, capsys):

@@ -359,6 +359,8 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     # 0.28-0.33: a request capping its offload below its partial-tail boundary asserts the cap
     ("0-33-0-mamba528-offload-limit-p-0-3-crash-exception-build-partial-tail-store-jobs-1req.json",
      "_build_partial_tail_store_jobs"),
+    # 0.26-0.31 async: a producer's partial-tail entry registered again on its live Mamba block
+    ("0-27-0-mamba528-data-wrong-kv-mamba-unwritten-3req.json", None),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""
@@ -380,6 +382,19 @@ def test_lost_last_chunk_before_the_prompt_clamp(version, lost, workers):
     env, w = workers(version)
     keys = {g.key() for g in R.rerun(w, env.version, f, f.segment["requests"])}
     assert ("store:lost_chunk" in keys) is lost
+
+
+@pytest.mark.parametrize("version,scheduler,found", [
+    ("0.31.0", "async", True), ("0.32.0", "async", False), ("0.27.0", "sync", False)])
+def test_async_partial_tail_entry_range(version, scheduler, found, workers):
+    """The 3-request partial-tail file: the last release it reproduces on (0.31.0), the first it
+    does not (0.32.0: the tail boundary is one token short of the prompt's end), and its own
+    release under the sync Scheduler (the re-registration needs the async placeholder)."""
+    f = TF.load(FINDINGS / "0-27-0-mamba528-data-wrong-kv-mamba-unwritten-3req.json")
+    f.segment = dict(f.segment, params=dict(f.segment["params"], **{"async": scheduler == "async"}))
+    env, w = workers(version)
+    keys = {g.key() for g in R.rerun(w, env.version, f, f.segment["requests"])}
+    assert (f.key() in keys) is found
 
 
 def test_engine_overrides_are_checked(capsys):
