@@ -276,7 +276,7 @@ def test_a_fix_sketch_removes_the_settled_finding(version, patch, trace_file, ke
 
 @pytest.mark.parametrize("patch", [
     ROOT / "docs" / "trace-findings" / "0-27-0-copy-fence-from-0-29-0.diff",
-    ROOT / "docs" / "upstream" / "copy-overwrites-inflight-store-source" / "patch.diff"])
+    UPSTREAM / "copy-overwrites-inflight-store-source" / "patch.diff"])
 def test_the_copy_fence_keeps_the_partial_tail_entry_finding(patch, tmp_path, prepared, capsys):
     """Not the connector's reuse fence: with a copy's destination fenced (0.29.0's lines, or the
     upstream report's patch), the 3-request partial-tail file keeps its finding on 0.27.0."""
