@@ -28,8 +28,8 @@ own) then hits the entry and resumes from the state after P's 209 tokens.
 
 Prints what each prefix entry's copy carried and what C read. Exit 1 when a copy gives a block
 the state of another token count than its entry names, or C reads a state other than its
-prefix's (the defect); 0 when neither; 2 when the traffic made no partial-tail copy (nothing
-checked: a release without partial tails).
+prefix's (the defect); 0 when neither; 2 when the traffic made no copy (nothing checked), or, in one
+line, on a release without ``prefix_match_unit`` (before 0.26.0).
 """
 
 import argparse
@@ -63,6 +63,9 @@ def run(is_async=True, p_prompt=P_PROMPT):
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
 
+    if "prefix_match_unit" not in adapter.fields(CacheConfig):
+        return {"vllm": vllm.__version__, "refused": "vllm %s has no CacheConfig.prefix_match_unit (0.26.0"
+                " vllm/config/cache.py:56): no block hashed below its size, no partial tail" % vllm.__version__}
     sha256 = adapter.hashing()
     adapter.register_never_built("LlamaForCausalLM")
     d = adapter.model_dir(num_hidden_layers=2, vocab_size=65536, max_position_embeddings=8192)
@@ -168,6 +171,9 @@ def main():
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     res = run(not args.sync, args.prompt)
+    if "refused" in res:
+        sys.stderr.write("repro_async_partial_tail: %s\n" % res["refused"])
+        return 2
     if args.json:
         print(json.dumps(res))
     else:

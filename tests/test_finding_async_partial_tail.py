@@ -51,3 +51,12 @@ def test_0_32_copies_the_tail_before_the_decode_and_registers_it_once():
     res = _run("0.32.0", "--prompt", "209")
     assert [tuple(c["carries"]) for c in res["copies"] if c["carries"] and c["carries"][0] == "P"] == [("P", 208)]
     assert not res["stale_entries"] and not res["wrong_reads"]
+
+
+def test_a_release_without_partial_tails_is_refused_in_one_line():
+    env = release_env_for("0.25.1")
+    penv = dict(os.environ, PYTHONPATH=env.tree, VLLM_TARGET_DEVICE="cpu")
+    p = subprocess.run([env.python, str(SCRIPT), "--json"], capture_output=True, text=True, env=penv, timeout=600)
+    assert p.returncode == 2 and "{" not in p.stdout  # no result (stdout: vLLM's own log lines only)
+    (line,) = [x for x in p.stderr.splitlines() if x.startswith("repro_async_partial_tail:")]
+    assert "no CacheConfig.prefix_match_unit" in line and "Traceback" not in p.stderr
