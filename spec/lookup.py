@@ -254,7 +254,7 @@ def partial_tail_search_028(case: LookupCase, tier: Tier, feats: ReleaseFeatures
                             out: LookupResult) -> int | None:
     """0.28-0.32 ``_lookup`` after the complete chunks: the longest boundary (a multiple of
     tokens_per_hash) inside the block after the complete hit, below the last prompt
-    token, whose boundary key every group answers HIT."""
+    token and within the request's caps, whose boundary key every group answers HIT."""
     N = case.num_computed_tokens
     complete_boundary = N + complete_hit
     tph = case.tokens_per_hash
@@ -262,9 +262,9 @@ def partial_tail_search_028(case: LookupCase, tier: Tier, feats: ReleaseFeatures
     max_boundary = min(case.num_prompt_tokens - 1, block_end - 1)
     if case.max_num_new_tokens is not None:
         max_boundary = min(max_boundary, N + case.max_num_new_tokens)
-    max_boundary = round_down(max_boundary, tph)
-    if case.max_load_tokens is not None:
+    if case.max_load_tokens is not None:  # before the hash grid (0.31.0 :980-985, 0.32.0 :983-988)
         max_boundary = min(max_boundary, N + case.max_load_tokens)
+    max_boundary = round_down(max_boundary, tph)
     if max_boundary <= complete_boundary:
         return complete_hit
     pending = False
@@ -372,8 +372,8 @@ def unsupported_lookup_reason(case: LookupCase, feats: ReleaseFeatures) -> str |
         return f"{r} has no EAGLE groups (is_eagle_group arrived in 0.24)"
     if case.partial_tail_block_size and not feats.partial_tails:
         return f"{r} has no partial tails (they arrived in 0.28)"
-    if case.max_load_tokens is not None and not feats.lookup_load_window:
-        return f"{r} has no max_load_tokens"
+    if case.max_load_tokens is not None and not feats.max_load_tokens:
+        return f"{r} has no max_load_tokens (kv_transfer_params max_load_tokens arrived in 0.31)"
     if not feats.lookup_result_enum and any(
             Answer(a) is Answer.RETRY for v in case.tier.values() for a in v):
         return f"{r}'s tiers answer True/None/False: no RETRY (LookupResult arrived in 0.25)"

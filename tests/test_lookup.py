@@ -201,6 +201,48 @@ def test_saved_calibration_case():
     assert lookup_for_version(case, "0.30.0").hit == 48
 
 
+LOAD_LIMIT_TRACES = ("0-31-0-mamba-load-limit-below-hash-1req.json", "0-31-0-mamba-load-limit-off-hash-grid-2req.json")
+
+
+@pytest.mark.parametrize("name", LOAD_LIMIT_TRACES)
+@pytest.mark.parametrize("release", ["0.31.0", "0.32.0"])
+def test_load_limit_caps_the_partial_tail_search_before_the_hash_grid(name, release):
+    """0.31 - 0.32 cap the partial-tail search at N + max_load_tokens, then round it down to the
+    hash grid (0.31.0 offloading/scheduler.py:980-985, 0.32.0 :983-988), as 0.33 does
+    (:1097-1102). The spec once rounded first and capped after, so it searched boundaries off the
+    grid: with max_load_tokens 1 it asked 0:b:1 where vLLM asks nothing; with 40 it asked 0:b:40,
+    0:b:24, 0:b:8 and lost the 16 tokens vLLM loads (boundary 16). The recorded real answers are
+    the campaign's (mamba@load_limit_p=0.3, 0.31.0 and 0.32.0); the spec gives them."""
+    import json
+
+    doc = json.loads((ROOT / "tests" / "data" / "trace" / name).read_text())
+    case = lookup_case_from_dict(doc["detail"]["lookup_case"])
+    real = doc["detail"]["real"]
+    got = lookup_for_version(case, release)
+    assert (got.hit, got.partial_tail_boundary, got.queries) == (
+        real["hit"], real["partial_tail_boundary"], real["queries"])
+
+
+def test_load_limit_arrives_in_0_31():
+    """kv_transfer_params max_load_tokens arrived in 0.31 (release table column max_load_tokens):
+    0.30's lookup cannot take one, so the spec refuses such a case there."""
+    from kvbound.spec.case_kinds import load_any_case_paths
+
+    (case,) = load_any_case_paths([ROOT / "tests" / "cases_v2" / "lookup_load_limit_off_hash_grid.json"])
+    assert lookup_for_version(case, "0.30.0").unsupported
+    assert lookup_for_version(case, "0.31.0").hit == 16
+
+
+def test_a_lookup_case_the_driver_cannot_set_up_is_undriven_and_blocks():
+    """kvbound conform drives a fresh request: a trace-captured case naming transfers in flight or
+    chunks being loaded is not replayed without them (the spec would judge another input)."""
+    from kvbound.conform.compare import UNDRIVEN, is_blocking, judge_lookup
+
+    case = _case(CALIBRATION)
+    rec = judge_lookup(case, "0.33.0", {"outcome": "undriven", "why": "the lookup driver sets no transfer_jobs"})
+    assert rec["verdict"] == UNDRIVEN and is_blocking(rec, "lookup") and "transfer_jobs" in rec["why"]
+
+
 def test_lookup_case_round_trips():
     case = _case(CALIBRATION)
     assert lookup_case_from_dict(lookup_case_to_dict(case)) == case
@@ -262,6 +304,19 @@ def test_real_lookup_with_transfers_in_flight_keeps_its_boundary(w033):
     assert kept and any(c["real"]["partial_tail_boundary"] is not None for c in kept)
     found, _ = R.check_result("0.33.0", f.layout, f.segment, res)
     assert "lookup:spec_disagreement" not in {g.kind for g in found}
+
+
+@pytest.mark.parametrize("name", LOAD_LIMIT_TRACES)
+def test_real_load_limit_traces_agree_with_the_spec(name, workers):
+    """The two mamba@load_limit_p=0.3 segments on real 0.31.0: every lookup agrees with the spec
+    on the answer and on the keys asked."""
+    from kvbound.trace import tracefile as TF
+
+    f = TF.load(ROOT / "tests" / "data" / "trace" / name)
+    res = workers("0.31.0")[1].job(dict(f.segment, max_steps=3000))
+    assert any(c["case"]["lookup"]["max_load_tokens"] is not None for c in res["lookups"])
+    found, _ = R.check_result("0.31.0", f.layout, f.segment, res)
+    assert not {g.kind for g in found} & {"lookup:spec_disagreement", "lookup:keys_disagreement"}
 
 
 def test_real_stalled_write_is_a_stuck_request(w033):

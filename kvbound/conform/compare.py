@@ -328,6 +328,9 @@ def judge_lookup(case, release: str, result: dict) -> dict:
         rec.update(verdict=UNSUPPORTED, why=result.get("why"), real={"outcome": "unsupported"},
                    spec={"outcome": "unsupported"})
         return rec
+    if outcome == "undriven":
+        rec.update(verdict=UNDRIVEN, why=result.get("why"), real={"outcome": "undriven"}, spec={})
+        return rec
     if outcome != "ok":
         rec.update(verdict=FAULT, real=result, fault=_fault_text(result), spec={})
         return rec

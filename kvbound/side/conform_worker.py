@@ -18,6 +18,7 @@ answer is reported beside the case's, and the case's M is what
 ``update_state_after_alloc`` receives.
 """
 
+import inspect
 import traceback
 
 from . import adapter, sidecar
@@ -275,10 +276,32 @@ def run_lookup_case(rel, lk, out):
                                                         kv_cache_config)
     cfg = sched.config
     gcs = list(cfg.kv_group_configs)
+    # The state of the scheduler outside this request is not driven: a case that names it is
+    # refused, never replayed without it (the spec would be judged on another input).
+    undriven = [f for f in ("transfer_jobs", "skip_reading", "being_loaded") if lk.get(f)]
+    if lk.get("prior_partial_tail_boundary") is not None:
+        undriven.append("prior_partial_tail_boundary")
+    if undriven:
+        out.update(outcome="undriven", phase="setup",
+                   why="the lookup driver sets no " + ", ".join(undriven) + " (a fresh request, nothing else loading)")
+        return out
+    # The request's caps as vLLM takes them: max_load_tokens from kv_transfer_params (0.31.0
+    # offloading/scheduler.py:388-393, v1/request.py:120-121), max_num_new_tokens as the argument
+    # of get_num_new_matched_tokens (0.30.0 offloading/scheduler.py:1016-1020).
+    caps = {}
+    if lk.get("max_num_new_tokens") is not None:
+        if "max_num_new_tokens" not in inspect.signature(sched.get_num_new_matched_tokens).parameters:
+            out.update(outcome="unsupported", phase="features",
+                       why="this release's get_num_new_matched_tokens takes no max_num_new_tokens (0.30+)")
+            return out
+        caps["max_num_new_tokens"] = lk["max_num_new_tokens"]
+    sp = {"max_tokens": max(1, lk["num_tokens"] - lk["num_prompt_tokens"] + 1)}
+    if lk.get("max_load_tokens") is not None:
+        sp["extra_args"] = {"kv_transfer_params": {"max_load_tokens": lk["max_load_tokens"]}}
     P, num_tokens = lk["num_prompt_tokens"], lk["num_tokens"]
     req = rel.Request(
         request_id="kvbound-lookup", prompt_token_ids=list(range(P)),
-        sampling_params=rel.SamplingParams(max_tokens=max(1, num_tokens - P + 1)),
+        sampling_params=rel.SamplingParams(**sp),
         pooling_params=None, block_hasher=rel.kcu.get_request_block_hasher(tph, rel.sha256))
     if num_tokens > P:
         req.append_output_token_ids(list(range(P, num_tokens)))
@@ -287,7 +310,7 @@ def run_lookup_case(rel, lk, out):
     out["phase"] = "lookup"
     if hasattr(sched, "on_new_request"):
         sched.on_new_request(req)
-    hit, _ = sched.get_num_new_matched_tokens(req, lk["num_computed_tokens"])
+    hit, _ = sched.get_num_new_matched_tokens(req, lk["num_computed_tokens"], **caps)
     status = getattr(sched, "_req_status", {}).get(req.request_id)
     out.update(
         outcome="ok", phase="done", hit=hit, queries=manager.queries,
