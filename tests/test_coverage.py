@@ -167,6 +167,7 @@ def test_a_campaign_with_coverage_repeats_itself_and_times_each_finding(tmp_path
 
 
 SCOPE_LAYOUTS = ("full", "swa", "mamba", "mamba-eagle", "full-multi-pd", "full-tiering-fs", "full-faults")
+CRASHES_ON_0_33 = "mamba528@offload_limit_p=0.3"  # docs/findings.md: an assert in _build_partial_tail_store_jobs
 
 
 def _line_diffs(whole: dict, scoped: dict) -> dict:
@@ -184,14 +185,15 @@ def _line_diffs(whole: dict, scoped: dict) -> dict:
 def test_a_scoped_job_runs_the_lines_the_whole_job_runs(prepared, release):
     """``--coverage`` traces only inside the connector's calls (cover.Scope): each job of the
     layouts reports, file by file, the lines the same job traced whole reports, and the same
-    results (coverage changes no finding). A scope that lets a generator it returned run outside
+    results (coverage changes no finding: a crash's traceback too, the scope's frames left out). A scope that lets a generator it returned run outside
     (a planted defect, cover.PLANTS) is told apart: the connector's take_events lines go missing."""
     from kvbound.trace.runner import make_job, start_worker
     from kvbound.trace.space import support
 
     env = prepared(release)
-    layouts = [n for n in SCOPE_LAYOUTS if support(n, env.version) is None]
+    layouts = [n for n in SCOPE_LAYOUTS + (CRASHES_ON_0_33,) if support(n, env.version) is None]
     assert len(layouts) >= 6, layouts
+    crashed = []
     w = start_worker(env, coverage=True)
     try:
         for i, name in enumerate(layouts):
@@ -200,8 +202,11 @@ def test_a_scoped_job_runs_the_lines_the_whole_job_runs(prepared, release):
             assert not whole.get("setup_error") and not whole.get("harness_fault"), whole
             assert _line_diffs(whole["coverage"], scoped["coverage"]) == {}, name
             assert whole["coverage"][SCHED]["executed"], name
-            for k in ("ok", "error", "stats", "violations", "cases", "lookups", "store_calls"):
+            for k in ("ok", "error", "traceback", "assert_site", "step", "stats", "violations", "cases",
+                      "lookups", "store_calls"):
                 assert whole.get(k) == scoped.get(k), (name, k)
+            if not whole["ok"]:
+                crashed.append(name)
         # (again: the lines later jobs' imports ran count for every job after, cover.Probe.imported)
         job = make_job("full", (0, "full", 0), 60, 0, "sync")
         whole = w.job(dict(job, coverage="job"))
@@ -210,6 +215,7 @@ def test_a_scoped_job_runs_the_lines_the_whole_job_runs(prepared, release):
         again = w.job(dict(job, coverage=True))  # the refused job left the worker measuring as before
     finally:
         w.stop()
+    assert release != "0.33.0" or CRASHES_ON_0_33 in crashed, crashed
     missed = _line_diffs(whole["coverage"], planted["coverage"])
     assert missed and all(not d["scoped only"] for d in missed.values()), missed
     take_events = _first_line_of(Path(env.tree) / SCHED, "OffloadingConnectorScheduler.take_events")

@@ -132,10 +132,19 @@ def portable_path(filename):
     return "/".join(p.split("/")[-2:])
 
 
+_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cover.py")
+
+
 def portable_traceback(exc, limit=4000):
-    """The traceback with every file named by ``portable_path`` (nothing of this machine)."""
+    """The traceback with every file named by ``portable_path`` (nothing of this machine), less
+    the frames of the coverage probe's scope (``cover.Scope``: its wrappers around the
+    connector's methods are the measurement's, absent from the same run unmeasured) but for
+    an innermost one (the probe itself raised: a harness fault)."""
     lines = []
-    for fr in traceback.extract_tb(exc.__traceback__):
+    frames = traceback.extract_tb(exc.__traceback__)
+    for i, fr in enumerate(frames):
+        if os.path.abspath(fr.filename) == _PROBE and i < len(frames) - 1:
+            continue
         lines.append('  File "%s", line %s, in %s\n    %s' % (portable_path(fr.filename), fr.lineno,
                                                            fr.name, (fr.line or "").strip()))
     lines.append("%s: %s" % (type(exc).__name__, exc))
