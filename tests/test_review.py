@@ -247,10 +247,21 @@ def test_the_seed_pr_with_the_agreed_start_cures_the_0_26_boundary_crash(tmp_pat
     ("0.27.0", ROOT / "docs" / "trace-findings" / "0-27-0-copy-fence-from-0-29-0.diff",
      "0-27-0-mamba528-data-wrong-kv-mamba-unwritten-arrived-by-a-load-23req.json",
      ["data:wrong_kv[mamba: unwritten, arrived by a load]", "store:source_rewritten", "store:unwritten_source"]),
+    # full-tiering-fs on 0.32.0: a promotion into a chunk a reset freed, under a store the reset
+    # flushed; 0.33.0's hold of promotions until the flush is reported (tiering/manager.py:640-641,
+    # 1198-1202; offloading/scheduler.py:2266-2272, 2437-2448), backported, removes both findings
+    ("0.32.0", ROOT / "docs" / "trace-findings" / "0-32-0-promotion-hold-from-0-33-0.diff",
+     "0-32-0-full-tiering-fs-log-stats-true-reset-p-0-1-load-tiers-p-0-3-data-wrong-kv-full-attention-"
+     "another-prefix-arrived-by-a-load-24req.json",
+     ["data:wrong_kv[full_attention: another prefix, arrived by a load]", "store:foreign_source"]),
     # the upstream reports' candidate patches, each on the trace file of its finding
     # (docs/upstream/<slug>/README.md, "Candidate fix"): the 0.28.0 backport of that fence ...
     ("0.28.0", UPSTREAM / "copy-overwrites-inflight-store-source" / "patch.diff",
      "0-28-0-mamba-store-source-rewritten-13req.json", ["store:foreign_source", "store:source_rewritten"]),
+    # ... the 0.33.0 zeroing of stale window block ids at a reset, on 0.28.0's Mamba (align) group,
+    # which the connector treats as a one-chunk window (offloading/scheduler.py:121-123)
+    ("0.28.0", UPSTREAM / "swa-reset-stale-window-blocks" / "patch.diff",
+     "0-28-0-mamba-reset-p-0-1-store-foreign-source-10req.json", ["store:foreign_source", "store:unwritten_source"]),
     # ... and the 0.26.0 agreed hit when a lagging group would record a copy-on-write tail it lacks
     ("0.26.0", UPSTREAM / "lagging-group-cow-tail" / "patch.diff",
      "0-26-0-mamba-eagle-vllm-exception-apply-cow-2req.json",

@@ -361,6 +361,12 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
      "_build_partial_tail_store_jobs"),
     # 0.26-0.31 async: a producer's partial-tail entry registered again on its live Mamba block
     ("0-27-0-mamba528-data-wrong-kv-mamba-unwritten-3req.json", None),
+    # 0.30-0.32, tiering: a promotion fills a primary chunk a connector reset freed while a store
+    # the reset flushed still writes it (held until the flush from 0.33.0, docs/findings.md)
+    ("0-32-0-full-tiering-fs-log-stats-true-reset-p-0-1-load-tiers-p-0-3-data-wrong-kv-full-attention-"
+     "another-prefix-arrived-by-a-load-24req.json", None),
+    # 0.26-0.28: the sliding-window reset re-offload reaching a Mamba (align) group
+    ("0-28-0-mamba-reset-p-0-1-store-foreign-source-10req.json", None),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""
