@@ -339,6 +339,8 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-26-0-mamba-eagle-scripted-data-copy-of-uncomputed-tokens-2req.json", None),
     # 0.21-0.25.1 under async: a finished request's last chunk is never stored (docs/findings.md)
     ("0-23-0-full-store-all-store-lost-chunk-1req.json", None),
+    # 0.21.0: the engine idles with a store in flight, never confirmed (flushed from 0.22.1)
+    ("0-21-0-full-abort-p-0-0-lifecycle-transfer-not-finished-1req.json", None),
     # mamba-all (cache mode "all") on 0.24-0.26: the max(per_group_hits) start, the state block
     # holding another request's state instead of the null block
     ("0-26-0-mamba-all-data-wrong-kv-mamba-another-prefix-8req.json", None),
@@ -388,6 +390,20 @@ def test_lost_last_chunk_before_the_prompt_clamp(version, lost, workers):
     env, w = workers(version)
     keys = {g.key() for g in R.rerun(w, env.version, f, f.segment["requests"])}
     assert ("store:lost_chunk" in keys) is lost
+
+
+@pytest.mark.parametrize("version,left", [("0.21.0", True), ("0.22.1", False), ("0.24.0", False)])
+def test_idle_engine_with_a_store_in_flight(version, left, workers):
+    """0.21.0's engine stops stepping once its last request has finished and gone out
+    (v1/engine/core.py:415-416), so the store that request's last step built is never confirmed:
+    the connector keeps its state, the tier its chunks unready. 0.22.1 flushes every job once all
+    tracked requests have finished (offloading/scheduler.py:849-855); 0.24.0 keeps the engine
+    stepping while the connector has jobs (has_pending_push_work, :1053-1059)."""
+    f = TF.load(FINDINGS / "0-21-0-full-abort-p-0-0-lifecycle-transfer-not-finished-1req.json")
+    env, w = workers(version)
+    keys = {g.key() for g in R.rerun(w, env.version, f, f.segment["requests"])}
+    want = {"lifecycle:connector_state_left", "lifecycle:transfer_not_finished", "store:lost_chunk"}
+    assert (want <= keys) if left else not (want & keys), keys
 
 
 @pytest.mark.parametrize("version,scheduler,found", [
