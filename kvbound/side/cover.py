@@ -255,15 +255,7 @@ class Scope:
     def _scoped(self, method):
         @functools.wraps(method)
         def scoped(*a, **k):
-            self.depth += 1
-            if self.depth == 1:
-                self.tracer.start()
-            try:
-                out = method(*a, **k)
-            finally:
-                self.depth -= 1
-                if self.depth == 0:
-                    self.tracer.stop()
+            out = self.run(method, *a, **k)
             if type(out) is types.GeneratorType and self.plant != "generators_outside":
                 return self._generator(out)
             return out
