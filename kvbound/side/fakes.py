@@ -210,8 +210,11 @@ def settle_tiers(m, tap):
         for tier in m.secondary_tiers:
             tier.drain_jobs()  # the pool's wait_idle (fs/manager.py:330-332)
             lm = getattr(tier, "_lookup_manager", None)
-            if lm is not None and any(_in_flight(st) for st in lm._lookup_state.values()):
-                _wait(lambda: lm._pending_results.qsize() > 0, "the %s tier's lookup batch" % tier.tier_type)
+            if lm is not None:
+                awaited = {_probe(k, st) for k, st in lm._lookup_state.items() if _in_flight(st)}
+                if awaited:
+                    _wait(lambda: awaited <= _posted(lm._pending_results),
+                          "the %s tier's lookup batch" % tier.tier_type)
 
     def get_finished_jobs(call):
         return sorted(call(), key=lambda r: r.job_id)
@@ -228,6 +231,32 @@ def _in_flight(state):
     async_lookup.py:47-50,147-158). Probed by feature."""
     phase = getattr(state, "phase", None)
     return phase.name == "IN_FLIGHT" if phase is not None else state.result is None
+
+
+def _probe(key, state):
+    """A probe as the lookup thread answers it: (key, generation) from 0.30 (0.30.0
+    tiering/async_lookup.py:113), the key alone before."""
+    gen = getattr(state, "generation", None)
+    return key if gen is None else (key, gen)
+
+
+def _posted(results):
+    """The probes the lookup thread has answered and the scheduler not yet drained: the queue's
+    batches taken and put back (each probe is answered once and drain_results applies a batch by
+    its probes, 0.33.0 tiering/async_lookup.py:196-218, so their order does not matter). Waiting
+    for every in-flight probe's answer, not for any answer: a batch whose probes a reset dropped
+    is answered too, and discarded (:203-204), and must not stand in for the step's own."""
+    import queue
+
+    batches = []
+    while True:
+        try:
+            batches.append(results.get_nowait())
+        except queue.Empty:
+            break
+    for b in batches:
+        results.put(b)
+    return {(e[0], e[1]) if len(e) == 3 else e[0] for b in batches for e in b}
 
 
 def _wait(ready, what, timeout_s=60.0):
