@@ -18,7 +18,7 @@ import dataclasses
 import random
 import time
 
-from . import adapter, capture, checks, compose, defects, fakes, kv_events, lookups, shadow, sidecar, store_contract, tap
+from . import adapter, capture, checks, compose, defects, fakes, kv_events, lookups, shadow, sidecar, store_contract, tap, tier_clock
 
 
 class Release:
@@ -267,7 +267,7 @@ class Engine:
         if getattr(self.csched.manager, "_kvbound_script", None):
             fakes.script_tier(self.csched.manager, rel.obase, self.tap)
         if getattr(self.csched.manager, "secondary_tiers", None):
-            fakes.settle_tiers(self.csched.manager, self.tap)
+            tier_clock.settle_tiers(self.csched.manager, self.tap)
         store_contract.record_store_calls(self, self.tap)  # eng.store_calls, with the shadow or not
         self._subscribe()
         self.checks.subscribe(self.tap)

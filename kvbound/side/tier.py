@@ -142,7 +142,7 @@ class TierTransfers:
         """A secondary tier's jobs (tiering/base.py ``TransferJob``: keys and primary chunk ids):
         a cascade copies each primary chunk's content into the tier under its key, a promotion
         copies a key's content back into a newly allocated primary chunk. The harness settles
-        the tier's threads every step (``fakes.settle_tiers``), so each copies as it is
+        the tier's threads every step (``tier_clock.settle_tiers``), so each copies as it is
         submitted."""
         sh = self
         sh.mutant = mutant
