@@ -13,8 +13,9 @@ one release table (``versions.RELEASES``, the ``lookup_*`` columns):
   sliding-window / recurrent groups, the EAGLE/MTP widening and the tail pop
   (``eagle_query_max``), the cross-group rounding (each group caps the hit at its own
   chunk grid), the Mamba alignment cap, and the ``_chunks_being_loaded`` deferral;
-- ``maximal_prefix_lookup`` (full attention), ``sliding_window_lookup`` (sliding
-  window, chunked local, Mamba: window 1).
+- ``maximal_prefix_lookup`` (full attention; ``maximal_prefix_bound`` as a proposed patch
+  makes it, ``versions.PATCHES``), ``sliding_window_lookup`` (sliding window, chunked
+  local, Mamba: window 1).
 
 Inputs are a ``LookupCase``: the request's sizes, the groups as the connector
 configured them, and the tier's answers per offload key (HIT, HIT_PENDING, RETRY,
@@ -71,6 +72,21 @@ def maximal_prefix_lookup(tier: Tier, keys, feats: ReleaseFeatures) -> int | Non
         else:  # RETRY: keep scanning so the tier can start its async lookups
             defer = True
     return None if defer else hit_count
+
+
+def maximal_prefix_bound(tier: Tier, keys) -> tuple[int, bool]:
+    """``_maximal_prefix_lookup`` as the lookup-deferral patch makes it (``versions.PATCHES``,
+    column ``lookup_deferral_keeps_bound``): the chunks up to the first miss, HIT, HIT_PENDING
+    and RETRY alike (what waiting can give at most), and whether any of them defers."""
+    hit_count = 0
+    defer = False
+    for key in keys:
+        r = tier.lookup(key)
+        if r is Answer.MISS:
+            break
+        defer |= r is not Answer.HIT
+        hit_count += 1
+    return hit_count, defer
 
 
 def sliding_window_lookup(tier: Tier, keys, window: int, feats: ReleaseFeatures,
@@ -204,7 +220,11 @@ def lookup_complete_chunks(case: LookupCase, tier: Tier, feats: ReleaseFeatures,
             num_chunks = min(cdiv(query_max, tpc), g.num_keys)
             start = N // tpc
             keys = [(g.group_idx, c) for c in range(start, num_chunks)]
-            if g.window is None:
+            group_defers = False  # a group that defers yet bounds the hit (lookup_deferral_keeps_bound)
+            if g.window is None and feats.lookup_deferral_keeps_bound:
+                hits, group_defers = maximal_prefix_bound(tier, keys)
+                out.hit_end[ci] = start + (0 if group_defers else hits)
+            elif g.window is None:
                 hits = maximal_prefix_lookup(tier, keys, feats)
                 out.hit_end[ci] = start + (hits or 0)
             else:
@@ -219,6 +239,7 @@ def lookup_complete_chunks(case: LookupCase, tier: Tier, feats: ReleaseFeatures,
             if hits is None:
                 defer = True
             else:
+                defer |= group_defers
                 if unverified:
                     hits -= 1
                     eagle_verified.add(ci)

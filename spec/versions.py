@@ -177,11 +177,29 @@ STEPS: dict[str, tuple] = {
         ("0.32.0", False, "MambaCacheMode = Literal[\"align\", \"none\"] (0.32.0 vllm/config/cache.py:63): \"all\" "
                           "is gone"),
     ),
+    # a column no release has yet: what a proposed patch changes (PATCHES below)
+    "lookup_deferral_keeps_bound": (
+        ("0.20.0", False, f"a full-attention group that defers answers None and its count is thrown away "
+                          f"(0.33.0 {_S}:773-803 `return hit_count if not defer_lookup else None`, :981-982): "
+                          "its chunks up to the first miss never bound the hit"),
+    ),
     "allocator_spec_blocks_with_checkpoint": (
         ("0.20.0", False, "no such step"),
         ("0.30.0", True, "a running request's checkpoint step also adds num_speculative_blocks"),
         ("0.32.0", False, "num_speculative_blocks no longer added on checkpoint steps"),
     ),
+}
+
+# A patch kvbound proposes to vLLM that changes what a column models: name -> (the release it is
+# written against, {column: its value with the patch}, the patch). A tree with the patch applied is
+# judged as ``"<release>+<name>"`` (``release_features``; ``kvbound review --models NAME``): the
+# release's row with those values, so the spec models the patched code, not the release's.
+PATCHES: dict[str, tuple[str, dict, str]] = {
+    "lookup-defers-on-unusable-pending-chunk": (
+        "0.33.0", {"lookup_deferral_keeps_bound": True},
+        "docs/upstream/lookup-defers-on-unusable-pending-chunk/patch.diff: _maximal_prefix_lookup counts every "
+        f"chunk up to the first miss and says whether it deferred; the deferral is OR-ed in after the group "
+        f"bounds the hit ({_S}:777-803, :947-990 patched)"),
 }
 
 _ALLOCATOR_COLUMNS = tuple(f.name for f in fields(ReleaseFeatures) if f.name.startswith("allocator_"))
@@ -243,7 +261,10 @@ def arrived(column: str) -> str:
 
 @lru_cache(maxsize=None)
 def release_features(version: str) -> ReleaseFeatures:
-    """The row of ``RELEASES`` that ``version`` runs. Pre-releases map by their base."""
+    """The row of ``RELEASES`` that ``version`` runs. Pre-releases map by their base.
+    ``"<release>+<patch>"``: that release's row with the columns ``PATCHES[patch]`` changes."""
+    if "+" in version:
+        return _patched_row(*version.split("+", 1))
     v = parse_version(version)
     if v[:2] < parse_version(_CONNECTOR_FIRST)[:2]:
         raise UnsupportedVersion(f"vLLM {version} has no offloading connector scheduler (it arrived in "
@@ -254,6 +275,18 @@ def release_features(version: str) -> ReleaseFeatures:
             f" {_minor(RELEASES[0].release)} and later"
         )
     return [f for key, f in _ROW_KEYS if key[:2] <= v[:2]][-1]
+
+
+def _patched_row(version: str, patch: str) -> ReleaseFeatures:
+    if patch not in PATCHES:
+        raise UnsupportedVersion(f"vLLM {version}+{patch}: no patch {patch!r} in the release table's PATCHES"
+                                 f" (spec/versions.py: {', '.join(sorted(PATCHES))})")
+    base, values, _ = PATCHES[patch]
+    row = release_features(version)
+    if row is not release_features(base):
+        raise UnsupportedVersion(f"vLLM {version}+{patch}: the patch {patch} is modelled on vLLM {base}'s code,"
+                                 f" and {version} runs another row of the release table")
+    return replace(row, **values, release=f"{row.release}+{patch}")
 
 
 def first_release(test: Callable[[ReleaseFeatures], object]) -> str:

@@ -235,6 +235,8 @@ class ReleaseFeatures:
     lookup_eagle_widens_every_group: bool = True  # 0.30+: EAGLE widening for every group (#52735)
     lookup_load_window: bool = True  # 0.30+: load_window_size_in_chunks widens the first window
     lookup_partial_tail_bridge: bool = True  # 0.33+: the bridge chunk; two blocks with a proof margin
+    lookup_deferral_keeps_bound: bool = False  # no release: a deferring full-attention group still bounds
+    # the hit by its chunks up to the first miss (versions.PATCHES, the lookup-deferral patch)
     # the store (_build_store_jobs; spec/store.py):
     next_stored_chunk_idx: bool = True  # 0.26+: RequestGroupState.next_stored_chunk_idx (the store spec's model)
     store_aborted_at_computed: bool = True  # 0.27+: an aborted request stores up to num_computed_tokens

@@ -48,6 +48,26 @@ def test_sliding_window_pending_right_of_a_gap():
         assert check_lookup(case, release_features(v), got.hit, None) == []
 
 
+def test_the_lookup_deferral_patch_row_answers_where_waiting_cannot_pay():
+    """versions.PATCHES "lookup-defers-on-unusable-pending-chunk": the EAGLE-pop lookup of the saved
+    2-request file (0:5 and 1:5 pending, the drafter's pop discards chunk 5) defers on 0.33.0 and
+    answers 0 on the patched row, with no contract clause broken; a pending chunk that ready chunks
+    follow can pay, and both rows defer on it."""
+    import json
+
+    patched = "0.33.0+lookup-defers-on-unusable-pending-chunk"
+    saved = json.loads((ROOT / "docs" / "trace-findings" / (
+        "0-33-0-eagle-lookup-needless-deferral-deferred-on-full-attention-hit-pending-2req.json")).read_text())
+    case = lookup_case_from_dict(saved["detail"]["lookup_case"], "eagle-pop")
+    assert lookup_for_version(case, "0.33.0").hit is None
+    got = lookup_for_version(case, patched)
+    assert got.hit == 0 and check_lookup(case, release_features(patched), got.hit, None) == []
+    can_pay = _case({**{f"0:{c}": "HIT" for c in range(12)}, "0:3": "HIT_PENDING", **{f"1:{c}": "HIT" for c in range(12)}})
+    assert lookup_for_version(can_pay, "0.33.0").hit is None and lookup_for_version(can_pay, patched).hit is None
+    ready = _case({**{f"0:{c}": "HIT" for c in range(12)}, **{f"1:{c}": "HIT" for c in range(12)}})
+    assert lookup_for_version(ready, "0.33.0").hit == lookup_for_version(ready, patched).hit == 192
+
+
 def test_contract_clauses():
     feats = release_features("0.33.0")
     ready = _case({**{f"0:{c}": "HIT" for c in range(12)}, **{f"1:{c}": "HIT" for c in range(12)}})

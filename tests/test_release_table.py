@@ -12,7 +12,9 @@ import pytest
 
 from kvbound.proofs import OBLIGATIONS
 from kvbound.proofs.allocator import allocator_code
-from kvbound.spec.versions import (ARRIVALS, CAMPAIGN_RELEASES, LATEST, RELEASES, REPRESENTATIVE, STEPS, Span, between,
+from kvbound.errors import UnsupportedVersion
+from kvbound.spec.versions import (ARRIVALS, CAMPAIGN_RELEASES, LATEST, PATCHES, RELEASES, REPRESENTATIVE, STEPS, Span,
+                                   between,
                                    expand_releases, first_release, release_features, spans)
 
 ROWS = [f.release for f in RELEASES]
@@ -25,6 +27,24 @@ def test_each_arrival_holds_from_its_first_release_on_and_not_before():
         assert having == ROWS[ROWS.index(first):], column  # arrives at ``first`` and stays
         assert ROWS.index(first) > 0, column  # the first row lacks it: an arrival, not a constant
         assert source.strip(), column
+
+
+def test_a_patched_row_is_its_release_row_with_the_patch_columns_only():
+    """``"<release>+<patch>"`` runs the release's row with the columns ``PATCHES`` names, each a
+    column of the table and a value no release has; any other release, or a name the table lacks,
+    is one line naming it."""
+    for name, (release, values, source) in PATCHES.items():
+        row = release_features(f"{release}+{name}")
+        assert row == replace(release_features(release), **values, release=f"{release}+{name}"), name
+        for column, value in values.items():
+            assert column in STEPS or column in ARRIVALS, column
+            assert value not in {getattr(f, column) for f in RELEASES}, (name, column)
+        assert (ROOT / source.split(":")[0]).exists(), source
+        other = next(r for r in ROWS if release_features(r) is not release_features(release))
+        with pytest.raises(UnsupportedVersion, match=f"modelled on vLLM {release}'s code"):
+            release_features(f"{other}+{name}")
+    with pytest.raises(UnsupportedVersion, match="no patch 'nope' in the release table's PATCHES"):
+        release_features(f"{LATEST}+nope")
 
 
 def test_each_step_holds_until_the_next_and_changes_the_value():

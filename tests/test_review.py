@@ -332,3 +332,52 @@ def test_the_lookup_deferral_patch_removes_the_deferral_and_only_departs_from_th
     assert r["gone"] == ["lookup:needless_deferral[deferred on full_attention HIT_PENDING]"], r
     assert r["new"] == ["lookup:spec_disagreement"] and r["kept"] == [], r
     assert "the spec of 0.33.0's lookup gives None (boundary None), vLLM 0 (boundary None)" in printed, printed
+
+
+LOOKUP_PATCH = UPSTREAM / "lookup-defers-on-unusable-pending-chunk" / "patch.diff"
+CROSS_GROUP_48REQ = ROOT / "docs" / "trace-findings" / (
+    "0-33-0-swa-scripted-lookup-needless-deferral-deferred-on-full-attention-hit-pending-48req.json")
+
+
+def _models_replay(tmp_path, patch, trace_file, *extra):
+    out = tmp_path / "review.json"
+    rc = main(["review", "--vllm", "0.33.0", "--patch", str(patch), "--models",
+               "lookup-defers-on-unusable-pending-chunk", "--replay", str(trace_file), "--json", str(out), *extra])
+    return rc, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_the_lookup_deferral_patch_judged_by_its_own_row_is_gone_and_nothing_new(tmp_path, prepared, capsys):
+    """--models: the patched tree is judged as 0.33.0+lookup-defers-on-unusable-pending-chunk (the
+    release table's PATCHES row, spec/lookup.py maximal_prefix_bound), so the change itself is no
+    disagreement: on the 48-request cross-group file both deferrals are gone, nothing new (the
+    spec's answers and the keys it asks agree with the patched vLLM's at every lookup)."""
+    prepared("0.33.0")
+    rc, doc = _models_replay(tmp_path, LOOKUP_PATCH, CROSS_GROUP_48REQ)
+    assert rc == 0, capsys.readouterr().out
+    assert doc["patched_judged_as"] == "0.33.0+lookup-defers-on-unusable-pending-chunk"
+    (r,) = doc["replay"]
+    assert r["gone"] == ["lookup:needless_deferral", "lookup:needless_deferral[deferred on full_attention HIT_PENDING]"]
+    assert r["new"] == [] and r["kept"] == [], r
+
+
+def test_a_patch_that_breaks_what_its_row_models_is_new(tmp_path, prepared, capsys):
+    """Planted: the lookup patch without its `defer_lookup |= group_defers`, so a deferring group's
+    pending chunks count as hits. Judged by the patch's row, the spec defers where that vLLM answers,
+    and the contract sees a hit the tier does not hold ready: new, exit 1."""
+    prepared("0.33.0")
+    broken = tmp_path / "broken.diff"
+    text = LOOKUP_PATCH.read_text()
+    assert text.count("+                    defer_lookup |= group_defers\n") == 1
+    broken.write_text(text.replace("+                    defer_lookup |= group_defers\n",
+                                   "+                    pass  # planted: the deferral dropped\n"))
+    rc, doc = _models_replay(tmp_path, broken, CROSS_GROUP_48REQ)
+    assert rc == 1, capsys.readouterr().out
+    (r,) = doc["replay"]
+    assert {"lookup:spec_disagreement", "lookup:false_hit"} <= set(r["new"]), r
+
+
+def test_models_names_a_patch_of_the_table_of_that_release(prepared, capsys):
+    prepared("0.33.0")
+    assert main(["review", "--vllm", "0.33.0", "--patch", str(LOOKUP_PATCH), "--models", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no patch 'nope' in the release table's PATCHES" in err[0], err

@@ -4,8 +4,9 @@ The patch (a unified diff, ``kvbound.trace.patchfile``) is applied to a copy of 
 release tree (``--vllm X``) or of a checkout (``--vllm-src DIR --base X``); the base and the
 patched tree then run the same campaign points, traffic and seeds, as two shards of one
 campaign (``kvbound.trace.campaign``: the patched tree is a ``src`` shard, judged by the base
-release's spec), and the findings are compared by key: gone (the base has it, the patched tree
-not), new, kept. Exit 1 on a new finding, 0 otherwise, 2 on bad input (a patch that does not
+release's spec, or with ``--models NAME`` by the release table's row for that patch,
+``spec/versions.py`` ``PATCHES``: a patch that changes what the spec models), and the
+findings are compared by key: gone (the base has it, the patched tree not), new, kept. Exit 1 on a new finding, 0 otherwise, 2 on bad input (a patch that does not
 apply: one line naming the file and the hunk), a harness fault, or a point that did not run on
 either tree (a patched tree whose vLLM does not import has no findings, and none of the base's
 is "gone" for that).
@@ -44,6 +45,9 @@ def register(sub):
     p.add_argument("--vllm-src", metavar="DIR", help="a checkout's root the patch applies to (its vllm/, copied)")
     p.add_argument("--base", metavar="X", help="with --vllm-src: the release whose spec both trees are judged by")
     p.add_argument("--patch", required=True, metavar="FILE", help="the unified diff")
+    p.add_argument("--models", metavar="NAME", help="the patch changes what kvbound's spec models: judge the"
+                   " patched tree by the release table's PATCHES[NAME] (spec/versions.py), its release's row with"
+                   " the columns the patch changes; without it, both trees are judged by the release's own row")
     add_run_arguments(p)
     p.set_defaults(guided=0)  # the shared run options read --guided; a review runs the points named only
     p.add_argument("--out", default="review-findings", metavar="DIR",
@@ -154,6 +158,7 @@ def run(args) -> int:
         print(f"kvbound review: vllm {args.vllm} could not be prepared:\n  {e}", file=sys.stderr)
         return EXIT_INPUT
     replays = _replay_files(args.replay, release)
+    judged = patched_release(release, args.models)
     layouts = tuple(space.chosen(args, sweep=True, runnable=space.runnable_on([release])))
     workers = min(local_workers(args), 2)
     options = trace_options(args, [release, release], layouts, workers)
@@ -169,9 +174,10 @@ def run(args) -> int:
         print(f"kvbound review: {patch} applied to a copy of {base_col} ({len(changed)} file(s)); {what}, on both",
               file=sys.stderr, flush=True)
         if args.replay:
-            return replay(args, replays, release, base_src, base_col, str(work.resolve()), patch, changed, skipped)
+            return replay(args, replays, release, judged, base_src, base_col, str(work.resolve()), patch, changed,
+                          skipped)
         base = C.Shard(release, layouts, options, src=base_src, column=base_col)
-        shards = [base, replace(base, src=str(work.resolve()), column=PATCHED)]
+        shards = [base, replace(base, release=judged, src=str(work.resolve()), column=PATCHED)]
         out = Path(args.out).resolve()
         t0 = time.monotonic()
         with C.ended_by_signals():
@@ -188,7 +194,7 @@ def run(args) -> int:
     print(render(base_col, review, both, cov))
     print(f"\n{2 * len(layouts)} cells in {time.monotonic() - t0:.0f} s")
     if args.json:
-        doc = {"format": REVIEW_FORMAT, "release": release, "base": base_col,
+        doc = {"format": REVIEW_FORMAT, "release": release, "base": base_col, "patched_judged_as": judged,
                "patch": {"file": args.patch, "sha256": hashlib.sha256(patch.read_bytes()).hexdigest(),
                          "changed": changed, "left_out": skipped},
                "base_doc": reproducible(base_doc.to_json()), "patched_doc": reproducible(patched_doc.to_json()),
@@ -209,6 +215,18 @@ def run(args) -> int:
     return EXIT_FAIL if review["new"] else EXIT_OK
 
 
+def patched_release(release: str, models: str | None) -> str:
+    """The release the patched tree is judged as: ``release``, or with ``--models NAME`` the
+    release table's patched row ``"<release>+NAME"``; an ``UnsupportedVersion`` (one line, exit 2)
+    for a name the table lacks or a patch modelled on another release's code."""
+    if models is None:
+        return release
+    from kvbound.spec import release_features
+
+    release_features(f"{release}+{models}")
+    return f"{release}+{models}"
+
+
 def _replay_files(paths: list, release: str) -> list:
     """[(path, the finding it holds)] for ``--replay``; a UsageError for a file that is no trace
     file or is one of another release."""
@@ -227,8 +245,8 @@ def _replay_files(paths: list, release: str) -> list:
     return files
 
 
-def replay(args, files: list, release: str, base_src: str | None, base_col: str, patched_src: str, patch: Path,
-           changed: list, skipped: list) -> int:
+def replay(args, files: list, release: str, judged: str, base_src: str | None, base_col: str, patched_src: str,
+           patch: Path, changed: list, skipped: list) -> int:
     """``--replay F``: each trace file's requests rerun on the base and on the patched tree
     (``kvbound.trace.session.replay``, what ``kvbound trace --replay`` runs), the finding keys
     compared per file; the patched tree's findings drawn (``kvbound trace``'s ``describe``)."""
@@ -239,7 +257,7 @@ def replay(args, files: list, release: str, base_src: str | None, base_col: str,
     from .trace import _first_per_key, describe
 
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    envs = {base_col: release_env(release, base_src, say), PATCHED: release_env(release, patched_src, say)}
+    envs = {base_col: release_env(release, base_src, say), PATCHED: release_env(judged, patched_src, say)}
     out, doc, harness = [], [], False
     for path, f in files:
         got = {}
@@ -263,7 +281,7 @@ def replay(args, files: list, release: str, base_src: str | None, base_col: str,
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(
-            {"format": REVIEW_FORMAT, "release": release, "base": base_col,
+            {"format": REVIEW_FORMAT, "release": release, "base": base_col, "patched_judged_as": judged,
              "patch": {"file": args.patch, "sha256": hashlib.sha256(patch.read_bytes()).hexdigest(),
                        "changed": changed, "left_out": skipped},
              "replay": doc}, indent=1, sort_keys=True) + "\n")
