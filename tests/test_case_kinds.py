@@ -251,9 +251,9 @@ def test_a_store_finding_carries_a_replayable_store_case(workers):
 
 def test_a_trace_finding_file_gives_the_case_it_names():
     found = ROOT / "docs" / "trace-findings"
-    (line,) = plan_lines(found / "0-29-0-swa-scripted-lookup-needless-deferral-13req.json")
+    (line,) = plan_lines(found / "0-29-0-swa-scripted-lookup-needless-deferral-deferred-on-sliding-window-hit-pending-14req.json")
     assert line["vllm_version"] == "0.29.0" and line["deferred"] is True  # its lookup case, as its release
-    out = explain(found / "0-29-0-swa-scripted-lookup-needless-deferral-13req.json")
+    out = explain(found / "0-29-0-swa-scripted-lookup-needless-deferral-deferred-on-sliding-window-hit-pending-14req.json")
     assert "no needless deferral: ✗ deferred" in out
     r = kvbound("plan", found / "0-26-0-mamba-eagle-scripted-data-copy-of-uncomputed-tokens-2req.json")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "names no case" in r.stderr

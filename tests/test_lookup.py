@@ -209,16 +209,17 @@ def test_lookup_obligations_verdicts_and_witnesses():
 
 
 def test_saved_calibration_case():
-    """The shrunk 0.29.0 trace finding's lookup (docs/trace-findings): a window's 3 ready
-    chunks left of a MISS, a HIT_PENDING right of it. 0.29 defers; 0.30 loads the 48 tokens."""
+    """The shrunk 0.29.0 trace finding's lookup (docs/trace-findings): a window of 4 ready
+    chunks (1:3-1:6) left of a MISS (1:7), a HIT_PENDING right of it (1:9). 0.29 defers; 0.30
+    loads the 112 tokens."""
     import json
     from pathlib import Path
 
     doc = json.loads((Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
-                      / "0-29-0-swa-scripted-lookup-needless-deferral-13req.json").read_text())
+                      / "0-29-0-swa-scripted-lookup-needless-deferral-deferred-on-sliding-window-hit-pending-14req.json").read_text())
     case = lookup_case_from_dict(doc["detail"]["lookup_case"])
     assert lookup_for_version(case, "0.29.0").hit is None
-    assert lookup_for_version(case, "0.30.0").hit == 48
+    assert lookup_for_version(case, "0.30.0").hit == 112
 
 
 LOAD_LIMIT_TRACES = ("0-31-0-mamba-load-limit-below-hash-1req.json", "0-31-0-mamba-load-limit-off-hash-grid-2req.json")

@@ -283,6 +283,21 @@ def test_real_trace_eagle_drafter_layouts(workers):
         assert ([2, "boundary", b + 16] in c["keys"] or [2, (b + 16) // 64 - 1] in c["keys"])
 
 
+def test_the_scripted_tier_answers_a_key_the_same_within_a_step(workers):
+    """A tier's state holds within a scheduling pass (fakes.script_tier): at every captured lookup
+    of the scripted layouts, a key asked more than once (the convergence loop, the partial-tail
+    search) gets the same answer each time; HIT_PENDING and RETRY are still answered. (Before, a
+    re-ask drew again: HIT then HIT_PENDING for one ready chunk, which the lookup contract took for
+    a false hit of the patched lookup, docs/upstream/lookup-defers-on-unusable-pending-chunk.)"""
+    env, w = workers("0.33.0")
+    for layout in ("mamba-eagle-scripted", "swa-scripted"):
+        res = w.job(R.make_job(layout, (1, "answers"), 80, 0, "sync", {}))
+        tiers = [c["case"]["lookup"]["tier"] for c in res["lookups"]]
+        repeated = [a for t in tiers for a in t.values() if len(a) > 1]
+        assert repeated and all(len(set(a)) == 1 for a in repeated), layout
+        assert any({"HIT_PENDING", "RETRY"} & set(a) for t in tiers for a in t.values()), layout
+
+
 def test_real_trace_scripted_tier(workers):
     """0.33.0 with the scripted tier loaded by vLLM's spec factory (spec_name /
     spec_module_path): lookups answered HIT_PENDING and RETRY, chunks a lookup confirmed
@@ -328,7 +343,7 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     # 0.21-0.23: an earlier group's external blocks are a later group's untouched hits
     ("0-21-0-bpc2-premise-valid-call-14req.json", None),
     # the calibration of the lookup checks: a HIT_PENDING right of a gap defers (docs/lookup.md)
-    ("0-29-0-swa-scripted-lookup-needless-deferral-13req.json", None),
+    ("0-29-0-swa-scripted-lookup-needless-deferral-deferred-on-sliding-window-hit-pending-14req.json", None),
     # a multi-module MTP window (extra_retained_tokens): 0.28-0.30 load a window chunk the lookup
     # never confirmed (docs/findings.md); the tier then lacks it and prepare_load asserts
     ("0-29-0-swa-mtp-lifecycle-load-key-not-confirmed-3req.json", None),

@@ -51,7 +51,8 @@ def install_scripted_tier(obase):
     ``spec_name``/``spec_module_path``, ``v1/kv_offload/factory.py``): vLLM's own CPU tier
     with a script (extra config ``kvbound_script``) that makes it adversarial:
     ``pending_p``: a lookup that would HIT answers HIT_PENDING once (not yet readable),
-    ``retry_p``: ... answers RETRY once (location unknown), and ``evict_p``: at each
+    ``retry_p``: ... answers RETRY once (location unknown), each for the step (a key asked
+    again in the same step is answered the same: the tier's state holds), and ``evict_p``: at each
     schedule end, every idle ready chunk some lookup answered HIT in that step is evicted
     with this probability (between a lookup and a later ``prepare_load``)."""
     if TIER_MODULE in sys.modules:
@@ -116,29 +117,40 @@ def script_tier(m, obase, tap):
             if m.events is not None:
                 m.events.append(_evict_event(m, evicted))
 
+    # (request id, key) -> the answer given in this step: a tier's state holds within a step (the
+    # CPU tier changes a chunk's state only in prepare_store / complete_store / its schedule end,
+    # never between two lookups of one scheduling pass), so a key asked again (the lookup's
+    # convergence loop, the partial-tail search) is answered as it was first
+    answered = {}
+
     def lookup(call, key, req_context):
         r = call(key, req_context)
-        if r is LR.HIT:
-            hit_now.append(key)
-            tag = (getattr(req_context, "req_id", None), key)
-            if tag not in delayed:
-                x = rng.random()
-                if script.get("evict_at_lookup"):  # tests only: a tier that breaks its contract
-                    evict([key])
-                if x < pending_p:
-                    delayed.add(tag)
-                    m.kvbound_counts["pending"] += 1
-                    return LR.HIT_PENDING
-                if x < pending_p + retry_p:
-                    delayed.add(tag)
-                    m.kvbound_counts["retry"] += 1
-                    return LR.RETRY
-        return r
+        if r is not LR.HIT:
+            return r
+        hit_now.append(key)
+        tag = (getattr(req_context, "req_id", None), key)
+        got = r
+        if tag not in delayed:
+            x = rng.random()  # drawn at every ask, answered before or not: the script's stream is kept
+            if script.get("evict_at_lookup"):  # tests only: a tier that breaks its contract
+                evict([key])
+            if tag in answered:
+                pass
+            elif x < pending_p:
+                delayed.add(tag)
+                m.kvbound_counts["pending"] += 1
+                got = LR.HIT_PENDING
+            elif x < pending_p + retry_p:
+                delayed.add(tag)
+                m.kvbound_counts["retry"] += 1
+                got = LR.RETRY
+        return answered.setdefault(tag, got)
 
     def on_schedule_end(call, *context):  # no ScheduleEndContext before 0.25 (0.24.0 base.py:305)
         call(*context)
         evict([key for key in hit_now if rng.random() < evict_p])
         del hit_now[:]
+        answered.clear()
 
     tap.around(m, "lookup", lookup)
     tap.around(m, "on_schedule_end", on_schedule_end)

@@ -27,8 +27,10 @@ Planted defects (tests only, ``params["mutant"]``): the ``lookup_*`` rows of
 from .adapter import first_attr, kind_of
 from .capture import tokens_per_hash
 
-# How many steps a request may stay deferred by its lookup (docs/lookup.md, progress).
-STUCK_BOUND_STEPS = 64
+# How many lookups in a row may defer a request (docs/lookup.md, progress): each step the scheduler
+# asks the request again, so this many steps of waiting on the tier; a step whose scheduling pass
+# does not reach the request (the batch full, the token budget spent) asks nothing and counts nothing.
+STUCK_BOUND_LOOKUPS = 64
 
 
 class LookupCapture:
@@ -38,7 +40,7 @@ class LookupCapture:
         self.asked = None  # [(key, answer)] while a real call runs
         self.extra_key = None  # lookup_extra_key: the key the planted defect asks first
         self.lookups = []
-        self.deferred_since = {}  # request id -> step of its first deferral in a row
+        self.deferred_since = {}  # request id -> [step of its first deferral in a row, deferrals in the row]
         self.stuck = set()
         self.to_abort = []
         self.never = set()  # lookup_never_return: requests deferred once
@@ -221,8 +223,10 @@ class LookupCapture:
         if hit is not None:
             self.deferred_since.pop(rid, None)
             return
-        since = self.deferred_since.setdefault(rid, step)
-        if step - since > STUCK_BOUND_STEPS and rid not in self.stuck:
+        row = self.deferred_since.setdefault(rid, [step, 0])
+        row[1] += 1
+        since, times = row
+        if times > STUCK_BOUND_LOOKUPS and rid not in self.stuck:
             self.stuck.add(rid)
             waits = []
             if case is not None:
@@ -233,11 +237,11 @@ class LookupCapture:
             stalled = sorted(set(getattr(self.cs.manager, "kvbound_stalled_names", lambda: [])()))
             self.eng.violations.append({
                 "check": "liveness:stuck_request", "step": step, "request": rid,
-                "message": "deferred by its lookup since step %d (%d steps > bound %d); waits on %s;"
+                "message": "deferred by its lookup %d times in a row since step %d (bound %d); waits on %s;"
                            " transfers in flight: %d; stalled tier writes: %d"
-                           % (since, step - since, STUCK_BOUND_STEPS, ", ".join(waits[:8]) or "nothing",
+                           % (times, since, STUCK_BOUND_LOOKUPS, ", ".join(waits[:8]) or "nothing",
                               len(self.eng.transfers.pending), len(stalled)),
-                "deferred_since": since, "waits_on": waits[:32],
+                "deferred_since": since, "deferrals": times, "waits_on": waits[:32],
                 "transfers_in_flight": len(self.eng.transfers.pending), "stalled_writes": len(stalled)})
             self.to_abort.append(rid)  # so the run drains; the finding is recorded
 
