@@ -53,13 +53,6 @@ def sub_connector(conn, name):
     return next((c for c in getattr(conn, "_connectors", None) or [conn] if type(c).__name__ == name), None)
 
 
-def offloading_connectors(eng):
-    """The OffloadingConnector of the scheduler side (vLLM's ``Scheduler`` calls it, through a
-    MultiConnector in ``multi-pd``) and of the worker side (``Engine.worker_side`` calls it, as
-    the model runner does)."""
-    return sub_connector(eng.sched.connector, OFFLOADING), sub_connector(eng.wconn, OFFLOADING)
-
-
 def pd_sides(eng):
     """(scheduler side, worker side) of the P/D consumer beside the OffloadingConnector, or
     (None, None); the worker side writes its loads through ``external_load``."""

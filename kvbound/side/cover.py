@@ -10,18 +10,25 @@ What is measured: ``CONNECTOR_CODE``, the OffloadingConnector and its offload ti
 imported included (no line of theirs ran). Paths are relative to the release tree
 (``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``).
 
-When: coverage.py runs while the worker imports vLLM (a module's definitions are lines it
-executes) and, for a job that asks (``"coverage": true``), while its engine is built and
-closed and inside each call of the connector's code after that (``Scope``: the engine core,
-the scheduler and kvbound's checks run untraced in between, at the rate they run unmeasured);
-``"coverage": "job"`` traces the job whole, from before its engine is built to after its run
-(the same lines, slower: tests/test_coverage.py compares them). What runs while a module of the connector code is imported (its definitions,
-and the calls it makes then: the CPU tier's policy factory registers its policies, 0.33.0
+How: a job with ``"coverage": true`` runs no trace function (on CPython 3.11 any trace
+function slows every frame while it is set, docs/benchmarks.md "Coverage"): every module of the
+connector code a measuring worker imports is compiled with a probe before each statement
+(``probed``), which adds the statement's line to a set of the module's, in whichever thread
+runs it (the file-system tier's I/O threads too); the job's lines are those of its probes.
+``"coverage": "job"`` traces the job whole with coverage.py instead, from before its engine is
+built to after its run: the reference, the same lines file by file (tests/test_coverage.py
+compares them on 7 layouts of 0.33.0 and 0.29.0). coverage.py also traces the worker's import
+of vLLM (a module's definitions are lines it executes), and is the analysis of both ways (its
+statements, and ``translate_lines``: a multi-line statement by its first line).
+
+What runs while a module of the connector code is imported (its definitions, and the calls it
+makes then: the CPU tier's policy factory registers its policies, 0.33.0
 ``v1/kv_offload/cpu/policies/factory.py:25-36``) runs once per process: at the worker's start,
 or in the first job whose engine imports it (the CPU tier's modules come with the first engine
-built; ``_ImportContext`` marks those lines with coverage.py's dynamic context ``"import"``).
-Those lines are kept (``Probe.imported``) and counted for every job after, so a job's lines do
-not depend on which measured job of the process imported the module first.
+built; ``_ImportContext`` tells those lines apart: coverage.py's dynamic context ``"import"``,
+or the probes' import sets). Those lines are kept (``Probe.imported``) and counted for every
+job after, so a job's lines do not depend on which measured job of the process imported the
+module first.
 
 What a job gets per file: ``statements`` (coverage.py's analysis: every line that can run),
 ``executed`` (those that ran, each multi-line statement by its first line) and ``gpu_only``
@@ -31,13 +38,11 @@ tell "not reachable on CPU" from "not reached yet" without reading vLLM).
 
 import ast
 import collections
-import functools
 import importlib.abc
 import importlib.util
-import inspect
 import os
 import sys
-import types
+import threading
 
 ENV = "KVBOUND_COVERAGE"
 CONNECTOR_CODE = ("vllm/distributed/kv_transfer/kv_connector/v1/offloading",
@@ -127,11 +132,115 @@ def spans(source):
 
 IMPORT_CONTEXT = "import"
 
+# The module global each probed module of the connector code calls, one argument: its probe key
+# (``probed``). A single leading underscore: a name of two would be mangled in a class body.
+PROBE_NAME = "_kvbound_line_"
+
+
+def _at0(node):
+    """``node`` and its children at line 0, no line of the file: a tracer's line events for the
+    probe's own instructions are line 0's, which no statement has, so a probed module reports
+    through coverage.py the lines its plain compile does (tests/test_coverage.py compares the
+    line tables)."""
+    for n in ast.walk(node):
+        n.lineno = n.end_lineno = 0
+        n.col_offset = n.end_col_offset = 0
+    return node
+
+
+def _hit(key):
+    return ast.Call(ast.Name(PROBE_NAME, ast.Load()), [ast.Constant(key)], [])
+
+
+def _irrefutable(p):
+    return (isinstance(p, ast.MatchAs) and (p.pattern is None or _irrefutable(p.pattern))) \
+        or (isinstance(p, ast.MatchOr) and any(map(_irrefutable, p.patterns)))
+
+
+def probed(tree):
+    """``tree`` (a module's AST), each statement preceded by a probe ``PROBE_NAME(key)`` at line 0
+    (``_at0``), and the keys that stand for more lines than their own: ``(tree, more)``, ``more``
+    a key -> the lines it records. A key is the statement's first line, but where a tracer's
+    lines for one event are more than the statement's first line:
+
+    - a decorated ``def``/``class`` runs its decorators' lines and the ``def`` line (coverage.py:
+      a statement each): a key of its own for them all;
+    - an ``except`` clause's line runs when an exception is tested against it, matched or not:
+      a typed clause's type is ``PROBE_NAME(line) or TYPE`` (evaluated exactly then), a bare one
+      (the last, always matched) probes first thing in its body;
+    - a ``case`` line runs when its pattern is tried (a pattern holds no call): case j's body
+      records cases 1..j, and where no case need match, an added last ``case _`` records all;
+    - a leading docstring (no statement to coverage.py) gets no probe before it (it would stop
+      being the docstring), nor do ``from __future__`` imports (they must come first): their
+      keys are probed after them.
+    Nothing else: what a statement's other lines run (a multi-line statement, a lambda, a
+    comprehension) is the statement's first line to coverage.py (``translate_lines``)."""
+    more = {}
+
+    def key_of(lines):
+        if len(lines) == 1:
+            return lines[0]
+        k = -1 - len(more)
+        more[k] = tuple(lines)
+        return k
+
+    def probe(lines):
+        return _at0(ast.Expr(_hit(key_of(lines))))
+
+    def body(stmts, doc=False, module=False):
+        out, held = [], []
+        for i, st in enumerate(stmts):
+            lead = (doc and i == 0 and isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
+                    and isinstance(st.value.value, str))
+            future = module and isinstance(st, ast.ImportFrom) and st.module == "__future__"
+            visit(st)
+            if lead:
+                out.append(st)
+                continue
+            if future:
+                out.append(st)
+                held.append(st.lineno)
+                continue
+            out += [probe([ln]) for ln in held]
+            held = []
+            deco = getattr(st, "decorator_list", None)
+            out.append(probe([d.lineno for d in deco] + [st.lineno] if deco else [st.lineno]))
+            out.append(st)
+        out += [probe([ln]) for ln in held]
+        return out
+
+    def visit(st):
+        defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(st, field, None)
+            if isinstance(stmts, list) and stmts:
+                setattr(st, field, body(stmts, doc=field == "body" and isinstance(st, defs)))
+        for h in getattr(st, "handlers", ()):
+            h.body = body(h.body)
+            if h.type is None:
+                h.body.insert(0, probe([h.lineno]))
+            else:
+                h.type = ast.BoolOp(ast.Or(), [_at0(_hit(key_of([h.lineno]))), h.type])
+                ast.copy_location(h.type, h.type.values[1])
+        if isinstance(st, ast.Match):
+            lines = []
+            for c in st.cases:
+                lines.append(c.pattern.lineno)
+                c.body = [probe(list(lines))] + body(c.body)
+            last = st.cases[-1]
+            if last.guard is not None or not _irrefutable(last.pattern):
+                st.cases.append(ast.match_case(_at0(ast.MatchAs(pattern=None, name=None)), None, [probe(list(lines))]))
+
+    tree.body = body(tree.body, doc=True, module=True)
+    return tree, more
+
 
 class _ImportContext(importlib.abc.MetaPathFinder):
-    """While measuring: each module of the connector code is executed under coverage.py's
-    dynamic context ``IMPORT_CONTEXT`` (and what it imports and calls meanwhile), so the
-    lines its import runs are told from the lines a job runs. Finds nothing itself: it asks
+    """In a worker that measures, from its start: each module of the connector code is compiled
+    with probes (``probed``: ``Probe.load``) and executed under the import context, so the
+    lines its import runs (and what it imports and calls meanwhile) are told from the lines a
+    job runs: coverage.py's dynamic context ``IMPORT_CONTEXT`` in a job traced whole, the
+    probes' import sets in a probed job (``Probe.enter_import``). Finds nothing itself: it asks
     the finders after it and wraps the loader of a measured file."""
 
     def __init__(self, probe):
@@ -147,7 +256,7 @@ class _ImportContext(importlib.abc.MetaPathFinder):
                 break
         else:
             return None
-        if spec.origin and os.path.realpath(spec.origin) in self.probe.paths and hasattr(spec.loader, "exec_module"):
+        if spec.origin and os.path.realpath(spec.origin) in self.probe.paths and hasattr(spec.loader, "get_data"):
             spec.loader = _ImportingLoader(spec.loader, self)
         return spec
 
@@ -163,125 +272,62 @@ class _ImportingLoader(importlib.abc.Loader):
         return self.inner.create_module(spec)
 
     def exec_module(self, module):
-        scope = self.hook.probe.scope  # a scoped job: an import runs inside it, wherever it is asked
-        if scope is not None:
-            return scope.run(self._exec, module)
-        return self._exec(module)
-
-    def _exec(self, module):
         hook = self.hook
+        code = hook.probe.load(module, self.inner)
         hook.depth += 1
         if hook.depth == 1:
-            hook.probe.cov.switch_context(IMPORT_CONTEXT)
+            hook.probe.enter_import()
         try:
-            self.inner.exec_module(module)
+            exec(code, module.__dict__)
         finally:
             hook.depth -= 1
             if hook.depth == 0:
-                hook.probe.cov.switch_context("")
+                hook.probe.leave_import()
 
 
-# Defects a test plants in the scope (a job's ``coverage_plant``), to show the scoped job's lines
-# are held to the whole job's: each one makes a scoped job miss lines the connector runs.
-PLANTS = {"generators_outside": "a generator a scoped method returns is iterated outside the scope"
-                                " (the connector's take_events, drained by vLLM's scheduler)"}
+# Defects a test plants in the probes (a job's ``coverage_plant``), to show the probed job's
+# lines are held to the whole job's: each one makes a probed job miss lines the connector runs.
+PLANTS = {"threads_unseen": "the probes record only what the main thread runs (the file-system"
+                            " tier's I/O threads go unseen)"}
 
 
-class Scope:
-    """What a scoped job traces (``Probe.start(scoped=True)``): coverage.py's tracer of the main
-    thread is on while ``depth`` > 0 (a count, so nested calls are one span: ``run``, the
-    methods ``wrap`` scopes) and off in between, so the engine, the scheduler and kvbound's
-    checks run untraced outside the connector's calls.
+class _Lines:
+    """One probed module's records: its globals (where ``PROBE_NAME`` is bound), the keys its
+    probes recorded in the job (``job``) and, while a module is imported, in the import
+    (``imp``), and its keys of more lines (``probed``)."""
 
-    On CPython 3.11 any trace function slows every frame while it is set, whatever it records
-    (docs/benchmarks.md "Coverage"), so the switch removes it: ``CTracer.stop`` only clears the
-    tracer's started flag and the tracer takes itself off at its next event
-    (``PyEval_SetTrace(NULL, NULL)``, coverage/ctracer/tracer.c ``CTracer_trace``);
-    ``CTracer.start`` sets it again. (``Collector.pause`` and ``resume`` would switch every
-    thread's tracer from the calling thread: not used. The file-system tier's I/O threads keep
-    the tracers coverage.py gave them when they started, traced whole, as in a whole job.)
-    Every switch but ``narrow``'s is made in a frame of this module that is entered and left in
-    one state, by C calls (no frame of theirs), so the tracer's stack of frames follows the
-    interpreter's; while tracing is switched on, the frame that switched it is charged to the
-    tracer's top entry, one of this file's (``narrow``'s: it left the tracer one entry deep),
-    which records nothing: this file is not measured.
+    def __init__(self, globs, more):
+        self.globs, self.more = globs, more
+        self.job, self.imp = set(), None
 
-    What runs inside: the engine's build and close (``trace_worker.py``), every import of a
-    module of the connector code (``_ImportingLoader``), every call of the methods ``wrap``
-    scopes, and each step of a generator they return (a generator's body runs where it is
-    iterated: the connector's ``take_events``, drained by vLLM's scheduler). tests/test_coverage.py
-    holds a scoped job to the lines the same job traced whole runs, file by file."""
+    def lines(self, keys):
+        out = set()
+        for k in keys:
+            out.update(self.more.get(k, (k,)))
+        return out
 
-    def __init__(self, probe, tracer, plant=None):
-        self.probe, self.tracer, self.plant = probe, tracer, plant
-        self.depth = 1  # on: a job starts with its build
 
-    def run(self, fn, *a, **k):
-        """``fn(*a, **k)`` inside the scope. The switches are made in this frame (C calls of
-        the tracer: no frame of theirs), which is entered and left in one state."""
-        self.depth += 1
-        if self.depth == 1:
-            self.tracer.start()
-        try:
-            return fn(*a, **k)
-        finally:
-            self.depth -= 1
-            if self.depth == 0:
-                self.tracer.stop()
+def _main_thread_only(keys):
+    main = threading.main_thread()
 
-    def narrow(self):
-        """The job's engine is built: from here only inside the scope. The one switch made
-        otherwise (on since the job's start, off from here): the tracer's stack stays one
-        entry deeper than the interpreter's, an entry of this file's, which records nothing."""
-        self.depth -= 1
-        if self.depth == 0:
-            self.tracer.stop()
+    def add(key):
+        if threading.current_thread() is main:
+            keys.add(key)
 
-    def wrap(self, obj):
-        """Each method of ``obj`` whose code is the connector code's (its class's and the
-        classes' it inherits: the file decides) runs inside the scope: an instance attribute
-        around the bound method. An instance attribute already there (another wrapper) is
-        refused: each method is wrapped once."""
-        for name in dir(type(obj)):
-            fn = inspect.getattr_static(type(obj), name)
-            code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-            if code is None or name.startswith("__") or not self.probe.measured(code.co_filename):
-                continue
-            if name in vars(obj):
-                raise RuntimeError("%s.%s is wrapped already: the coverage scope wraps each method once"
-                                   % (type(obj).__name__, name))
-            setattr(obj, name, self._scoped(getattr(obj, name)))
-
-    def _scoped(self, method):
-        @functools.wraps(method)
-        def scoped(*a, **k):
-            out = self.run(method, *a, **k)
-            if type(out) is types.GeneratorType and self.plant != "generators_outside":
-                return self._generator(out)
-            return out
-
-        return scoped
-
-    def _generator(self, gen):
-        """``gen``'s items, each step of it (next, send, throw, close) inside the scope."""
-        value = error = None
-        while True:
-            try:
-                out = self.run(gen.send, value) if error is None else self.run(gen.throw, error)
-            except StopIteration as stop:
-                return stop.value
-            value = error = None
-            try:
-                value = yield out
-            except GeneratorExit:
-                self.run(gen.close)
-                raise
-            except BaseException as e:  # noqa: BLE001 - thrown in: passed on to gen
-                error = e
+    return add
 
 
 class Probe:
-    """coverage.py over the connector code of this process's release."""
+    """The connector code's lines per job, two ways: ``"probes"`` (a job's ``"coverage": true``),
+    no trace function: the modules of the connector code are compiled with a probe before each
+    statement (``probed``), which adds its key to a set of the module's (a ``set.add`` bound
+    to the module global ``PROBE_NAME``: a global's load and a C call, in any thread); and
+    ``"job"`` (``"coverage": "job"``): coverage.py's tracer over the whole job (the reference:
+    tests/test_coverage.py holds the probes to it, file by file). coverage.py is the analysis
+    of both (``static``: its statements and ``translate_lines``) and what measures the
+    worker's import of vLLM."""
+
+    MODES = ("probes", "job")
 
     def __init__(self):
         import coverage  # the deps lock pins it; only a worker started to measure imports it
@@ -294,41 +340,87 @@ class Probe:
         self.imported = {}  # relpath -> the lines that ran while its module was imported
         self._static = {}  # relpath -> (reporter, statements, gpu_only)
         self._hook = _ImportContext(self)
-        self._measured = {}  # a code object's file name -> whether it is of the connector code
-        self.scope = None  # the Scope of a scoped job, while it runs
+        self._lines = {}  # relpath -> _Lines of its probed module
+        self.mode = self.plant = None  # while a job (or the worker's import) measures
 
-    def start(self, scoped=False, plant=None):
-        """Start measuring; ``scoped``: traced only inside ``self.scope`` (``Scope``), which is
-        on until its ``narrow``; ``plant``: a row of ``PLANTS`` (tests only)."""
-        if plant is not None and plant not in PLANTS:
-            raise ValueError("unknown coverage plant %r: kvbound/side/cover.py PLANTS has %s"
+    def start(self, mode="job", plant=None):
+        """Start measuring, ``mode`` one of ``MODES``; ``plant``: a row of ``PLANTS`` (tests
+        only, probes). From the first start on, every module of the connector code this process
+        imports is compiled with probes (``_ImportContext``), measured or not."""
+        if mode not in self.MODES:
+            raise ValueError("unknown coverage mode %r: %s" % (mode, ", ".join(self.MODES)))
+        if plant is not None and (plant not in PLANTS or mode != "probes"):
+            raise ValueError("unknown coverage plant %r: kvbound/side/cover.py PLANTS has %s (probed jobs)"
                              % (plant, ", ".join(PLANTS)))
-        self.cov.erase()
-        self.cov.start()
-        self.scope = None
-        if scoped:
-            tracer = self.cov._collector.tracers[0]  # Collector.start's: the calling (main) thread's
-            if type(tracer).__name__ != "CTracer":  # the switch's semantics (Scope) are the C tracer's
-                self.cov.stop()
-                raise RuntimeError("coverage.py runs its %s, not its CTracer" % type(tracer).__name__)
-            self.scope = Scope(self, tracer, plant)
-        sys.meta_path.insert(0, self._hook)
+        if self._hook not in sys.meta_path:
+            sys.meta_path.insert(0, self._hook)
+        self.mode, self.plant = mode, plant
+        if mode == "job":
+            self.cov.erase()
+            self.cov.start()
+        else:
+            for lines in self._lines.values():
+                lines.job.clear()
+                self._bind(lines)
 
-    def measured(self, filename):
-        """Whether code of ``filename`` (a code object's) is of the connector code."""
-        got = self._measured.get(filename)
-        if got is None:
-            got = self._measured[filename] = os.path.realpath(filename) in self.paths
-        return got
+    def _bind(self, lines):
+        keys = lines.imp if lines.imp is not None else lines.job
+        planted = self.mode == "probes" and self.plant == "threads_unseen"
+        lines.globs[PROBE_NAME] = _main_thread_only(keys) if planted else keys.add
+
+    def load(self, module, loader):
+        """The code of a module of the connector code, compiled with probes (``probed``), its
+        probes bound to a new ``_Lines`` of the file."""
+        path = loader.get_filename(module.__name__)
+        tree, more = probed(ast.parse(loader.get_data(path), path))
+        rel = os.path.relpath(os.path.realpath(path), self.root).replace(os.sep, "/")
+        lines = self._lines[rel] = _Lines(module.__dict__, more)
+        if self._hook.depth and self.mode == "probes":  # imported inside another's import
+            lines.imp = set()
+        self._bind(lines)
+        return compile(tree, path, "exec", dont_inherit=True)
+
+    def enter_import(self):
+        """A module of the connector code is being imported (the outermost such import)."""
+        if self.mode == "job":
+            self.cov.switch_context(IMPORT_CONTEXT)
+        elif self.mode == "probes":
+            for lines in self._lines.values():
+                lines.imp = set()
+                self._bind(lines)
+
+    def leave_import(self):
+        if self.mode == "job":
+            self.cov.switch_context("")
+        elif self.mode == "probes":
+            for rel, lines in self._lines.items():
+                imp, lines.imp = lines.imp, None
+                self._bind(lines)
+                if imp:
+                    lines.job |= imp
+                    at = self._translate(rel, lines.lines(imp))
+                    if at:
+                        self.imported.setdefault(rel, set()).update(at)
+
+    def _translate(self, rel, lines):
+        reporter, statements, _ = self.static(rel)
+        return set(reporter.translate_lines(lines)) & statements
 
     def stop(self, at_import=False):
         """Stop measuring; the lines that ran since ``start``, per file, with the lines every
         module imported so far ran at its import. ``at_import``: all of them are import-time."""
-        sys.meta_path.remove(self._hook)
-        self.scope = None
+        mode, self.mode, self.plant = self.mode, None, None
+        out = {}
+        if mode == "probes":
+            for lines in self._lines.values():
+                self._bind(lines)  # a plant's binding undone
+            for rel in self.files:
+                lines = self._lines.get(rel)
+                ran = self._translate(rel, lines.lines(lines.job)) if lines is not None else set()
+                out[rel] = ran | self.imported.get(rel, set())
+            return out
         self.cov.stop()
         data = self.cov.get_data()
-        out = {}
         for rel in self.files:
             reporter, statements, _ = self.static(rel)
             by_line = data.contexts_by_lineno(os.path.join(self.root, rel))

@@ -137,9 +137,9 @@ _PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cover.py")
 
 def portable_traceback(exc, limit=4000):
     """The traceback with every file named by ``portable_path`` (nothing of this machine), less
-    the frames of the coverage probe's scope (``cover.Scope``: its wrappers around the
-    connector's methods are the measurement's, absent from the same run unmeasured) but for
-    an innermost one (the probe itself raised: a harness fault)."""
+    the frames of the coverage probe's (``cover.py``: its loader's ``exec_module`` around the
+    import of a module of the connector code is the measurement's, absent from the same run
+    unmeasured) but for an innermost one (the probe itself raised: a harness fault)."""
     lines = []
     frames = traceback.extract_tb(exc.__traceback__)
     for i, fr in enumerate(frames):

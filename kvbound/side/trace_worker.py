@@ -9,8 +9,9 @@ A job's outcome is ``ok``, or a vLLM exception (raised inside vLLM's code: a fin
 a harness fault (raised in kvbound's own fakes or adapter: never a vLLM finding).
 
 A job with ``"coverage": true`` also returns the lines of the connector code it ran
-(``cover.py``), traced while its engine is built and closed and inside the connector's calls
-(``cover.Scope``); ``"coverage": "job"``, the same lines traced over the whole job. The worker
+(``cover.py``), recorded by the probes compiled into the connector's modules, no trace function
+(``cover.probed``); ``"coverage": "job"``, the same lines traced by coverage.py over the whole
+job (the reference: tests/test_coverage.py compares them). The worker
 must have been started to measure (``cover.ENV``). Every result carries ``step_cpu``: the worker's
 process CPU seconds since the job began, at the start of each step (the host's time to detect).
 """
@@ -28,10 +29,10 @@ def run_job(rel, job):
         raise RuntimeError("the job asks for coverage of a worker started without it (%s=1)" % cover.ENV)
     t0, c0 = time.monotonic(), time.process_time()
     if probe is not None:
-        # before the build: what its engine imports and runs counts; "job": traced whole
-        probe.start(scoped=job["coverage"] != "job", plant=job.get("coverage_plant"))
+        # before the build: what its engine imports and runs counts
+        probe.start("job" if job["coverage"] == "job" else "probes", plant=job.get("coverage_plant"))
     try:
-        res = _run(rel, job, t0, c0, probe.scope if probe is not None else None)
+        res = _run(rel, job, t0, c0)
     finally:
         ran = probe.stop() if probe is not None else None
     if probe is not None:
@@ -39,12 +40,8 @@ def run_job(rel, job):
     return res
 
 
-def _run(rel, job, t0, c0, scope=None):
+def _run(rel, job, t0, c0):
     eng = rel.build(job["layout"], job["params"])
-    if scope is not None:  # built: from here traced inside the connector's calls only
-        for conn in compose.offloading_connectors(eng):
-            scope.wrap(conn)
-        scope.narrow()
     res = {"ok": True}
     try:
         eng.run(job["requests"], job.get("max_steps", 200000))
@@ -55,10 +52,7 @@ def _run(rel, job, t0, c0, scope=None):
         if sidecar.raised_in_harness(e):
             res["harness_fault"] = True
     finally:
-        if scope is not None:  # a tiering manager's shutdown is connector code
-            scope.run(compose.close, eng)
-        else:
-            compose.close(eng)
+        compose.close(eng)
     counts = getattr(eng.csched.manager, "kvbound_counts", None)
     if counts:
         eng.stats.update(("tier_" + k, v) for k, v in counts.items())
