@@ -8,7 +8,7 @@ waits on a worker with a number of its own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,18 @@ class PlanOptions:
     # are not known beforehand: their mean over the default layouts, shrinks included)
     shrink_s_per_rerun: float = 0.17
     min_requests: int = 200  # below this a layout's traffic barely evicts: not worth a cell
+    # a run measuring coverage (--coverage): the share of the traffic rate it keeps (the probes
+    # compiled into the connector's modules: 0.96, all 25 layouts of 0.33.0, the least of 3 runs)
+    # and its worker's start over a plain one's (coverage.py traces the import of vLLM: 10.2-10.5 s
+    # against 6.4-6.8 s); docs/benchmarks.md "Coverage"
+    coverage_rate_kept: float = 0.96
+    coverage_start_factor: float = 1.55
+
+    def covered(self) -> "PlanOptions":
+        """The plan of a run measuring coverage: each request at ``coverage_rate_kept`` of the
+        rate, each worker's start ``coverage_start_factor`` as long."""
+        return replace(self, seconds_per_request=tuple((f, s / self.coverage_rate_kept) for f, s in self.seconds_per_request),
+                       start_s=self.start_s * self.coverage_start_factor)
 
     def seconds(self, shards, requests: int, shrink_budget: int, workers: int = 1, then=()) -> float:
         """The planned wall seconds of ``shards`` (per shard: the families of the layouts it
@@ -117,7 +129,9 @@ class TraceOptions:
 # campaign is many, planned for an hour, each finding shrunk less.
 TRACE_PLAN, CAMPAIGN_PLAN = PlanOptions(budget_s=300.0), PlanOptions(budget_s=3600.0)
 TRACE_SHRINK, CAMPAIGN_SHRINK = ShrinkOptions(budget=150), ShrinkOptions(budget=60)
-# Line coverage of the connector code (--coverage): off by default, as it costs more than the 30 %
-# of the traffic rate a default may (measured: docs/benchmarks.md "Coverage"; any trace function
-# slows every frame of CPython 3.11, the side venv's Python)
-CAMPAIGN_COVERAGE = False
+# Line coverage of the connector code (--coverage): on by default, as it costs less than the 30 % of
+# the traffic rate a default may: its probes compiled into the connector's modules keep 96 % of the
+# rate (no trace function, which would slow every frame of CPython 3.11, the side venv's Python:
+# coverage.py's tracer kept 34 %; docs/benchmarks.md "Coverage"), and the plan costs it
+# (PlanOptions.covered)
+CAMPAIGN_COVERAGE = True

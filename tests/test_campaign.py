@@ -66,6 +66,30 @@ def test_the_plan_is_the_budget():
     assert P.requests_per_layout([["mamba"]], 20) > P.requests_per_layout([["mamba", "mamba"]], 20)
 
 
+def test_a_covered_campaign_is_planned_at_the_covered_rate():
+    """Coverage is on by default, and a measured request costs 1/coverage_rate_kept of a plain
+    one, a measuring worker's start coverage_start_factor of a plain one's (docs/benchmarks.md
+    "Coverage"): the default plans fewer requests than --no-coverage, as PlanOptions.covered does."""
+    import argparse
+
+    from kvbound.commands.campaign import plan, register
+    from kvbound.options import CAMPAIGN_PLAN as P
+    from kvbound.options import CAMPAIGN_SHRINK
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = lambda *a: parser.parse_args(["campaign", "--vllm", "0.33.0", "--layout", "full", "--workers", "1", *a])  # noqa: E731
+    covered = plan(args("--budget", "3600"))[1][0].options
+    plain = plan(args("--budget", "3600", "--no-coverage"))[1][0].options
+    assert covered.run.coverage and not plain.run.coverage
+    shards = [["full_attention"]]
+    assert plain.run.requests == P.requests_per_layout(shards, CAMPAIGN_SHRINK.budget)
+    assert covered.run.requests == P.covered().requests_per_layout(shards, CAMPAIGN_SHRINK.budget) < plain.run.requests
+    c = P.covered()
+    assert c.start_s == P.start_s * P.coverage_start_factor
+    assert dict(c.seconds_per_request)["mamba"] == dict(P.seconds_per_request)["mamba"] / P.coverage_rate_kept
+
+
 def _finding(kind, cls, n=2, release="0.29.0"):
     return {"kind": kind, "class": cls, "safety": True, "key": kind, "count": 3, "release": release,
             "segment": {"requests": [{}] * n}, "file": None}

@@ -115,7 +115,8 @@ def test_guided_plans_round_0_from_the_points_named_with_coverage_on():
     _, shards = plan(args("--guided", "2", "--explore", "3", "--requests", "100"))
     assert shards[0].layouts == ("full",) and shards[0].options.run.coverage  # --explore: per round, not here
     assert len(plan(args("--explore", "3", "--requests", "100"))[1][0].layouts) > 1
-    assert not plan(args("--requests", "100"))[1][0].options.run.coverage
+    assert plan(args("--requests", "100"))[1][0].options.run.coverage  # on by default (options.CAMPAIGN_COVERAGE)
+    assert not plan(args("--requests", "100", "--no-coverage"))[1][0].options.run.coverage
     # --budget: the later rounds are costed too, so fewer requests per layout fit
     guided = plan(args("--guided", "2", "--explore", "3", "--budget", "600"))[1][0].options.run.requests
     assert guided < plan(args("--budget", "600"))[1][0].options.run.requests

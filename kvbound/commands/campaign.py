@@ -70,9 +70,10 @@ def add_run_arguments(p) -> None:
     p.add_argument("--shrink-budget", type=int, default=CAMPAIGN_SHRINK.budget, metavar="R",
                    help="reruns per distinct finding")
     p.add_argument("--coverage", action=argparse.BooleanOptionalAction, default=None,
-                   help="measure the line coverage of each release's connector code (coverage.py in the worker;"
-                        " the document's 'coverage', per file and release). Default off (on with --guided): it"
-                        " costs about 2/3 of the traffic rate on Python 3.11 (docs/benchmarks.md)")
+                   help="measure the line coverage of each release's connector code (line probes compiled into"
+                        " its modules in the worker, coverage.py's analysis; the document's 'coverage', per file"
+                        " and release). Default on: it keeps 96%% of the traffic rate (docs/benchmarks.md), and"
+                        " --budget plans for it; --no-coverage for the plain traffic")
     space.add_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -121,12 +122,15 @@ def trace_options(args, judged_as: list, layouts: tuple, pool: int) -> TraceOpti
     processes; ``--seed``, ``--coverage``, ``--shrink-budget``."""
     from kvbound.trace.layouts import cost_family
 
+    coverage = coverage_of(args)
     if args.requests is not None:
         if args.requests < 1:
             raise UsageError("--requests must be >= 1")
         n = args.requests
     else:
         plan_options = CAMPAIGN_PLAN if args.budget is None else replace(CAMPAIGN_PLAN, budget_s=args.budget)
+        if coverage:  # measured traffic runs slower, its workers start slower
+            plan_options = plan_options.covered()
         costs = [[cost_family(space.resolve(l)) for l in layouts if space.support(l, v) is None]
                  for v in judged_as]
         # a guided round's points are drawn once the round before has run: each costed as the costliest
@@ -137,7 +141,7 @@ def trace_options(args, judged_as: list, layouts: tuple, pool: int) -> TraceOpti
             print(f"kvbound {getattr(args, 'command', 'campaign')}: --budget {plan_options.budget_s:.0f} is below"
                   f" what this campaign costs at the floor of {n} requests per layout (worker starts, shrinking):"
                   f" planned at {planned:.0f} s", file=sys.stderr)
-    return TraceOptions(RunOptions(n, args.seed, coverage=coverage_of(args)), ShrinkOptions(args.shrink_budget))
+    return TraceOptions(RunOptions(n, args.seed, coverage=coverage), ShrinkOptions(args.shrink_budget))
 
 
 def coverage_of(args) -> bool:

@@ -51,7 +51,7 @@ def register(sub):
     p.add_argument("--engine", action="append", default=[], metavar="K=V", help=engine_help())
     p.add_argument("--stop-on-first", action="store_true", help="stop a layout at its first finding")
     p.add_argument("--coverage", action=argparse.BooleanOptionalAction, default=False,
-                   help="measure the line coverage of the release's connector code (coverage.py in the worker),"
+                   help="measure the line coverage of the release's connector code (line probes in the worker),"
                         " print it per file and add it to --json (default off: docs/benchmarks.md)")
     p.add_argument("--no-shrink", action="store_true", help="save findings unshrunk")
     p.add_argument("--shrink-budget", type=int, default=TRACE_SHRINK.budget, metavar="R", help="reruns per shrink")
