@@ -55,38 +55,37 @@ class Tier:
 
 
 # -- the per-group scans -------------------------------------------------------------------
-def maximal_prefix_lookup(tier: Tier, keys, feats: ReleaseFeatures) -> int | None:
-    """``_maximal_prefix_lookup``: consecutive hits from the start; HIT_PENDING counts and
-    defers, RETRY defers (0.25+: without counting; 0.21-0.24 have no RETRY), MISS stops."""
-    hit_count = 0
+def _prefix_scan(tier: Tier, keys) -> tuple[int, int, bool]:
+    """One scan of ``_maximal_prefix_lookup``'s keys from the start to the first MISS: the chunks
+    that count as hits (HIT and HIT_PENDING), the chunks before the first MISS (RETRY too), and
+    whether any answer defers (HIT_PENDING or RETRY; 0.21-0.24 have no RETRY)."""
+    counted = reached = 0
     defer = False
     for key in keys:
         r = tier.lookup(key)
         if r is Answer.MISS:
             break
-        if r is Answer.HIT:
-            hit_count += 1
-        elif r is Answer.HIT_PENDING:
-            defer = True
-            hit_count += 1
-        else:  # RETRY: keep scanning so the tier can start its async lookups
-            defer = True
-    return None if defer else hit_count
+        reached += 1
+        if r is not Answer.RETRY:
+            counted += 1
+        defer |= r is not Answer.HIT
+    return counted, reached, defer
+
+
+def maximal_prefix_lookup(tier: Tier, keys, feats: ReleaseFeatures) -> int | None:
+    """``_maximal_prefix_lookup``: consecutive hits from the start; HIT_PENDING counts and
+    defers, RETRY defers (0.25+: without counting; the scan goes on so the tier can start its
+    async lookups), MISS stops."""
+    counted, _, defer = _prefix_scan(tier, keys)
+    return None if defer else counted
 
 
 def maximal_prefix_bound(tier: Tier, keys) -> tuple[int, bool]:
     """``_maximal_prefix_lookup`` as the lookup-deferral patch makes it (``versions.PATCHES``,
     column ``lookup_deferral_keeps_bound``): the chunks up to the first miss, HIT, HIT_PENDING
     and RETRY alike (what waiting can give at most), and whether any of them defers."""
-    hit_count = 0
-    defer = False
-    for key in keys:
-        r = tier.lookup(key)
-        if r is Answer.MISS:
-            break
-        defer |= r is not Answer.HIT
-        hit_count += 1
-    return hit_count, defer
+    _, reached, defer = _prefix_scan(tier, keys)
+    return reached, defer
 
 
 def sliding_window_lookup(tier: Tier, keys, window: int, feats: ReleaseFeatures,

@@ -262,9 +262,12 @@ def arrived(column: str) -> str:
 @lru_cache(maxsize=None)
 def release_features(version: str) -> ReleaseFeatures:
     """The row of ``RELEASES`` that ``version`` runs. Pre-releases map by their base.
-    ``"<release>+<patch>"``: that release's row with the columns ``PATCHES[patch]`` changes."""
-    if "+" in version:
-        return _patched_row(*version.split("+", 1))
+    ``"<release>+<patch>"`` with a name of ``PATCHES``: that release's row with the columns the
+    patch changes; any other ``+label`` is a PEP 440 local version (a build of the release, as
+    vLLM's ``0.29.0+cu130`` wheels are) and runs the release's row."""
+    version, _, label = version.partition("+")
+    if label in PATCHES:
+        return _patched_row(version, label)
     v = parse_version(version)
     if v[:2] < parse_version(_CONNECTOR_FIRST)[:2]:
         raise UnsupportedVersion(f"vLLM {version} has no offloading connector scheduler (it arrived in "
@@ -278,9 +281,6 @@ def release_features(version: str) -> ReleaseFeatures:
 
 
 def _patched_row(version: str, patch: str) -> ReleaseFeatures:
-    if patch not in PATCHES:
-        raise UnsupportedVersion(f"vLLM {version}+{patch}: no patch {patch!r} in the release table's PATCHES"
-                                 f" (spec/versions.py: {', '.join(sorted(PATCHES))})")
     base, values, _ = PATCHES[patch]
     row = release_features(version)
     if row is not release_features(base):

@@ -217,12 +217,16 @@ def run(args) -> int:
 
 def patched_release(release: str, models: str | None) -> str:
     """The release the patched tree is judged as: ``release``, or with ``--models NAME`` the
-    release table's patched row ``"<release>+NAME"``; an ``UnsupportedVersion`` (one line, exit 2)
-    for a name the table lacks or a patch modelled on another release's code."""
+    release table's patched row ``"<release>+NAME"``; a ``UsageError`` for a name the table lacks, an
+    ``UnsupportedVersion`` for a patch modelled on another release's code (each one line, exit 2)."""
     if models is None:
         return release
     from kvbound.spec import release_features
+    from kvbound.spec.versions import PATCHES
 
+    if models not in PATCHES:
+        raise UsageError(f"--models {models}: no patch {models!r} in the release table's PATCHES"
+                         f" (spec/versions.py: {', '.join(sorted(PATCHES))})")
     release_features(f"{release}+{models}")
     return f"{release}+{models}"
 
