@@ -241,7 +241,8 @@ def lookup_complete_chunks(case: LookupCase, tier: Tier, feats: ReleaseFeatures,
                 defer |= group_defers
                 if unverified:
                     hits -= 1
-                    eagle_verified.add(ci)
+                    if not group_defers:  # a pending proof chunk proves nothing yet (the patch's row)
+                        eagle_verified.add(ci)
                 max_hit = min(max_hit, tpc * (start + hits))
             new_hit = max_hit - N
             if new_hit < tpc:

@@ -199,7 +199,8 @@ PATCHES: dict[str, tuple[str, dict, str]] = {
         "0.33.0", {"lookup_deferral_keeps_bound": True},
         "docs/upstream/lookup-defers-on-unusable-pending-chunk/patch.diff: _maximal_prefix_lookup counts every "
         f"chunk up to the first miss and says whether it deferred; the deferral is OR-ed in after the group "
-        f"bounds the hit ({_S}:777-803, :947-990 patched)"),
+        f"bounds the hit, and an EAGLE group whose own chunks defer is not marked verified ({_S}:777-803, "
+        ":947-996 patched)"),
 }
 
 _ALLOCATOR_COLUMNS = tuple(f.name for f in fields(ReleaseFeatures) if f.name.startswith("allocator_"))
