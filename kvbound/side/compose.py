@@ -78,10 +78,12 @@ def count(eng):
 
 def close(eng):
     """What outlives a run: a tiering spec's shared-memory region, its tiers' threads and their
-    directory (TieringOffloadingManager.shutdown, 0.33.0 v1/kv_offload/tiering/manager.py:1251)."""
+    directory (TieringOffloadingManager.shutdown, 0.33.0 v1/kv_offload/tiering/manager.py:1251),
+    shut down here when the run ended before the engine's own teardown (``Engine.shutdown``)."""
     if getattr(eng.csched.manager, "secondary_tiers", None):
         import shutil
 
-        eng.csched.manager.shutdown()
+        if not eng.shut_down:
+            eng.csched.manager.shutdown()
         for tier in eng.vllm_config.kv_transfer_config.kv_connector_extra_config["secondary_tiers"]:
             shutil.rmtree(tier["root_dir"], ignore_errors=True)

@@ -45,6 +45,7 @@ def _run(rel, job, t0, c0):
     res = {"ok": True}
     try:
         eng.run(job["requests"], job.get("max_steps", 200000))
+        eng.shutdown()  # the engine core's teardown: what raises there is vLLM's too
     except Exception as e:  # noqa: BLE001 - an exception inside vLLM is a finding; in kvbound a fault
         res = {"ok": False, "error": "%s: %s" % (type(e).__name__, e),
                "assert_site": sidecar.assert_site(e),
