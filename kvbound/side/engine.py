@@ -18,7 +18,8 @@ import dataclasses
 import random
 import time
 
-from . import adapter, capture, checks, compose, defects, fakes, kv_events, lookups, shadow, sidecar, store_contract, tap, tier_clock
+from . import (adapter, capture, checks, compose, defects, fakes, kv_events, lookups, runner_calls, shadow, sidecar,
+               store_contract, tap, tier_clock)
 
 
 class Release:
@@ -146,7 +147,7 @@ class Release:
                     log_stats=bool(par.get("log_stats")),  # the engine core's (not disable_log_stats)
                     **({"hash_block_size": hbs} if hbs is not None else {}))
         wconn = type(sched.connector)(vllm_config, self.KVConnectorRole.WORKER, kv_cache_config)
-        _kv_cache_layout(vllm_config)
+        runner_calls.kv_cache_layout(vllm_config)
         if mutant == "allocate_past_lookahead":  # planted: the allocator reserves past the lookahead
             _allocate_past_lookahead(sched.kv_cache_manager, lay)
         eng = Engine(self, lay, par, vllm_config, kv_cache_config, sched, wconn, hbs or bs)
@@ -200,27 +201,6 @@ def chunk_size_config(lay):
     return {"blocks_per_chunk": bpc}
 
 
-def _kv_cache_layout(vllm_config):
-    """The question the worker's attention backend asks the configured connector class when it
-    lays out the KV cache (0.33.0 v1/attention/backends/utils.py:369 ->
-    distributed/kv_transfer/kv_connector/utils.py:48-61, each child's under a MultiConnector);
-    the trace allocates no KV tensors, so the answer only has to come back. Before 0.30 the function
-    reads the config the worker set current (0.26.0 kv_connector/utils.py:39-52)."""
-    import inspect
-
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed.kv_transfer.kv_connector import utils
-
-    ask = getattr(utils, "get_kv_connector_cache_layout", None)
-    if ask is None:
-        return
-    if inspect.signature(ask).parameters:
-        ask(vllm_config)
-    else:
-        with set_current_vllm_config(vllm_config):
-            ask()
-
-
 def _structured(vllm_config):
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -271,10 +251,7 @@ class Engine:
         self.num_spec = sp["num_speculative_tokens"] if sp else 0
         self.accept_p = sp.get("accept_p", 0.7) if sp else 0.0
         self.model_runner = fakes.FakeModelRunner(self, self.num_spec, self.accept_p)
-        # the layers whose attention op the connector's per-layer hooks wrap (0.33.0
-        # model_executor/layers/attention/kv_transfer_utils.py:15-59, on attention.py:771): not Mamba's
-        self.attention_layers = [n for g in kv_cache_config.kv_cache_groups
-                                 if isinstance(g.kv_cache_spec, rel.kci.AttentionSpec) for n in g.layer_names]
+        self.attention_layers = runner_calls.attention_layers(rel, kv_cache_config)
         self.shut_down = False
         self.checks = checks.LifecycleChecks(self)
         self.lookup_capture = lookups.LookupCapture(self)
@@ -393,53 +370,6 @@ class Engine:
             pooling_params=None, block_hasher=self.hasher)
         return req
 
-    def worker_side(self, so):
-        """The model runner's connector calls around one step, in the order of the release's
-        runner (0.33.0 v1/worker/kv_connector_model_runner_mixin.py:67-107, gpu_model_runner.py:3937):
-        preemptions, bind, loads, the forward (each attention layer's hooks around it), the
-        save, then the step's output: finished transfers, load errors, the worker's transfer
-        stats and KV events, its metadata for the scheduler."""
-        w = self.wconn
-        meta = so.kv_connector_metadata
-        w.handle_preemptions(meta)
-        self.tap.publish("update_states", so)  # the model runner's _update_states: zeroing, block copies
-        w.bind_connector_metadata(meta)
-        w.start_load_kv(None)
-        forward = so.total_num_scheduled_tokens > 0  # else kv_connector_no_forward: no layer runs
-        for name in self.attention_layers if forward else ():
-            w.wait_for_layer_load(name)
-        self.tap.publish("forward", so)  # the forward: what it reads, then what it writes
-        for name in self.attention_layers if forward else ():
-            w.save_kv_layer(name, None, None)  # the runner's KV tensor and metadata: none on CPU
-        w.wait_for_save()
-        more = {}  # what the release's runner reports beside, where its KVConnectorOutput has it
-        if hasattr(w, "get_transfer_results"):
-            tr = w.get_transfer_results(so.finished_req_ids)
-            fs, fr = tr.finished_sending, tr.finished_recving
-            more["failed_recving"] = getattr(tr, "failed_recving", None)
-        else:
-            fs, fr = w.get_finished(so.finished_req_ids)
-        invalid = w.get_block_ids_with_load_errors()
-        for field, method in (("kv_connector_stats", "get_kv_connector_stats"),
-                              ("kv_cache_events", "get_kv_connector_kv_cache_events")):
-            if hasattr(w, method):
-                more[field] = getattr(w, method)()
-        fields = adapter.fields(self.rel.vout.KVConnectorOutput)
-        out = self.rel.vout.KVConnectorOutput(
-            finished_sending=fs, finished_recving=fr, invalid_block_ids=invalid,
-            kv_connector_worker_meta=w.build_connector_worker_meta(),
-            **{k: v for k, v in more.items() if k in fields and v is not None})
-        w.clear_connector_metadata()
-        return out
-
-    def shutdown(self):
-        """The engine core's teardown (0.33.0 v1/engine/core.py:834-840): the executor's workers
-        shut their connector down, then the scheduler (v1/core/sched/scheduler.py:3324-3329) its own,
-        which shuts the offload tier down (offloading/scheduler.py:2461-2462)."""
-        self.wconn.shutdown()
-        self.sched.shutdown()
-        self.shut_down = True
-
     def run(self, requests, max_steps=200000):
         """Step as the engine core does: ``step`` (sync), or ``step_with_batch_queue``
         with a queue of 2 (async: a batch is scheduled before the previous one's
@@ -498,7 +428,7 @@ class Engine:
                         break
                 else:
                     stalled = 0
-                mro = self.model_runner.output(so, self.worker_side(so))
+                mro = self.model_runner.output(so, runner_calls.worker_side(self, so))
                 queue.insert(0, (so, mro))
                 executed = so.total_num_scheduled_tokens > 0
                 if is_async and len(queue) < 2 and (executed or self.engine_busy()):

@@ -18,7 +18,7 @@ process CPU seconds since the job began, at the start of each step (the host's t
 
 import time
 
-from . import compose, cover, findings, sidecar
+from . import compose, cover, findings, runner_calls, sidecar
 
 
 def run_job(rel, job):
@@ -45,7 +45,7 @@ def _run(rel, job, t0, c0):
     res = {"ok": True}
     try:
         eng.run(job["requests"], job.get("max_steps", 200000))
-        eng.shutdown()  # the engine core's teardown: what raises there is vLLM's too
+        runner_calls.shutdown(eng)  # the engine core's teardown: what raises there is vLLM's too
     except Exception as e:  # noqa: BLE001 - an exception inside vLLM is a finding; in kvbound a fault
         res = {"ok": False, "error": "%s: %s" % (type(e).__name__, e),
                "assert_site": sidecar.assert_site(e),
