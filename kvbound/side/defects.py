@@ -59,6 +59,9 @@ DEFECTS = (
            "kv_events", ("store:stale_event",), "full@cpu_chunks=32,kv_events=true", "0.33.0"),
     Defect("event_drop_stored", "the CPU tier drops its first stored event (a completed store it never announces)",
            "kv_events", ("store:stale_event",), "full@cpu_chunks=32,kv_events=true", "0.33.0"),
+    Defect("stats_drop_interval", "the connector's scheduler side loses the first stats it would hand over"
+           " that count transferred bytes (get_stats answers None once)", "stats_logger",
+           ("lifecycle:transfer_stats_mismatch",), "full@log_stats=true", "0.33.0"),
     Defect("refusal_leaks", "the tier refuses a store after allocating it: its chunks stay write-pending"
            " for ever", "fakes", ("liveness:stuck_request",), "full-faults", "0.33.0"),
 )

@@ -19,7 +19,7 @@ import random
 import time
 
 from . import (adapter, capture, checks, compose, defects, fakes, kv_events, lookups, runner_calls, shadow, sidecar,
-               store_contract, tap, tier_clock)
+               stats_logger, store_contract, tap, tier_clock)
 
 
 class Release:
@@ -278,6 +278,7 @@ class Engine:
         self.lookup_capture.subscribe(self.tap)
         if self.shadow is not None:
             self.shadow.subscribe(self.tap)
+        self.frontend = stats_logger.subscribe(self, self.tap)  # the frontend's stat loggers (log_stats)
 
     # -- connector calls seen -----------------------------------------------------------
     def _subscribe(self):
@@ -442,6 +443,8 @@ class Engine:
             if self.num_spec and not is_async:
                 self.model_runner.propose_drafts(so)
         self.checks.check_drained()
+        if self.frontend is not None:
+            self.frontend.check(self.transfers.reported)
         compose.count(self)
         if self.shadow is not None:
             self.shadow.contract.check_lost_chunks()

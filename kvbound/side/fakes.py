@@ -286,6 +286,7 @@ def fake_transfer_engine_class(obase):
             self.submitted = {}
             self.faults = TransferFaults(eng.par, eng.mutant)
             self.sizes = {}  # job_id -> (bytes, steps held): what the job's TransferResult reports
+            self.reported = {}  # "load" / "store" -> the bytes of each finished job reported with its size
             # the release's TransferResult reports what a job moved and how long it took (0.30+,
             # 0.33.0 v1/kv_offload/base.py:650-654), as the CPU tier's worker measures it
             fields = getattr(obase.TransferResult, "__dataclass_fields__", {})
@@ -323,6 +324,7 @@ def fake_transfer_engine_class(obase):
             size = self.sizes.pop(job_id, None)
             if size is None:
                 return obase.TransferResult(job_id=job_id, success=ok)
+            self.reported.setdefault(self.submitted[job_id], []).append(size[0])  # stats_logger's check
             # the time: the steps the job was held, at a modelled millisecond each (no clock)
             return obase.TransferResult(job_id=job_id, success=ok, transfer_size=size[0],
                                         transfer_time=1e-3 * (size[1] + 1))

@@ -152,6 +152,9 @@ _ROWS = (
     FindingKind("lifecycle:connector_state_left", "after drain, the connector still holds per-request"
                 " state"),
     FindingKind("lifecycle:transfer_not_finished", "after drain, transfer jobs are still pending"),
+    FindingKind("lifecycle:transfer_stats_mismatch", "after drain, the connector's transfer stats as the"
+                " frontend's logger reduces them count other bytes or transfers than the worker was told"
+                " finished (what operators read is wrong; no KV is)", EFFICIENCY),
     FindingKind("lifecycle:not_drained", "the engine did not finish its requests (no progress, or past the"
                 " step bound)"),
     FindingKind("premise:valid-call", "the call vLLM made is no valid case (its block table breaks the case"
