@@ -37,8 +37,18 @@ def _run(w, version, layout, mutant=None, n=80):
     return res, {f.kind for f in found}
 
 
+def test_a_consumer_without_hma_goes_beside_one_group_only():
+    from kvbound.trace.space import resolve
+
+    assert support("full-multi-pd@pd_hma=false", "0.33.0") is None
+    assert resolve("full-multi-pd@pd_hma=false").params()["pd_hma"] is False
+    for point in ("swa-multi-pd@pd_hma=false", "full@pd_hma=false"):
+        assert "pd_hma applies to composition multi-pd on one KV-cache group" in support(point, "0.33.0"), point
+
+
 @pytest.mark.parametrize("layout,version,defect,counter", [
     ("full-multi-pd", "0.33.0", "pd_finish_before_write", "pd_loads"),
+    ("full-multi-pd@pd_hma=false", "0.33.0", "pd_finish_before_write", "pd_loads"),
     ("full-tiering-fs", "0.33.0", "promote_reversed_keys", "loads"),
     ("mamba-all", "0.31.0", "load_dst_shift", "loads"),
 ])

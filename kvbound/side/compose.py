@@ -14,7 +14,8 @@ OFFLOADING = "OffloadingConnector"
 
 def composed(lay, par, extra, mutant):
     """The ``KVTransferConfig`` fields: the OffloadingConnector alone (``composition`` absent), or
-    (``multi-pd``) inside vLLM's ``MultiConnector`` after a P/D consumer (``pd_connector.py``), as
+    (``multi-pd``) inside vLLM's ``MultiConnector`` after a P/D consumer (``pd_connector.py``; engine
+    setting ``pd_hma`` false: one without ``SupportsHMA``), as
     P/D deployments order them (the loader named first serves a request's load when it hits:
     0.33.0 kv_connector/v1/multi_connector.py:451-470; every connector stores and gets every
     request's blocks, :484-494; 0.21.0 - 0.25.1 an empty block list, 0.25.1 :406-413)."""
@@ -24,7 +25,8 @@ def composed(lay, par, extra, mutant):
     if lay["composition"] != "multi-pd":
         raise ValueError("unknown composition %r" % (lay["composition"],))
     pd_connector.install()
-    pd = dict(kv_connector=pd_connector.PD_CONNECTOR, kv_role="kv_both",
+    name = pd_connector.PD_CONNECTOR if par.get("pd_hma", True) else pd_connector.PD_CONNECTOR_NO_HMA
+    pd = dict(kv_connector=name, kv_role="kv_both",
               kv_connector_module_path=pd_connector.PD_MODULE,
               kv_connector_extra_config={"pd_p": par.get("pd_p", 0.0), "pd_delay": par.get("pd_delay", 3),
                                          "seed": par.get("seed", 0), "mutant": mutant})
@@ -56,7 +58,8 @@ def sub_connector(conn, name):
 def pd_sides(eng):
     """(scheduler side, worker side) of the P/D consumer beside the OffloadingConnector, or
     (None, None); the worker side writes its loads through ``external_load``."""
-    ps, pw = sub_connector(eng.sched.connector, pd_connector.PD_CONNECTOR), sub_connector(eng.wconn, pd_connector.PD_CONNECTOR)
+    name = pd_connector.PD_CONNECTOR if eng.par.get("pd_hma", True) else pd_connector.PD_CONNECTOR_NO_HMA
+    ps, pw = sub_connector(eng.sched.connector, name), sub_connector(eng.wconn, name)
     if pw is not None:
         pw.on_load = lambda rid, start, end, ids: external_load(eng, rid, start, end, ids)
     return ps, pw

@@ -58,9 +58,6 @@ _TIER_WORKER = ("the CPU tier's transfer worker: CPUOffloadingSpec.get_worker ra
                 " is CUDA-alike or XPU (0.33.0 v1/kv_offload/cpu/spec.py:218-228); the trace runs its fake"
                 " transfer engine in its place (kvbound/side/fakes.py, engine.py Engine.__init__)")
 _OC = "vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py"
-_LAYER_HOOK = ("called around each attention layer's forward by the model's attention wrapper (0.33.0"
-               " model_executor/layers/attention/kv_transfer_utils.py:38-59); the trace runs no model forward"
-               " (its fake runner, kvbound/side/fakes.py FakeModelRunner)")
 UNREACHED = (
     Unreached("vllm/v1/kv_offload/cpu/gpu_worker.py", "*", GPU_ONLY,
               "the GPU<->CPU transfer handlers: CUDA streams and events, pinned buffers, the swap kernels"
@@ -81,15 +78,8 @@ UNREACHED = (
     Unreached(_CW, "OffloadingConnectorWorker.register_kv_caches", GPU_ONLY,
               "binds the model runner's GPU KV tensors and builds the transfer worker (0.33.0"
               " offloading/worker.py:68-218); " + _TIER_WORKER),
-    Unreached("vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py",
-              "OffloadingConnector.register_kv_caches", GPU_ONLY,
+    Unreached(_OC, "OffloadingConnector.register_kv_caches", GPU_ONLY,
               "forwards to OffloadingConnectorWorker.register_kv_caches (0.33.0 offloading_connector.py:108-110)"),
-    Unreached(_OC, "OffloadingConnector.wait_for_layer_load", GPU_ONLY, _LAYER_HOOK),
-    Unreached(_OC, "OffloadingConnector.save_kv_layer", GPU_ONLY, _LAYER_HOOK),
-    Unreached(_OC, "OffloadingConnector.get_required_kvcache_layout", GPU_ONLY,
-              "asked by the attention backend when the model runner lays out its GPU KV cache (0.33.0"
-              " v1/attention/backends/utils.py:369 -> kv_connector/utils.py:48-60); the trace builds no"
-              " attention backend"),
 )
 
 

@@ -27,6 +27,9 @@ import sys
 
 PD_MODULE = "kvbound_trace_pd"
 PD_CONNECTOR = "KvboundPDConnector"
+# the same consumer without SupportsHMA (engine setting pd_hma false): one that predates the hybrid
+# allocator, as a MultiConnector child (0.33.0 kv_connector/v1/multi_connector.py:157-170, :612-622)
+PD_CONNECTOR_NO_HMA = "KvboundPDConnectorNoHMA"
 
 
 def install():
@@ -43,7 +46,7 @@ def install():
         def __init__(self, loads):
             self.loads = loads  # request id -> (start, end, block ids per group)
 
-    class KvboundPDConnector(KVConnectorBase_V1, SupportsHMA):
+    class KvboundPDConsumer(KVConnectorBase_V1):
         def __init__(self, vllm_config, role, kv_cache_config=None):
             super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
             cfg = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
@@ -87,9 +90,6 @@ def install():
             self.asked.pop(request.request_id, None)
             return False, None
 
-        def request_finished_all_groups(self, request, block_ids):
-            return self.request_finished(request, block_ids)
-
         # -- worker side -----------------------------------------------------------------
         def start_load_kv(self, forward_context, **kwargs):
             for rid, (start, end, ids) in sorted(self._get_connector_metadata().loads.items()):
@@ -131,6 +131,11 @@ def install():
                 del self.inflight[rid]
             return None, done or None
 
+    class KvboundPDConnector(KvboundPDConsumer, SupportsHMA):
+        def request_finished_all_groups(self, request, block_ids):
+            return self.request_finished(request, block_ids)
+
     mod = types.ModuleType(PD_MODULE)
     mod.KvboundPDConnector = KvboundPDConnector
+    mod.KvboundPDConnectorNoHMA = type(PD_CONNECTOR_NO_HMA, (KvboundPDConsumer,), {})
     sys.modules[PD_MODULE] = mod

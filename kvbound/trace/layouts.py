@@ -75,6 +75,7 @@ ENGINE_PARAMS = (
     EngineParam("sync_load_budget_bytes", int),  # 0.33 sync loads
     EngineParam("pd_p", float, None, _ENGINE),  # composition multi-pd: the share of requests the P/D consumer serves
     EngineParam("pd_delay", int, None, _ENGINE),  # ... and the most steps one of its loads takes (default 3)
+    EngineParam("pd_hma", _flag, None, _ENGINE),  # ... and whether it declares SupportsHMA (default true)
     EngineParam("prefix_burst_p", float, None, _TRAFFIC),  # workload.workload: shared-prefix bursts
     EngineParam("store_fail_p", float, None, _FAULTS),  # a store job finishes TransferResult(success=False)
     EngineParam("refuse_p", float, None, _FAULTS),  # the scripted tier's prepare_store answers None

@@ -45,6 +45,10 @@ def _always(lay: L.Layout) -> bool:
     return True
 
 
+def _multi_pd_one_group(lay: L.Layout) -> bool:
+    return lay.composition == "multi-pd" and len(lay.groups) == 1
+
+
 @dataclass(frozen=True)
 class Axis:
     """One axis: its values as the command line spells them, where a value goes (a ``Layout``
@@ -89,6 +93,11 @@ AXES = (
          {"all": (L.MAMBA_CACHE_ALL,)}, _has_mamba, "Mamba layouts only"),
     Axis("composition", ("alone", "multi-pd"), "the OffloadingConnector alone, or in a MultiConnector after a"
          " P/D consumer (side/pd_connector.py)", "field", {"multi-pd": (L.MULTI_CONNECTOR,)}),
+    Axis("pd_hma", ("true", "false"), "the P/D consumer beside it declares SupportsHMA (false: one that predates"
+         " the hybrid allocator; vLLM then turns the hybrid allocator off and the MultiConnector finishes"
+         " requests through each child's request_finished)", "engine",
+         applies=_multi_pd_one_group, applies_doc="composition multi-pd on one KV-cache group (a MultiConnector with a child that is not"
+                     " HMA asserts one group, 0.33.0 kv_connector/v1/multi_connector.py:618-622)"),
     Axis("offload_spec", ("cpu", "tiering-fs"), "CPUOffloadingSpec, or TieringOffloadingSpec with its file-system"
          " tier", "field", {"tiering-fs": (L.TIERING_FS, L.SCHEDULE_END_HOOK)}),
     Axis("offload_prompt_only", ("true", "false"), "offload the prompt only, or decoded tokens too", "engine",
@@ -134,6 +143,7 @@ SWEEP = (
     "full@blocks_per_chunk=4",
     "mamba@blocks_per_chunk=2",  # chunks of two blocks over a Mamba group's partial tails
     "mamba@composition=multi-pd",
+    "full-multi-pd@pd_hma=false",  # a P/D consumer without SupportsHMA: each child's request_finished
     "swa@offload_spec=tiering-fs",
     "mamba@offload_spec=tiering-fs",
     "mamba@offload_prompt_only=false",
