@@ -10,7 +10,7 @@ import pytest
 from kvbound.side.defects import BY_NAME
 from kvbound.trace import runner as R
 from kvbound.trace.layouts import LAYOUTS
-from kvbound.trace.space import support
+from kvbound.trace.space import SWEEP, support
 
 NEW = {"full-multi-pd": "composition", "swa-multi-pd": "composition", "full-tiering-fs": "offload_spec",
        "mamba-all": "mamba_cache_mode"}
@@ -95,3 +95,19 @@ def test_an_async_point_finds_a_planted_store_defect_and_its_clean_run_none(work
     _, found = R.run_trace(env, [point], 80, 5, worker=w, overrides={"mutant": "allocate_past_lookahead"})
     assert {f.kind for f in found} >= set(BY_NAME["allocate_past_lookahead"].catches)
     assert all(f.segment["params"]["async"] for f in found)
+
+
+def test_a_lost_tier_file_fails_its_promotion_and_vllm_keeps_every_promise(workers):
+    """tier_lose_p: files of the file-system tier go missing before a promotion reads them; vLLM's
+    partial keep and its recompute (fs/manager.py:239-315, tiering/manager.py:460-499) are judged by
+    every check and found clean; a tier that reported such a read a success would serve chunks holding
+    nothing (the planted lost_read_reported_ok, data:wrong_kv)."""
+    defect = BY_NAME["lost_read_reported_ok"]
+    env, w = workers(defect.release)
+    res, kinds = _run(w, defect.release, defect.layout, n=200)
+    assert kinds == set(), kinds
+    assert res["stats"]["tier_lost_files"] > 0 and res["stats"]["loads"] > 0, res["stats"]
+    _, kinds = _run(w, defect.release, defect.layout, defect.name, n=200)
+    assert set(defect.catches) <= kinds, kinds
+    assert "full-tiering-fs@tier_lose_p=0.1" in SWEEP
+    assert "tier_lose_p applies to the tiering spec" in support("full@tier_lose_p=0.1", "0.33.0")

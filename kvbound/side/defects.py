@@ -62,6 +62,9 @@ DEFECTS = (
     Defect("stats_drop_interval", "the connector's scheduler side loses the first stats it would hand over"
            " that count transferred bytes (get_stats answers None once)", "stats_logger",
            ("lifecycle:transfer_stats_mismatch",), "full@log_stats=true", "0.33.0"),
+    Defect("lost_read_reported_ok", "the file-system tier reports a promotion whose read failed at a lost file a"
+           " success (its primary chunks made ready with nothing read into them)", "tier_faults",
+           ("data:wrong_kv",), "full-tiering-fs@tier_lose_p=0.1", "0.33.0"),
     Defect("refusal_leaks", "the tier refuses a store after allocating it: its chunks stay write-pending"
            " for ever", "fakes", ("liveness:stuck_request",), "full-faults", "0.33.0"),
 )

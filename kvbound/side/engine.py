@@ -19,7 +19,7 @@ import random
 import time
 
 from . import (adapter, capture, checks, compose, defects, fakes, kv_events, lookups, runner_calls, shadow, sidecar,
-               stats_logger, store_contract, tap, tier_clock)
+               stats_logger, store_contract, tap, tier_clock, tier_faults)
 
 
 class Release:
@@ -272,6 +272,7 @@ class Engine:
             fakes.script_tier(self.csched.manager, rel.obase, self.tap)
         if getattr(self.csched.manager, "secondary_tiers", None):
             tier_clock.settle_tiers(self.csched.manager, self.tap)
+        tier_faults.subscribe(self, self.tap)  # inside the shadow's promotions: a lost file's chunks hold nothing
         store_contract.record_store_calls(self, self.tap)  # eng.store_calls, with the shadow or not
         self._subscribe()
         self.checks.subscribe(self.tap)

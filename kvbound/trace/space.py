@@ -45,6 +45,10 @@ def _always(lay: L.Layout) -> bool:
     return True
 
 
+def _tiering_fs(lay: L.Layout) -> bool:
+    return lay.offload_spec == "tiering-fs"
+
+
 def _multi_pd_one_group(lay: L.Layout) -> bool:
     return lay.composition == "multi-pd" and len(lay.groups) == 1
 
@@ -114,6 +118,9 @@ AXES = (
     Axis("late_p", ("0.0", "0.1"), "a transfer job's completion arrives late_steps steps late", "engine"),
     Axis("fail_p", ("0.0", "0.05"), "a load job fails (TransferResult success=False)", "engine"),
     Axis("store_fail_p", ("0.0", "0.05"), "a store job fails (TransferResult success=False)", "engine"),
+    Axis("tier_lose_p", ("0.0", "0.1"), "the file-system tier loses a file a promotion is about to read: the read"
+         " fails there and vLLM keeps the blocks before it (side/tier_faults.py)", "engine",
+         applies=_tiering_fs, applies_doc="the tiering spec's file-system tier (offload_spec tiering-fs)"),
     # the CPU tier's knobs, the scheduler's, and traffic (docs/trace.md "The configuration space")
     Axis("cpu_chunks", ("256", "32"), "the CPU tier's capacity in chunks (32: pool pressure, the tier evicts:"
          " cpu/manager.py's eviction and the policies' evict paths)", "engine"),
@@ -175,6 +182,7 @@ SWEEP = (
     "swa@reset_p=0.1",
     "mamba@reset_p=0.1",
     "full-tiering-fs@log_stats=true,reset_p=0.1,load_tiers_p=0.3",
+    "full-tiering-fs@tier_lose_p=0.1",  # failed promotions: the file-system tier's partial keep
     "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
     "swa@load_limit_p=0.3",
     "mamba@load_limit_p=0.3",  # a load limit under partial tails
