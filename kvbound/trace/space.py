@@ -191,6 +191,7 @@ SWEEP = (
     "mamba528@offload_limit_p=0.3",
     "full@cpu_chunks=32,kv_events=true",  # the tier's KV events checked while it evicts (stored and removed)
     "mamba@kv_events=true",  # ... on a hybrid's two groups of one hash, partial tails' keys among them
+    "full@reset_p=0.1,kv_events=true",  # ... across connector resets (the reset that announces nothing)
 )
 
 
