@@ -267,8 +267,9 @@ def release_features(version: str) -> ReleaseFeatures:
     patch changes; any other ``+label`` is a PEP 440 local version (a build of the release, as
     vLLM's ``0.29.0+cu130`` wheels are) and runs the release's row."""
     version, _, label = version.partition("+")
-    if label in PATCHES:
-        return _patched_row(version, label)
+    patch = label.rpartition("+")[2]  # "0.33.0+cu130+<patch>": a build of the release, patched
+    if patch in PATCHES:
+        return _patched_row(version, patch)
     v = parse_version(version)
     if v[:2] < parse_version(_CONNECTOR_FIRST)[:2]:
         raise UnsupportedVersion(f"vLLM {version} has no offloading connector scheduler (it arrived in "

@@ -45,6 +45,8 @@ def test_a_patched_row_is_its_release_row_with_the_patch_columns_only():
             release_features(f"{other}+{name}")
     # any other label is a PEP 440 local version, a build of the release (vLLM's 0.29.0+cu130 wheels)
     assert release_features(f"{LATEST}+nope") is release_features(LATEST)
+    for name, (release, _, _) in PATCHES.items():  # a local build of the release, patched
+        assert release_features(f"{release}+cu130+{name}") == release_features(f"{release}+{name}")
 
 
 def test_each_step_holds_until_the_next_and_changes_the_value():

@@ -37,6 +37,18 @@ def _run(w, version, layout, mutant=None, n=80):
     return res, {f.kind for f in found}
 
 
+@pytest.mark.parametrize("point,hma", [("full-multi-pd", True), ("full-multi-pd@pd_hma=false", False)])
+def test_the_consumer_finishes_through_the_path_its_hma_support_picks(point, hma, workers):
+    """With SupportsHMA the MultiConnector finishes every child through request_finished_all_groups;
+    without it (vLLM turns the hybrid allocator off) through each child's request_finished."""
+    env, w = workers("0.33.0")
+    res, kinds = _run(w, "0.33.0", point)
+    st = res["stats"]
+    assert kinds == set() and st["requests"] > 0, kinds
+    finished = (st["pd_finished_one_group"], st["pd_finished_all_groups"])
+    assert (finished[0] == 0 and finished[1] > 0) if hma else (finished[0] > 0 and finished[1] == 0), st
+
+
 def test_a_consumer_without_hma_goes_beside_one_group_only():
     from kvbound.trace.space import resolve
 
@@ -106,7 +118,8 @@ def test_a_lost_tier_file_fails_its_promotion_and_vllm_keeps_every_promise(worke
     env, w = workers(defect.release)
     res, kinds = _run(w, defect.release, defect.layout, n=200)
     assert kinds == set(), kinds
-    assert res["stats"]["tier_lost_files"] > 0 and res["stats"]["loads"] > 0, res["stats"]
+    st = res["stats"]
+    assert st["tier_lost_files"] > 0 and st["tier_failed_reads"] > 0 and st["loads"] > 0, st
     _, kinds = _run(w, defect.release, defect.layout, defect.name, n=200)
     assert set(defect.catches) <= kinds, kinds
     assert "full-tiering-fs@tier_lose_p=0.1" in SWEEP

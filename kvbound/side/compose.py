@@ -25,8 +25,7 @@ def composed(lay, par, extra, mutant):
     if lay["composition"] != "multi-pd":
         raise ValueError("unknown composition %r" % (lay["composition"],))
     pd_connector.install()
-    name = pd_connector.PD_CONNECTOR if par.get("pd_hma", True) else pd_connector.PD_CONNECTOR_NO_HMA
-    pd = dict(kv_connector=name, kv_role="kv_both",
+    pd = dict(kv_connector=pd_connector.connector_name(par), kv_role="kv_both",
               kv_connector_module_path=pd_connector.PD_MODULE,
               kv_connector_extra_config={"pd_p": par.get("pd_p", 0.0), "pd_delay": par.get("pd_delay", 3),
                                          "seed": par.get("seed", 0), "mutant": mutant})
@@ -58,7 +57,7 @@ def sub_connector(conn, name):
 def pd_sides(eng):
     """(scheduler side, worker side) of the P/D consumer beside the OffloadingConnector, or
     (None, None); the worker side writes its loads through ``external_load``."""
-    name = pd_connector.PD_CONNECTOR if eng.par.get("pd_hma", True) else pd_connector.PD_CONNECTOR_NO_HMA
+    name = pd_connector.connector_name(eng.par)
     ps, pw = sub_connector(eng.sched.connector, name), sub_connector(eng.wconn, name)
     if pw is not None:
         pw.on_load = lambda rid, start, end, ids: external_load(eng, rid, start, end, ids)
@@ -76,7 +75,9 @@ def external_load(eng, rid, start, end, block_ids):
 def count(eng):
     """The P/D consumer's hits and loads, beside the engine's counters."""
     if eng.pd_worker is not None:
-        eng.stats.update(pd_hits=eng.pd_sched.hits, pd_loads=eng.pd_worker.loads)
+        eng.stats.update(pd_hits=eng.pd_sched.hits, pd_loads=eng.pd_worker.loads,
+                         pd_finished_one_group=eng.pd_sched.finished_one_group,
+                         pd_finished_all_groups=eng.pd_sched.finished_all_groups)
 
 
 def close(eng):

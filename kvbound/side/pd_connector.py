@@ -32,6 +32,11 @@ PD_CONNECTOR = "KvboundPDConnector"
 PD_CONNECTOR_NO_HMA = "KvboundPDConnectorNoHMA"
 
 
+def connector_name(par):
+    """The P/D consumer's class name for a job's settings (engine setting ``pd_hma``, default true)."""
+    return PD_CONNECTOR if par.get("pd_hma", True) else PD_CONNECTOR_NO_HMA
+
+
 def install():
     """``PD_MODULE`` in ``sys.modules`` with ``PD_CONNECTOR``, for vLLM's connector factory
     (``kv_connector_module_path``, 0.33.0 ``kv_connector/factory.py:103-115``)."""
@@ -58,6 +63,7 @@ def install():
             self.to_load = {}  # request id -> (start, end, block ids): this step's loads
             self.inflight = {}  # request id -> [steps left, write at, start, end, block ids] (worker side)
             self.hits = self.loads = 0
+            self.finished_one_group = self.finished_all_groups = 0  # the finish path vLLM took
 
         def _rng(self, rid, what):
             return random.Random("pd/%s/%s/%s" % (self.seed, what, rid))
@@ -88,6 +94,7 @@ def install():
 
         def request_finished(self, request, block_ids):
             self.asked.pop(request.request_id, None)
+            self.finished_one_group += 1
             return False, None
 
         # -- worker side -----------------------------------------------------------------
@@ -133,9 +140,11 @@ def install():
 
     class KvboundPDConnector(KvboundPDConsumer, SupportsHMA):
         def request_finished_all_groups(self, request, block_ids):
-            return self.request_finished(request, block_ids)
+            self.finished_all_groups += 1
+            self.asked.pop(request.request_id, None)
+            return False, None
 
     mod = types.ModuleType(PD_MODULE)
-    mod.KvboundPDConnector = KvboundPDConnector
-    mod.KvboundPDConnectorNoHMA = type(PD_CONNECTOR_NO_HMA, (KvboundPDConsumer,), {})
+    setattr(mod, PD_CONNECTOR, KvboundPDConnector)
+    setattr(mod, PD_CONNECTOR_NO_HMA, type(PD_CONNECTOR_NO_HMA, (KvboundPDConsumer,), {}))
     sys.modules[PD_MODULE] = mod

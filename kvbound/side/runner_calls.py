@@ -21,23 +21,36 @@ def attention_layers(rel, kv_cache_config):
 
 
 def worker_side(eng, so):
-    """One step's worker-side calls: preemptions, bind, loads, the forward (each attention
-    layer's hooks around it; no layer runs in a step that schedules no token,
+    """One step's worker-side calls: preemptions, bind, the transfers' start, the forward (the
+    attention layers' hooks around it; no layer runs in a step that schedules no token,
     ``kv_connector_no_forward``), the save, then the step's ``KVConnectorOutput``: finished
     transfers, load errors, the worker's transfer stats and KV events, its metadata for the
-    scheduler."""
+    scheduler.
+
+    ``start_load_kv`` (the OffloadingConnector submits the step's loads and the previous step's
+    deferred stores there, 0.33.0 ``offloading/worker.py:246-251``) runs before the forward when
+    the step has a sync load, and after it otherwise, from 0.29.0 (``SchedulerOutput.has_sync_kv_loads``;
+    0.33.0 ``kv_connector_model_runner_mixin.py:83-90``, 0.29.0 ``:86-93``); before 0.29 always before it
+    (0.26.0 ``:95``). The trace's forward is one event (what every layer reads, then what it writes), so
+    every layer's ``wait_for_layer_load`` comes before it and every ``save_kv_layer`` after it,
+    where vLLM pairs them layer by layer (``kv_transfer_utils.py:49-57``); the OffloadingConnector's
+    and the P/D consumer's hooks do nothing either way."""
     w = eng.wconn
     meta = so.kv_connector_metadata
     w.handle_preemptions(meta)
     eng.tap.publish("update_states", so)  # the model runner's _update_states: zeroing, block copies
     w.bind_connector_metadata(meta)
-    w.start_load_kv(None)
+    after_forward = getattr(so, "has_sync_kv_loads", None) is False
+    if not after_forward:
+        w.start_load_kv(None)
     layers = eng.attention_layers if so.total_num_scheduled_tokens > 0 else ()
     for name in layers:
         w.wait_for_layer_load(name)
     eng.tap.publish("forward", so)  # the forward: what it reads, then what it writes
     for name in layers:
         w.save_kv_layer(name, None, None)  # the runner's KV tensor and attention metadata: none on CPU
+    if after_forward:
+        w.start_load_kv(None)
     w.wait_for_save()
     more = {}  # what the release's runner reports beside, where its KVConnectorOutput has the field
     if hasattr(w, "get_transfer_results"):
@@ -64,7 +77,7 @@ def kv_cache_layout(vllm_config):
     """The question the worker's attention backend asks the configured connector class when it
     lays out the KV cache (0.33.0 ``v1/attention/backends/utils.py:369`` ->
     ``distributed/kv_transfer/kv_connector/utils.py:48-61``, each child's under a MultiConnector);
-    the trace allocates no KV tensors, so the answer only has to come back. Before 0.30 the
+    the trace allocates no KV tensors, so the answer only has to come back. Before 0.29 the
     function reads the config the worker set current (0.26.0 ``kv_connector/utils.py:39-52``)."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector import utils

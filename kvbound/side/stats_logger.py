@@ -12,16 +12,17 @@ frontend over msgpack, where two stat loggers read it every step: the logging lo
 ``aggregate``, and ``reduce`` at each log interval) and the Prometheus logger's
 ``KVConnectorProm`` (``loggers.py:1197-1199``, ``metrics.py:140-177``: ``build_prom_metrics``,
 ``observe``). Here both run in the worker on each step's ``SchedulerStats``, after vLLM's own
-msgpack encoder and decoder carried it (``v1/serial_utils.py``), the Prometheus metrics in a
-registry of their own.
+msgpack encoder and decoder carried it (``v1/serial_utils.py``); the Prometheus metrics register as
+vLLM's logger registers them, after unregistering the previous engine's (``unregister_vllm_metrics``).
 
 The promise checked, where the release's stats name flat transfer counters (its offloading
 ``metrics._TransferMetricName``, 0.24.0 - 0.33.0): at the end of a run that drained, the bytes the
 frontend reduces as loaded and as stored, and the number of size observations of each, are those
 of the transfers the worker was told finished (the worker records each finished job's
 ``transfer_size``, 0.33.0 ``offloading/worker.py`` ``get_finished``; the scheduler turns the
-worker's totals into counters and a histogram, ``offloading/scheduler.py:2234-2262``). A mismatch
-is one ``lifecycle:transfer_stats_mismatch``. Before 0.24 the loggers run and nothing is compared
+worker's totals into counters and a histogram, ``offloading/scheduler.py:2234-2262``), in the
+logging logger's reduced totals and in the Prometheus logger's counters alike. A mismatch is one
+``lifecycle:transfer_stats_mismatch`` per logger and kind. Before 0.24 the loggers run and nothing is compared
 (the stats are keyed by the transfer's media, which the fake transfer engine does not report).
 
 Planted (tests only, the job's ``mutant``): ``stats_drop_interval``, the connector's scheduler
@@ -30,8 +31,10 @@ None once).
 Standard library and vLLM only.
 """
 
+from . import compose
+
 KIND = "lifecycle:transfer_stats_mismatch"
-LABELS = ["model_name", "engine"]  # the Prometheus logger's label names (0.33.0 v1/metrics/loggers.py)
+LABELS = {"model_name": "kvbound", "engine": "0"}  # the Prometheus logger's labels (0.33.0 v1/metrics/loggers.py)
 
 
 def subscribe(eng, tap):
@@ -54,37 +57,23 @@ def flat_counters():
     return names.LOAD_BYTES, names.STORE_BYTES, names.LOAD_SIZE, names.STORE_SIZE
 
 
-def private_prom(kvm):
-    """The release's ``KVConnectorProm`` with its metric classes registering in a registry of their
-    own (a worker runs many engines; vLLM's logger unregisters the global one's between engines)."""
-    import prometheus_client
-
-    registry = prometheus_client.CollectorRegistry()
-
-    def bound(cls):
-        def __init__(self, *a, **k):
-            k.setdefault("registry", registry)
-            cls.__init__(self, *a, **k)
-        return type(cls.__name__, (cls,), {"__init__": __init__})
-
-    return type("KvboundKVConnectorProm", (kvm.KVConnectorProm,),
-                {"_gauge_cls": bound(kvm.KVConnectorProm._gauge_cls),
-                 "_counter_cls": bound(kvm.KVConnectorProm._counter_cls),
-                 "_histogram_cls": bound(kvm.KVConnectorProm._histogram_cls)})
-
-
 class FrontendStats:
     """The frontend's two connector-stat consumers, fed as the engine core's client feeds them."""
 
     def __init__(self, eng):
         from vllm.distributed.kv_transfer.kv_connector.v1 import metrics as kvm
+        from vllm.v1.metrics import prometheus
         from vllm.v1.metrics.stats import SchedulerStats
         from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
         self.eng = eng
         self.encoder, self.decoder = MsgpackEncoder(), MsgpackDecoder(SchedulerStats)
         self.logging = kvm.KVConnectorLogging(eng.vllm_config.kv_transfer_config)
-        self.prom = private_prom(kvm)(eng.vllm_config, LABELS, {0: ["kvbound", "0"]})
+        # as vLLM's Prometheus logger starts (0.33.0 v1/metrics/loggers.py:490): the previous
+        # engine's vllm: collectors of this process unregistered, then this engine's registered
+        prometheus.unregister_vllm_metrics()
+        self.registry = prometheus.get_prometheus_registry()
+        self.prom = kvm.KVConnectorProm(eng.vllm_config, list(LABELS), {0: list(LABELS.values())})
         self.names = flat_counters()
         self.payloads = 0  # the steps whose SchedulerStats carried connector stats
         self.logged = []  # the log lines the logging logger wrote
@@ -124,13 +113,17 @@ class FrontendStats:
         holds each child's under its class name)."""
         acc = self.logging.transfer_stats_accumulator
         reduced = acc.reduce() if acc is not None and not acc.is_empty() else {}
-        inner = reduced.get("OffloadingConnector")
+        inner = reduced.get(compose.OFFLOADING)
         return inner if isinstance(inner, dict) else reduced
 
+    def prometheus(self, name):
+        """The value of the Prometheus sample ``name`` of this engine (0 where none was recorded)."""
+        return self.registry.get_sample_value(name, LABELS) or 0
+
     def check(self, reported):
-        """At the end of a drained run: the frontend's totals against ``reported`` (kind -> the
-        sizes of the finished jobs the transfer engine reported, ``fakes``); then the log
-        interval's summary is written as the logger writes it."""
+        """At the end of a drained run: the logging logger's totals and the Prometheus logger's
+        counters against ``reported`` (kind -> the sizes of the finished jobs the transfer engine
+        reported, ``fakes``); then the log interval's summary is written as the logger writes it."""
         got = self.totals()
         self.logging.log(log_fn=lambda fmt, *a: self.logged.append(fmt % a))
         if self.names is None or any(v["check"] == "lifecycle:not_drained" for v in self.eng.violations):
@@ -141,8 +134,10 @@ class FrontendStats:
         for kind, total, count in (("load", load_bytes, load_size), ("store", store_bytes, store_size)):
             sizes = reported.get(kind, ())
             want = (sum(sizes), len(sizes))
-            have = (got.get(total, 0), got.get(count + "_count", 0))
-            if have != want:
-                self.eng.violate(KIND, None, "the frontend's stats count %d %s bytes in %d transfers; the worker"
-                                 " was told %d bytes in %d finished %s jobs (%s, %s_count; %d payloads)"
-                                 % (have[0], kind, have[1], want[0], want[1], kind, total, count, self.payloads))
+            for logger, have in (("logging", (got.get(total, 0), got.get(count + "_count", 0))),
+                                 ("Prometheus", (self.prometheus(total + "_total"), self.prometheus(count + "_count")))):
+                if have != want:
+                    self.eng.violate(KIND, None, "the frontend's %s logger counts %d %s bytes in %d transfers; the"
+                                     " worker was told %d bytes in %d finished %s jobs (%s, %s; %d payloads)"
+                                     % (logger, have[0], kind, have[1], want[0], want[1], kind, total, count,
+                                        self.payloads))

@@ -30,7 +30,7 @@ def subscribe(eng, tap):
     if not p or not tiers:
         return None
     rng = random.Random(repr(eng.par.get("seed", 0)) + "-tier-lose")
-    eng.stats["tier_lost_files"] = 0
+    eng.stats.update(tier_lost_files=0, tier_failed_reads=0)
     for tier in tiers:
         _subscribe_tier(eng, tap, tier, rng, p)
     return rng
@@ -55,12 +55,18 @@ def _subscribe_tier(eng, tap, tier, rng, p):
                 sh.cpu_via[int(cid)] = "a promotion whose read failed at a lost file"
         return out
 
+    def get_finished_jobs(call):  # the promotions vLLM's tier reports failed
+        results = call()
+        eng.stats["tier_failed_reads"] += sum(1 for r in results if not r.success)
+        return results
+
     tap.around(tier, "submit_load", submit_load)
+    tap.around(tier, "get_finished_jobs", get_finished_jobs)
     if eng.mutant == "lost_read_reported_ok":  # planted: a failed promotion reported a success
         import dataclasses
 
-        def get_finished_jobs(call):
+        def reported_ok(call):
             return [dataclasses.replace(r, success=True, successful_keys=None)
                     if not r.success and getattr(r, "successful_keys", ...) is not ... else r for r in call()]
 
-        tap.around(tier, "get_finished_jobs", get_finished_jobs)
+        tap.around(tier, "get_finished_jobs", reported_ok)
