@@ -122,5 +122,5 @@ def test_a_lost_tier_file_fails_its_promotion_and_vllm_keeps_every_promise(worke
     assert st["tier_lost_files"] > 0 and st["tier_failed_reads"] > 0 and st["loads"] > 0, st
     _, kinds = _run(w, defect.release, defect.layout, defect.name, n=200)
     assert set(defect.catches) <= kinds, kinds
-    assert "full-tiering-fs@tier_lose_p=0.1" in SWEEP
+    assert "full-tiering-fs@tier_lose_p=0.1,kv_events=true" in SWEEP
     assert "tier_lose_p applies to the tiering spec" in support("full@tier_lose_p=0.1", "0.33.0")

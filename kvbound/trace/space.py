@@ -182,7 +182,7 @@ SWEEP = (
     "swa@reset_p=0.1",
     "mamba@reset_p=0.1",
     "full-tiering-fs@log_stats=true,reset_p=0.1,load_tiers_p=0.3",
-    "full-tiering-fs@tier_lose_p=0.1",  # failed promotions: the file-system tier's partial keep
+    "full-tiering-fs@tier_lose_p=0.1,kv_events=true",  # failed promotions (partial keep) and their events
     "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
     "swa@load_limit_p=0.3",
     "mamba@load_limit_p=0.3",  # a load limit under partial tails
