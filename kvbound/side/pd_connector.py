@@ -93,8 +93,11 @@ def install():
             return meta
 
         def request_finished(self, request, block_ids):
-            self.asked.pop(request.request_id, None)
             self.finished_one_group += 1
+            return self._finished(request)
+
+        def _finished(self, request):  # a consumer keeps no blocks past the end of a request
+            self.asked.pop(request.request_id, None)
             return False, None
 
         # -- worker side -----------------------------------------------------------------
@@ -141,8 +144,7 @@ def install():
     class KvboundPDConnector(KvboundPDConsumer, SupportsHMA):
         def request_finished_all_groups(self, request, block_ids):
             self.finished_all_groups += 1
-            self.asked.pop(request.request_id, None)
-            return False, None
+            return self._finished(request)
 
     mod = types.ModuleType(PD_MODULE)
     setattr(mod, PD_CONNECTOR, KvboundPDConnector)

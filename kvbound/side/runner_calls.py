@@ -7,6 +7,7 @@ Part of the side package (standard library and vLLM only), used by ``engine.py``
 older release lacks a call or a field of ``KVConnectorOutput``, it is not made or not filled.
 """
 
+import functools
 import inspect
 
 from . import adapter
@@ -64,13 +65,19 @@ def worker_side(eng, so):
                           ("kv_cache_events", "get_kv_connector_kv_cache_events")):
         if hasattr(w, method):
             more[field] = getattr(w, method)()
-    fields = adapter.fields(eng.rel.vout.KVConnectorOutput)
+    fields = _output_fields(eng.rel.vout.KVConnectorOutput)
     out = eng.rel.vout.KVConnectorOutput(
         finished_sending=fs, finished_recving=fr, invalid_block_ids=invalid,
         kv_connector_worker_meta=w.build_connector_worker_meta(),
         **{k: v for k, v in more.items() if k in fields and v is not None})
     w.clear_connector_metadata()
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _output_fields(cls):
+    """The fields of the release's ``KVConnectorOutput``: read once, not at every step."""
+    return adapter.fields(cls)
 
 
 def kv_cache_layout(vllm_config):

@@ -24,16 +24,16 @@ import random
 
 
 def subscribe(eng, tap):
-    """The fault on every file-system secondary tier of the engine's manager (None: off)."""
+    """The fault on every file-system secondary tier of the engine's manager (nothing where the
+    setting is off or no such tier runs)."""
     p = eng.par.get("tier_lose_p")
     tiers = [t for t in getattr(eng.csched.manager, "secondary_tiers", None) or () if hasattr(t, "file_mapper")]
     if not p or not tiers:
-        return None
+        return
     rng = random.Random(repr(eng.par.get("seed", 0)) + "-tier-lose")
     eng.stats.update(tier_lost_files=0, tier_failed_reads=0)
     for tier in tiers:
         _subscribe_tier(eng, tap, tier, rng, p)
-    return rng
 
 
 def _subscribe_tier(eng, tap, tier, rng, p):
