@@ -26,6 +26,7 @@ from __future__ import annotations
 from markupsafe import Markup
 
 from kvbound.records import CampaignFinding, CampaignRecord
+from kvbound.trace.coverage import GPU_ONLY, NEEDS_EXTERNAL, NOT_ON_RELEASE, NOT_YET, percent_reachable
 from kvbound.report import Section, _badge, _json_pre, _table, drawn_case, html, join, mono, render_page
 
 ABOUT = ("the real vLLM scheduler and OffloadingConnector of each release, stepped on CPU under generated "
@@ -39,7 +40,8 @@ CELL_KINDS = {"safety": ("m-safety", "a safety finding (something wrong was read
               "na": ("m-na", "n/a: the release lacks what the layout needs"),
               "fail": ("m-fail", "FAIL: the worker died")}
 COVER_GOOD, COVER_FAIR = 95.0, 80.0  # a file's statement coverage: green at or above, amber, else red
-UNREACHED = {"gpu-only": "GPU-only", "not-on-release": "not reachable on this release", "not-yet": "not yet reached"}
+UNREACHED = {GPU_ONLY: "GPU-only", NEEDS_EXTERNAL: "needs a library or service this host lacks",
+             NOT_ON_RELEASE: "not reachable on this release", NOT_YET: "not yet reached"}
 CSS = """
 table.matrix td,table.matrix th{text-align:center;padding:3px 6px} table.matrix td:first-child{text-align:left}
 table.matrix td.m-safety{background:#ffc9c9} table.matrix td.m-eff{background:#ffec99}
@@ -264,8 +266,9 @@ def _ranges(ranges) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
-def _percent(f: dict) -> float:
-    return 100.0 * f["executed"] / f["statements"] if f["statements"] else 100.0
+def _reachable(f: dict) -> int:
+    """The file's statements reachable on this host (``kvbound.trace.coverage``)."""
+    return f["statements"] - f.get("unreachable_here", 0)
 
 
 def _grade(pct: float) -> str:
@@ -286,8 +289,8 @@ def coverage_section(coverage: dict | None, columns: list) -> Section:
         for r in releases:
             f = coverage[r].get(p)
             cells.append(Markup("<td>–</td>") if f is None else html(
-                '<td class="{}">{:.0f}%<div class="small">{} of {}</div></td>', _grade(_percent(f)), _percent(f),
-                f["executed"], f["statements"]))
+                '<td class="{}">{:.0f}%<div class="small">{} of {}</div></td>', _grade(percent_reachable(f)), percent_reachable(f),
+                f["executed"], _reachable(f)))
         rows.append(html("<tr>{}</tr>", join(cells)))
     glance = html('<table class="coverage"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>', head, join(rows))
     per_release = []
@@ -301,23 +304,26 @@ def coverage_section(coverage: dict | None, columns: list) -> Section:
                        if un.get(k))
             rrows.append([mono(p), html('<span class="covrun"><span class="cov"><span style="width:{:.1f}%"></span>'
                                         '</span> {:.1f}%</span>',
-                                        _percent(f), _percent(f)),
-                          f"{f['executed']} / {f['statements']}",
+                                        percent_reachable(f), percent_reachable(f)),
+                          f"{f['executed']} / {_reachable(f)}" + (
+                              f" ({f['statements']} in all)" if f.get("unreachable_here") else ""),
                           html('<span class="ranges">{}</span>', _ranges(f.get("missing") or [])) or "none",
                           why])
         per_release.append(html("<details><summary>vllm {}: {} file(s), every statement never run and why</summary>"
                                 "{}</details>", r, len(coverage[r]), _table(
-                                    ["file", "statements run", "run / statements", "never run (lines)",
+                                    ["file", "statements run", "run / reachable here", "never run (lines)",
                                      "why not reached"], rrows)))
-    total = sum(f["statements"] for r in releases for f in coverage[r].values())
+    total = sum(_reachable(f) for r in releases for f in coverage[r].values())
     run = sum(f["executed"] for r in releases for f in coverage[r].values())
-    low = min(((_percent(coverage[r][p]), p, r) for r in releases for p in coverage[r]), default=None)
-    summary = (f"{100.0 * run / total if total else 100.0:.0f}% of {total:,} statements over {len(files)} file(s) ×"
+    low = min(((percent_reachable(coverage[r][p]), p, r) for r in releases for p in coverage[r]), default=None)
+    summary = (f"{100.0 * run / total if total else 100.0:.0f}% of {total:,} statements reachable here over {len(files)} file(s) ×"
                f" {len(releases)} release(s)" + (f"; lowest {low[0]:.0f}% {low[1].rsplit('/', 1)[-1]} on {low[2]}"
                                                  if low else ""))
     return Section("coverage", "Coverage of the connector's code", html(
-        '<p class="small">Statements of each file run by the campaign\'s traffic, per release (green ≥ {:.0f}%,'
-        ' amber ≥ {:.0f}%); below, per release, the lines never run and why.</p>{}{}', COVER_GOOD, COVER_FAIR,
+        '<p class="small">Statements of each file run by the campaign\'s traffic, of those reachable on this host'
+        ' (less the code declared GPU-only or needing a library or service the host lacks), per release'
+        ' (green ≥ {:.0f}%, amber ≥ {:.0f}%); below, per release, the lines never run and why.</p>{}{}',
+        COVER_GOOD, COVER_FAIR,
         glance, join(per_release)), summary=summary, failed=bool(low and low[0] < COVER_GOOD))
 
 

@@ -14,7 +14,8 @@ from kvbound.cli import main
 from kvbound.records import CampaignRecord, reproducible
 from kvbound.side import cover
 from kvbound.trace import campaign as C
-from kvbound.trace.coverage import GPU_ONLY, NOT_YET, UNREACHED_CLASSES, Coverage, ranges
+from kvbound.trace.coverage import (DECLARED, GPU_ONLY, NEEDS_EXTERNAL, NOT_YET, UNREACHED_CLASSES, Coverage,
+                                    percent_reachable, ranges, render)
 
 SCHED = "vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
 
@@ -25,8 +26,9 @@ def test_missing_lines_are_runs_of_statements():
     assert ranges(set(), st) == [] and ranges(set(st), st) == [[1, 12]]
 
 
-def _job(executed, statements=range(1, 11), gpu=(9, 10)):
-    return {"f.py": {"statements": list(statements), "executed": list(executed), "gpu_only": list(gpu)}}
+def _job(executed, statements=range(1, 11), gpu=(9, 10), external=()):
+    declared = {k: list(v) for k, v in ((GPU_ONLY, gpu), (NEEDS_EXTERNAL, external)) if v}
+    return {"f.py": {"statements": list(statements), "executed": list(executed), "declared": declared}}
 
 
 def test_the_union_counts_new_lines_and_classifies_what_stays_unreached():
@@ -37,10 +39,25 @@ def test_the_union_counts_new_lines_and_classifies_what_stays_unreached():
     (doc,) = u.document().values()
     assert (doc["statements"], doc["executed"]) == (10, 4)
     assert doc["missing"] == [[5, 10]]
-    assert doc["unreached"] == {GPU_ONLY: [[9, 10]], "not-on-release": [], NOT_YET: [[5, 8]]}
+    assert doc["unreached"] == {GPU_ONLY: [[9, 10]], NEEDS_EXTERNAL: [], "not-on-release": [], NOT_YET: [[5, 8]]}
+    assert doc["unreachable_here"] == 2 and percent_reachable(doc) == 50.0  # 4 of the 8 reachable
     back = Coverage()
     back.add(u.to_json())
     assert back.document() == u.document()
+
+
+def test_declared_code_that_ran_is_counted_run_not_unreachable():
+    """A declared file's lines that do run (its definitions, at import) are executed, and only
+    what stays unrun is unreachable here; each declared reason keeps its own lines."""
+    u = Coverage()
+    u.add(_job([1, 2, 7], gpu=(1, 2, 3), external=(7, 8)))
+    (doc,) = u.document().values()
+    assert doc["unreached"][GPU_ONLY] == [[3, 3]] and doc["unreached"][NEEDS_EXTERNAL] == [[8, 8]]
+    assert doc["unreached"][NOT_YET] == [[4, 6], [9, 10]]
+    assert doc["unreachable_here"] == 2 and doc["executed"] == 3
+    (header, line) = render({"0.33.0": {"f.py": doc}})[1:]
+    assert "3 of 10 statements (30%); of the 8 reachable on this host, 38%" in header
+    assert "3 / 8 reachable here  37.5%" in line
 
 
 def _shard(col, layout, cov=None, detect=None):
@@ -112,7 +129,11 @@ def test_a_real_job_reports_the_connector_lines_it_ran(prepared):
     assert len(sched["statements"]) > 1000
     # what needs CUDA is declared, and what of it did not run is classified so
     gpu_worker = a["coverage"]["vllm/v1/kv_offload/cpu/gpu_worker.py"]
-    assert gpu_worker["gpu_only"] == gpu_worker["statements"]
+    assert gpu_worker["declared"] == {GPU_ONLY: gpu_worker["statements"]}
+    # the tiers beside the file-system one need what the host lacks: every file under them declared
+    p2p = [f for rel, f in a["coverage"].items() if rel.startswith("vllm/v1/kv_offload/tiering/p2p/")]
+    assert len(p2p) > 5 and all(f["declared"] == {NEEDS_EXTERNAL: f["statements"]} for f in p2p if f["statements"])
+    assert "declared" in a["coverage"][SCHED] and not a["coverage"][SCHED]["declared"]
     u = Coverage()
     u.add(a["coverage"])
     spec = u.document()["vllm/v1/kv_offload/cpu/spec.py"]
@@ -131,13 +152,16 @@ def check_coverage_schema(coverage: dict) -> None:
         assert files, col
         for rel, f in files.items():
             assert rel.startswith("vllm/") and rel.endswith(".py"), rel
-            assert set(f) == {"statements", "executed", "missing", "unreached"}
+            assert set(f) == {"statements", "executed", "missing", "unreached", "unreachable_here"}
             assert isinstance(f["statements"], int) and 0 <= f["executed"] <= f["statements"]
             missing = _valid_ranges(f["missing"])
             assert (f["executed"] == f["statements"]) == (not f["missing"])
             assert set(f["unreached"]) == set(UNREACHED_CLASSES)
             parts = [_valid_ranges(f["unreached"][k]) for k in UNREACHED_CLASSES]
-            assert all(p <= missing for p in parts) and not (parts[0] & parts[2])
+            assert all(p <= missing for p in parts)
+            assert not any(parts[i] & parts[j] for i in range(len(parts)) for j in range(i + 1, len(parts)))
+            assert 0 <= f["unreachable_here"] <= f["statements"] - f["executed"]
+            assert (f["unreachable_here"] > 0) <= any(f["unreached"][k] for k in DECLARED)
             ends = {x for k in UNREACHED_CLASSES for r in f["unreached"][k] for x in r}
             assert all(a in ends and b in ends for a, b in f["missing"])
 

@@ -21,7 +21,7 @@ COL = "0.33.0"
 
 
 def _cov(lines, statements=range(1000)):
-    return {"f.py": {"statements": list(statements), "executed": list(lines), "gpu_only": []}}
+    return {"f.py": {"statements": list(statements), "executed": list(lines), "declared": {}}}
 
 
 def _round0(per_round=60, supported=None):

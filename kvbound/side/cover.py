@@ -31,9 +31,10 @@ job after, so a job's lines do not depend on which measured job of the process i
 module first.
 
 What a job gets per file: ``statements`` (coverage.py's analysis: every line that can run),
-``executed`` (those that ran, each multi-line statement by its first line) and ``gpu_only``
-(the statements of code declared in ``UNREACHED``: what runs only with CUDA, so the host can
-tell "not reachable on CPU" from "not reached yet" without reading vLLM).
+``executed`` (those that ran, each multi-line statement by its first line) and ``declared``
+(by reason, the statements of code declared in ``UNREACHED``: what runs only with CUDA, or only
+with a library or service the CPU host lacks, so the host can tell "not reachable here" from
+"not reached yet" without reading vLLM).
 """
 
 import ast
@@ -48,10 +49,12 @@ ENV = "KVBOUND_COVERAGE"
 CONNECTOR_CODE = ("vllm/distributed/kv_transfer/kv_connector/v1/offloading",
                   "vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py",
                   "vllm/v1/kv_offload")
-GPU_ONLY = "gpu-only"
+GPU_ONLY, NEEDS_EXTERNAL = "gpu-only", "needs-external"
 
-# Code of the connector that a CPU trace cannot run, by (file, function): "*" is the whole file,
-# "Class.method" a method. A row whose file or function a release lacks is skipped there.
+# Code of the connector that a CPU trace cannot run, by (file, function): "*" is the whole file
+# (a file ending in "/": every file under that directory), "Class.method" a method. ``why``:
+# GPU_ONLY (CUDA), NEEDS_EXTERNAL (a library or service the host lacks). A row whose file or
+# function a release lacks is skipped there.
 Unreached = collections.namedtuple("Unreached", "file function why reason")
 _SPEC, _CW = "vllm/v1/kv_offload/cpu/spec.py", "vllm/distributed/kv_transfer/kv_connector/v1/offloading/worker.py"
 _TIER_WORKER = ("the CPU tier's transfer worker: CPUOffloadingSpec.get_worker raises unless the platform"
@@ -80,7 +83,24 @@ UNREACHED = (
               " offloading/worker.py:68-218); " + _TIER_WORKER),
     Unreached(_OC, "OffloadingConnector.register_kv_caches", GPU_ONLY,
               "forwards to OffloadingConnectorWorker.register_kv_caches (0.33.0 offloading_connector.py:108-110)"),
+    # the secondary tiers beside the file-system one (0.33.0 v1/kv_offload/tiering/factory.py:146-174
+    # registers example, fs, p2p, obj, kvcr); the trace runs fs (Layout.offload_spec "tiering-fs")
+    Unreached("vllm/v1/kv_offload/tiering/obj/", "*", NEEDS_EXTERNAL,
+              "the object-store tier: NIXL agents (vllm.distributed.nixl_utils, 0.33.0"
+              " v1/kv_offload/tiering/obj/manager.py:12-13) and an S3-compatible object store"),
+    Unreached("vllm/v1/kv_offload/tiering/p2p/", "*", NEEDS_EXTERNAL,
+              "the peer-to-peer tier: NIXL transfers between vLLM instances (0.33.0"
+              " v1/kv_offload/tiering/p2p/data/nixl.py:46-47) under a ZMQ control plane to its peers"
+              " (p2p/control/zmq.py)"),
+    Unreached("vllm/v1/kv_offload/tiering/kvcr/", "*", NEEDS_EXTERNAL,
+              "the KVCR tier: the external kvcr package and its service (0.33.0"
+              " v1/kv_offload/tiering/kvcr/manager.py:15-41 imports kvcr)"),
 )
+
+
+def declared_in(row, rel) -> bool:
+    """Whether ``UNREACHED`` row ``row`` speaks of the file ``rel``."""
+    return row.file == rel or (row.file.endswith("/") and rel.startswith(row.file))
 
 
 def release_root():
@@ -328,7 +348,7 @@ class Probe:
                                      include=[os.path.join(self.root, f) for f in self.files])
         self.paths = {os.path.join(self.root, f) for f in self.files}
         self.imported = {}  # relpath -> the lines that ran while its module was imported
-        self._static = {}  # relpath -> (reporter, statements, gpu_only)
+        self._static = {}  # relpath -> (reporter, statements, declared: {why: statements})
         self._hook = _ImportContext(self)
         self._lines = {}  # relpath -> _Lines of its probed module
         self.mode = self.plant = None  # while a job (or the worker's import) measures
@@ -424,7 +444,7 @@ class Probe:
 
     def static(self, rel):
         """What does not change between jobs: the file's reporter, statements, the lines inside
-        its functions, and its statements in ``UNREACHED`` code."""
+        its functions, and its statements in ``UNREACHED`` code, by reason."""
         if rel not in self._static:
             from coverage.python import PythonFileReporter
 
@@ -433,22 +453,23 @@ class Probe:
             statements = set(reporter.lines())
             with open(path) as f:
                 named = spans(f.read())
-            gpu = set()
+            declared = {}
             for row in UNREACHED:
-                if row.file == rel and row.why == GPU_ONLY:
+                if declared_in(row, rel):
                     first, last = (min(statements, default=0), max(statements, default=0)) \
                         if row.function == "*" else named.get(row.function, (0, -1))
-                    gpu.update(ln for ln in statements if first <= ln <= last)
-            self._static[rel] = (reporter, statements, gpu)
+                    declared.setdefault(row.why, set()).update(ln for ln in statements if first <= ln <= last)
+            self._static[rel] = (reporter, statements, declared)
         return self._static[rel]
 
     def report(self, ran):
-        """The job's coverage, per file: statements, executed and gpu_only, sorted line numbers."""
+        """The job's coverage, per file: statements, executed and declared (by reason), sorted
+        line numbers."""
         out = {}
         for rel in self.files:
-            _, statements, gpu = self.static(rel)
+            _, statements, declared = self.static(rel)
             out[rel] = {"statements": sorted(statements), "executed": sorted(ran.get(rel, ())),
-                        "gpu_only": sorted(gpu)}
+                        "declared": {why: sorted(lines) for why, lines in sorted(declared.items()) if lines}}
         return out
 
 

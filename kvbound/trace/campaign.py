@@ -59,9 +59,11 @@ def run_shard(shard_json: dict, progress=None, out_dir: str | None = None) -> di
     shard = Shard.from_json(shard_json)
     res = run_release(release_env(shard.release, shard.src), shard.layouts, shard.options, progress,
                       Path(out_dir) if out_dir else None, shard.seeds)
-    timings = {c.layout: {"seconds": round(c.seconds, 2), "cpu_seconds": round(c.summary.cpu_seconds, 2)}
+    timings = {c.layout: {"seconds": round(c.seconds, 2), "shrink_seconds": round(c.shrink_seconds, 2),
+                          "cpu_seconds": round(c.summary.cpu_seconds, 2)}
                for c in res.cells if c.summary is not None}
     timings["seconds"] = round(res.seconds, 2)
+    timings["shrink_seconds"] = round(res.shrink_seconds, 2)
     out = {"shard": shard.to_json(), "cells": [c.to_json() for c in res.cells], "timings": timings}
     if res.coverage is not None:
         out["coverage"] = res.coverage.to_json()

@@ -6,20 +6,26 @@ coverage.py and no vLLM tree. ``Coverage`` is the union of a release's jobs (a s
 a campaign's shards'); ``document`` is the form the campaign document holds per release
 (docs/trace.md "Coverage"):
 
-    {relpath: {"statements": int, "executed": int, "missing": [[first, last], ...],
-               "unreached": {"gpu-only": [...], "not-on-release": [...], "not-yet": [...]}}}
+    {relpath: {"statements": int, "executed": int, "missing": [[first, last], ...], "unreachable_here": int,
+               "unreached": {"gpu-only": [...], "needs-external": [...], "not-on-release": [...],
+                             "not-yet": [...]}}}
 
 ``missing`` is every statement no job ran, as inclusive line ranges over the statements (a
-range never spans a statement that ran); ``unreached`` splits it: ``gpu-only`` (code declared
-in the side's ``UNREACHED`` table, with its reason and vLLM lines), ``not-on-release`` (code
+range never spans a statement that ran); ``unreached`` splits it: ``gpu-only`` and
+``needs-external`` (code declared in the side's ``UNREACHED`` table, with its reason and vLLM
+lines: what runs only with CUDA; what needs a library or service the CPU host lacks, the
+object-store, peer-to-peer and KVCR tiers), ``not-on-release`` (code
 the table declares unreachable on the release; none is declared today) and ``not-yet`` (the rest:
-what a configuration or traffic kvbound does not run yet would reach).
+what a configuration or traffic kvbound does not run yet would reach). ``unreachable_here``
+counts the missing statements of the declared classes: the file's statements reachable on a CPU
+host are ``statements - unreachable_here`` (``percent_reachable``).
 """
 
 from __future__ import annotations
 
-GPU_ONLY, NOT_ON_RELEASE, NOT_YET = "gpu-only", "not-on-release", "not-yet"
-UNREACHED_CLASSES = (GPU_ONLY, NOT_ON_RELEASE, NOT_YET)
+GPU_ONLY, NEEDS_EXTERNAL, NOT_ON_RELEASE, NOT_YET = "gpu-only", "needs-external", "not-on-release", "not-yet"
+UNREACHED_CLASSES = (GPU_ONLY, NEEDS_EXTERNAL, NOT_ON_RELEASE, NOT_YET)
+DECLARED = (GPU_ONLY, NEEDS_EXTERNAL)  # the classes the side's table declares
 
 
 def ranges(lines, statements) -> list:
@@ -43,7 +49,7 @@ class Coverage:
     """The union of the lines jobs of one release ran, per file (relpath to the release tree)."""
 
     def __init__(self):
-        self.files: dict = {}  # relpath -> {"statements": set, "executed": set, "gpu_only": set}
+        self.files: dict = {}  # relpath -> {"statements": set, "executed": set, "declared": {why: set}}
 
     def add(self, job: dict | None) -> int:
         """A job's (or another union's) coverage; returns how many statements it ran that the
@@ -51,7 +57,7 @@ class Coverage:
         new = 0
         for rel, f in sorted((job or {}).items()):
             mine = self.files.setdefault(rel, {"statements": set(f["statements"]), "executed": set(),
-                                               "gpu_only": set(f.get("gpu_only", ()))})
+                                               "declared": {w: set(ls) for w, ls in f.get("declared", {}).items()}})
             got = set(f["executed"]) - mine["executed"]
             new += len(got)
             mine["executed"] |= got
@@ -59,7 +65,9 @@ class Coverage:
 
     def to_json(self) -> dict:
         """What a shard returns (``add`` takes it back): sorted line lists."""
-        return {rel: {k: sorted(v) for k, v in f.items()} for rel, f in sorted(self.files.items())}
+        return {rel: {"statements": sorted(f["statements"]), "executed": sorted(f["executed"]),
+                      "declared": {w: sorted(ls) for w, ls in sorted(f["declared"].items())}}
+                for rel, f in sorted(self.files.items())}
 
     def document(self) -> dict:
         """The campaign document's form (the module docstring)."""
@@ -67,11 +75,13 @@ class Coverage:
         for rel, f in sorted(self.files.items()):
             st = f["statements"]
             missing = st - f["executed"]
-            gpu = missing & f["gpu_only"]
+            unreached, rest = {}, set(missing)
+            for why in DECLARED:
+                lines = rest & f["declared"].get(why, set())
+                unreached[why], rest = ranges(lines, st), rest - lines
             out[rel] = {"statements": len(st), "executed": len(f["executed"] & st),
-                        "missing": ranges(missing, st),
-                        "unreached": {GPU_ONLY: ranges(gpu, st), NOT_ON_RELEASE: [],
-                                      NOT_YET: ranges(missing - gpu, st)}}
+                        "missing": ranges(missing, st), "unreachable_here": len(missing - rest),
+                        "unreached": dict(unreached, **{NOT_ON_RELEASE: [], NOT_YET: ranges(rest, st)})}
         return out
 
 
@@ -80,16 +90,28 @@ def percent(entry: dict) -> float:
     return 100.0 * entry["executed"] / entry["statements"] if entry["statements"] else 100.0
 
 
+def percent_reachable(entry: dict) -> float:
+    """Executed statements of one file's document entry, in percent of those reachable on a CPU
+    host (its statements less the declared unreachable ones that did not run)."""
+    reachable = entry["statements"] - entry.get("unreachable_here", 0)
+    return 100.0 * entry["executed"] / reachable if reachable else 100.0
+
+
 def render(coverage: dict) -> list:
-    """Per release (column), a line per file that has statements: executed of statements, %."""
+    """Per release (column), a line per file that has statements: executed of statements, %,
+    and, where the side declares some unreachable on this host, executed of those reachable."""
     lines = []
     for col, files in coverage.items():
         st = sum(f["statements"] for f in files.values())
         ex = sum(f["executed"] for f in files.values())
+        here = st - sum(f.get("unreachable_here", 0) for f in files.values())
         lines += ["", f"== coverage of the connector code, {col}: {ex} of {st} statements"
-                      f" ({100.0 * ex / max(st, 1):.0f}%) =="]
+                      f" ({100.0 * ex / max(st, 1):.0f}%); of the {here} reachable on this host,"
+                      f" {100.0 * ex / max(here, 1):.0f}% =="]
         shown = {rel: f for rel, f in files.items() if f["statements"]}
         w = max((len(r) for r in shown), default=0)
         lines += [f"  {rel.ljust(w)}  {f['executed']:5d} / {f['statements']:<5d} {percent(f):5.1f}%"
+                  + (f"   {f['executed']} / {f['statements'] - f['unreachable_here']} reachable here"
+                     f" {percent_reachable(f):5.1f}%" if f.get("unreachable_here") else "")
                   for rel, f in shown.items()]
     return lines

@@ -68,6 +68,7 @@ class Cell:
     summary: R.LayoutSummary | None = None
     kept: list = field(default_factory=list)  # [Kept], by key
     seconds: float = 0.0  # tracing and shrinking
+    shrink_seconds: float = 0.0  # of ``seconds``, shrinking what it found
 
     def to_json(self) -> dict:
         """The cell as a campaign shard returns it (``campaign.merge`` takes it)."""
@@ -139,8 +140,10 @@ def run_release(env: ReleaseEnv, points, options: TraceOptions, progress=None,
                     result.point_coverage[name] = mine
             s0 = time.monotonic()
             kept = keep(w, env, found, options.shrink, out_dir)
-            result.shrink_seconds += time.monotonic() - s0
-            result.cells.append(Cell(name, RAN, summary=summaries[0], kept=kept, seconds=time.monotonic() - c0))
+            shrunk = time.monotonic() - s0
+            result.shrink_seconds += shrunk
+            result.cells.append(Cell(name, RAN, summary=summaries[0], kept=kept, seconds=time.monotonic() - c0,
+                                     shrink_seconds=shrunk))
     finally:
         w.stop()
     result.seconds = time.monotonic() - t0
