@@ -38,27 +38,28 @@ WORKERS = ProcessOptions(start_idle_s=120.0, case_timeout_s=120.0, job_timeout_s
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """How ``--budget`` seconds become requests per layout: by a fixed table of what a run
-    costs on this 2-core machine, not by a clock, so two runs of one command trace the same
-    requests. A shard (one release's worker) costs its start, then per layout it runs
-    (a release's unsupported layouts cost nothing) its requests at its family's rate and the
-    shrinking of what it finds; the shards share ``workers`` processes. Measured in
-    docs/benchmarks.md ("Where a campaign's time goes"): the figures there, not a guess."""
+    """How ``--budget`` seconds become requests per layout, and what a run is planned to take:
+    by a fixed table of what a run costs on this 2-core machine, not by a clock, so two runs of
+    one command trace the same requests. A shard (one release's worker) costs its start, then
+    per layout it runs (a release's unsupported layouts cost nothing) its requests at its
+    family's rate and the shrinking of what it finds; the shards share ``workers`` processes.
+    Measured in docs/benchmarks.md ("Where a campaign's time goes", 2026-12-05): the figures
+    there, not a guess. ``budget_s`` None: no budget, every layout at ``min_requests`` (the
+    default campaign: what it takes is what ``seconds`` plans)."""
 
-    budget_s: float
+    budget_s: float | None
     # wall seconds of one worker per request traced, every check on, by the layout's family
-    # (``kvbound.trace.layouts.cost_family``: its costliest group kind)
-    seconds_per_request: tuple = (("full_attention", 0.015), ("sliding_window", 0.013),
-                                  ("chunked_local", 0.008), ("mamba", 0.011))
-    start_s: float = 30.0  # a worker's start: importing vLLM and the side, on a loaded machine
-    # wall seconds of shrinking per layout run and per rerun of the shrink budget (findings
-    # are not known beforehand: their mean over the default layouts, shrinks included)
-    shrink_s_per_rerun: float = 0.17
+    # (``kvbound.trace.layouts.cost_family``: its costliest group kind); 0.33.0, --requests 400
+    # and 800 --shrink-budget 0, coverage on (these are its rates x coverage_rate_kept)
+    seconds_per_request: tuple = (("full_attention", 0.0027), ("sliding_window", 0.0031),
+                                  ("chunked_local", 0.0018), ("mamba", 0.0030))
+    start_s: float = 7.0  # a worker's start: importing vLLM and the side (8.8-12.3 s measuring coverage)
+    # wall seconds of shrinking per layout run and per rerun of the shrink budget: findings are
+    # not known beforehand, so the mean over the default full-range campaign at the floor
+    # (3,030 s of shrinking over its 631 layout runs at 60 reruns; 0.33.0 alone, which finds the
+    # most, shrinks at 0.18 and runs at twice its plan, 0.21.0 - 0.25.1 at under 0.05)
+    shrink_s_per_rerun: float = 0.080
     min_requests: int = 200  # below this a layout's traffic barely evicts: not worth a cell
-    # a run measuring coverage (--coverage): the share of the traffic rate it keeps (the probes
-    # compiled into the connector's modules: 0.96, all 25 layouts of 0.33.0, the least of 3 runs)
-    # and its worker's start over a plain one's (coverage.py traces the import of vLLM: 10.2-10.5 s
-    # against 6.4-6.8 s); docs/benchmarks.md "Coverage"
     coverage_rate_kept: float = 0.96
     coverage_start_factor: float = 1.55
 
@@ -87,14 +88,17 @@ class PlanOptions:
 
     def requests_per_layout(self, shards, shrink_budget: int, workers: int = 1, then=()) -> int:
         """The most requests per layout (in hundreds, at least ``min_requests``) whose planned
-        seconds fit the budget."""
+        seconds fit the budget; ``min_requests`` without one."""
         from kvbound.errors import UsageError
 
+        if self.budget_s is None:
+            return self.min_requests
         if self.budget_s <= 0:
             raise UsageError(f"--budget {self.budget_s}: must be a positive number of seconds")
         fixed = self.seconds(shards, 0, shrink_budget, workers, then)
         per_request = self.seconds(shards, 1, shrink_budget, workers, then) - fixed
-        n = int((self.budget_s - fixed) / per_request) if per_request > 0 else self.min_requests
+        # (a hair over the quotient: a count whose seconds land on the budget itself fits it)
+        n = int((self.budget_s - fixed) / per_request + 1e-6) if per_request > 0 else self.min_requests
         return max(self.min_requests, n // 100 * 100)
 
 
@@ -126,8 +130,9 @@ class TraceOptions:
 
 
 # Each command's defaults: a trace is one release, planned for minutes and shrunk hard; a
-# campaign is many, planned for an hour, each finding shrunk less.
-TRACE_PLAN, CAMPAIGN_PLAN = PlanOptions(budget_s=300.0), PlanOptions(budget_s=3600.0)
+# campaign is many, each point at the floor of traffic (the default full range is planned at
+# 1,885 s and took 2,046 s, docs/benchmarks.md), each finding shrunk less; --budget grows its traffic.
+TRACE_PLAN, CAMPAIGN_PLAN = PlanOptions(budget_s=300.0), PlanOptions(budget_s=None)
 TRACE_SHRINK, CAMPAIGN_SHRINK = ShrinkOptions(budget=150), ShrinkOptions(budget=60)
 # Line coverage of the connector code (--coverage): on by default, as it costs less than the 30 % of
 # the traffic rate a default may: its probes compiled into the connector's modules keep 96 % of the

@@ -63,7 +63,30 @@ def test_the_plan_is_the_budget():
         plan = replace(P, budget_s=budget)
         n = plan.requests_per_layout(shards, 20, workers)
         assert plan.seconds(shards, n, 20, workers) <= budget < plan.seconds(shards, n + 100, 20, workers)
+    P = replace(P, budget_s=3600)
     assert P.requests_per_layout([["mamba"]], 20) > P.requests_per_layout([["mamba", "mamba"]], 20)
+
+
+def test_without_a_budget_every_point_runs_at_the_floor_and_the_plan_says_its_seconds():
+    """The default campaign: no budget, each point at min_requests; its first line gives the
+    seconds the table plans it at (what the run takes, docs/benchmarks.md), and the plan grows
+    with the releases run."""
+    import argparse
+
+    from kvbound.commands.campaign import plan, planned_seconds, register
+    from kvbound.options import CAMPAIGN_PLAN as P
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = lambda *a: parser.parse_args(["campaign", *a])  # noqa: E731
+    one, full = args("--vllm", "0.33.0"), args("--vllm", "0.21.0..0.33.0")
+    (sh,) = plan(one)[1]
+    assert sh.options.run.requests == P.min_requests and P.budget_s is None
+    shards = plan(full)[1]
+    assert all(s.options.run.requests == P.min_requests for s in shards)
+    assert planned_seconds(one, [sh], 2) < planned_seconds(full, shards, 2) < planned_seconds(full, shards, 1)
+    grown = plan(args("--vllm", "0.21.0..0.33.0", "--budget", "3600"))[1]
+    assert grown[0].options.run.requests > P.min_requests
 
 
 def test_a_covered_campaign_is_planned_at_the_covered_rate():
@@ -83,6 +106,7 @@ def test_a_covered_campaign_is_planned_at_the_covered_rate():
     plain = plan(args("--budget", "3600", "--no-coverage"))[1][0].options
     assert covered.run.coverage and not plain.run.coverage
     shards = [["full_attention"]]
+    P = replace(P, budget_s=3600)
     assert plain.run.requests == P.requests_per_layout(shards, CAMPAIGN_SHRINK.budget)
     assert covered.run.requests == P.covered().requests_per_layout(shards, CAMPAIGN_SHRINK.budget) < plain.run.requests
     c = P.covered()

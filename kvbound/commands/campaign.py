@@ -60,9 +60,10 @@ def add_run_arguments(p) -> None:
                    help="repeatable; default: every layout, then the points of kvbound.trace.space.SWEEP (each axis value no"
                         " layout holds, docs/trace.md)")
     p.add_argument("--budget", type=float, default=None, metavar="S",
-                   help=f"seconds the campaign is planned to take (default {CAMPAIGN_PLAN.budget_s:.0f}); turned into"
-                        " requests per layout by a fixed table of costs (kvbound.options.PlanOptions: worker"
-                        " starts, each layout family's rate, shrinking), so the run stays reproducible")
+                   help="seconds the campaign is planned to take, turned into requests per layout by a fixed table"
+                        " of costs (kvbound.options.PlanOptions: worker starts, each layout family's rate,"
+                        " shrinking), so the run stays reproducible; default none: every point at the floor of"
+                        f" {CAMPAIGN_PLAN.min_requests} requests, and the first line says the seconds it is planned at")
     p.add_argument("--requests", type=int, default=None, metavar="N", help="requests per layout (overrides --budget)")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--workers", type=int, default=None, metavar="W",
@@ -119,29 +120,44 @@ def trace_options(args, judged_as: list, layouts: tuple, pool: int) -> TraceOpti
     """The options every shard runs with, from the command line alone: ``--requests`` per
     point, else ``--budget`` turned into requests per point by the fixed cost table for one
     column per entry of ``judged_as`` (the release each column is judged as) on ``pool``
-    processes; ``--seed``, ``--coverage``, ``--shrink-budget``."""
-    from kvbound.trace.layouts import cost_family
-
+    processes, else the floor (``PlanOptions.min_requests``); ``--seed``, ``--coverage``,
+    ``--shrink-budget``."""
     coverage = coverage_of(args)
     if args.requests is not None:
         if args.requests < 1:
             raise UsageError("--requests must be >= 1")
         n = args.requests
     else:
-        plan_options = CAMPAIGN_PLAN if args.budget is None else replace(CAMPAIGN_PLAN, budget_s=args.budget)
-        if coverage:  # measured traffic runs slower, its workers start slower
-            plan_options = plan_options.covered()
-        costs = [[cost_family(space.resolve(l)) for l in layouts if space.support(l, v) is None]
-                 for v in judged_as]
-        # a guided round's points are drawn once the round before has run: each costed as the costliest
-        then = [[[plan_options.costliest()] * args.explore for _ in judged_as]] * args.guided
+        plan_options, costs, then = _costs(args, judged_as, layouts, coverage)
         n = plan_options.requests_per_layout(costs, args.shrink_budget, pool, then)
         planned = plan_options.seconds(costs, n, args.shrink_budget, pool, then)
-        if planned > plan_options.budget_s:  # the floor of traffic alone costs more: say so, run it
-            print(f"kvbound {getattr(args, 'command', 'campaign')}: --budget {plan_options.budget_s:.0f} is below"
+        if args.budget is not None and planned > args.budget:  # the floor alone costs more: say so, run it
+            print(f"kvbound {getattr(args, 'command', 'campaign')}: --budget {args.budget:.0f} is below"
                   f" what this campaign costs at the floor of {n} requests per layout (worker starts, shrinking):"
                   f" planned at {planned:.0f} s", file=sys.stderr)
     return TraceOptions(RunOptions(n, args.seed, coverage=coverage), ShrinkOptions(args.shrink_budget))
+
+
+def _costs(args, judged_as: list, layouts: tuple, coverage: bool):
+    """(plan options, per shard the cost families of the points it runs, the guided rounds'
+    shards): what ``PlanOptions`` plans a campaign from."""
+    from kvbound.trace.layouts import cost_family
+
+    plan_options = CAMPAIGN_PLAN if args.budget is None else replace(CAMPAIGN_PLAN, budget_s=args.budget)
+    if coverage:  # measured traffic runs slower, its workers start slower
+        plan_options = plan_options.covered()
+    costs = [[cost_family(space.resolve(l)) for l in layouts if space.support(l, v) is None] for v in judged_as]
+    # a guided round's points are drawn once the round before has run: each costed as the costliest
+    then = [[[plan_options.costliest()] * args.explore for _ in judged_as]] * args.guided
+    return plan_options, costs, then
+
+
+def planned_seconds(args, shards: list, pool: int) -> float:
+    """The seconds the cost table plans ``shards`` at on ``pool`` processes: what the campaign's
+    first line says it will take (docs/benchmarks.md has it against what runs took)."""
+    options = shards[0].options
+    plan_options, costs, then = _costs(args, [sh.release for sh in shards], shards[0].layouts, options.run.coverage)
+    return plan_options.seconds(costs, options.run.requests, options.shrink.budget, pool, then)
 
 
 def coverage_of(args) -> bool:
@@ -197,10 +213,11 @@ def run(args) -> int:
             return EXIT_INPUT
     n_cells = sum(len(s.layouts) for s in shards)
     rounds = f", then {args.guided} guided round(s) of {args.explore} points" if args.guided else ""
+    pool = (args.workers or 2) if args.ray else local_workers(args)
     print(f"kvbound campaign: {len(columns)} column(s) x {len(shards[0].layouts)} layouts = {n_cells} cells{rounds},"
           f" {shards[0].options.run.requests} requests each, seed {args.seed},"
-          f" {'Ray ' + args.ray if args.ray else f'{local_workers(args)} local worker(s)'}",
-          file=sys.stderr, flush=True)
+          f" {'Ray ' + args.ray if args.ray else f'{local_workers(args)} local worker(s)'};"
+          f" planned at {planned_seconds(args, shards, pool):,.0f} s", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     out_dir = str(Path(args.out).resolve())
 
