@@ -312,13 +312,19 @@ def fake_transfer_engine_class(obase):
                 sh.submit(kind, job_id, src_spec, dst_spec, copy_delay, self.faults.moves(ok))
 
         def _bytes(self, gpu_spec):
-            """The bytes a job moves: each offloaded group's GPU blocks times its page size."""
+            """The bytes a job moves: each offloaded group's GPU blocks times the bytes of one of
+            its blocks, every layer of the group (a per-layer page times its layers, a uniform-type
+            spec's page whole: 0.33.0 offloading/config.py:48-58 ``_group_kv_bytes_per_block``)."""
             groups = self.eng.csched.config.kv_group_configs
             sizes = list(gpu_spec.group_sizes) if getattr(gpu_spec, "group_sizes", None) is not None \
                 else [len(gpu_spec.block_ids)]
             kcg = self.eng.kv_cache_config.kv_cache_groups
-            return sum(int(n) * kcg[getattr(gc, "group_idx", i)].kv_cache_spec.page_size_bytes
-                       for i, (n, gc) in enumerate(zip(sizes, groups)))
+
+            def block_bytes(group):
+                spec = group.kv_cache_spec
+                layers = 1 if type(spec).__name__ == "UniformTypeKVCacheSpecs" else len(group.layer_names)
+                return spec.page_size_bytes * layers
+            return sum(int(n) * block_bytes(kcg[getattr(gc, "group_idx", i)]) for i, (n, gc) in enumerate(zip(sizes, groups)))
 
         def _result(self, job_id, ok):
             size = self.sizes.pop(job_id, None)
