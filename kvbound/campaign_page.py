@@ -26,7 +26,7 @@ from __future__ import annotations
 from markupsafe import Markup
 
 from kvbound.records import CampaignFinding, CampaignRecord
-from kvbound.trace.coverage import GPU_ONLY, NEEDS_EXTERNAL, NOT_ON_RELEASE, NOT_YET, percent_reachable
+from kvbound.trace.coverage import GPU_ONLY, NEEDS_EXTERNAL, NOT_ON_RELEASE, NOT_YET, percent_reachable, reachable
 from kvbound.report import Section, _badge, _json_pre, _table, drawn_case, html, join, mono, render_page
 
 ABOUT = ("the real vLLM scheduler and OffloadingConnector of each release, stepped on CPU under generated "
@@ -266,11 +266,6 @@ def _ranges(ranges) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
-def _reachable(f: dict) -> int:
-    """The file's statements reachable on this host (``kvbound.trace.coverage``)."""
-    return f["statements"] - f.get("unreachable_here", 0)
-
-
 def _grade(pct: float) -> str:
     return "c-good" if pct >= COVER_GOOD else "c-fair" if pct >= COVER_FAIR else "c-poor"
 
@@ -290,7 +285,7 @@ def coverage_section(coverage: dict | None, columns: list) -> Section:
             f = coverage[r].get(p)
             cells.append(Markup("<td>–</td>") if f is None else html(
                 '<td class="{}">{:.0f}%<div class="small">{} of {}</div></td>', _grade(percent_reachable(f)), percent_reachable(f),
-                f["executed"], _reachable(f)))
+                f["executed"], reachable(f)))
         rows.append(html("<tr>{}</tr>", join(cells)))
     glance = html('<table class="coverage"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>', head, join(rows))
     per_release = []
@@ -305,7 +300,7 @@ def coverage_section(coverage: dict | None, columns: list) -> Section:
             rrows.append([mono(p), html('<span class="covrun"><span class="cov"><span style="width:{:.1f}%"></span>'
                                         '</span> {:.1f}%</span>',
                                         percent_reachable(f), percent_reachable(f)),
-                          f"{f['executed']} / {_reachable(f)}" + (
+                          f"{f['executed']} / {reachable(f)}" + (
                               f" ({f['statements']} in all)" if f.get("unreachable_here") else ""),
                           html('<span class="ranges">{}</span>', _ranges(f.get("missing") or [])) or "none",
                           why])
@@ -313,7 +308,7 @@ def coverage_section(coverage: dict | None, columns: list) -> Section:
                                 "{}</details>", r, len(coverage[r]), _table(
                                     ["file", "statements run", "run / reachable here", "never run (lines)",
                                      "why not reached"], rrows)))
-    total = sum(_reachable(f) for r in releases for f in coverage[r].values())
+    total = sum(reachable(f) for r in releases for f in coverage[r].values())
     run = sum(f["executed"] for r in releases for f in coverage[r].values())
     low = min(((percent_reachable(coverage[r][p]), p, r) for r in releases for p in coverage[r]), default=None)
     summary = (f"{100.0 * run / total if total else 100.0:.0f}% of {total:,} statements reachable here over {len(files)} file(s) ×"

@@ -84,6 +84,12 @@ def local_workers(args) -> int:
     return max(1, args.workers or os.cpu_count() or 1)
 
 
+def pool_size(args) -> int:
+    """The processes the shards share, as the plan costs them: Ray's --workers (default 2), else
+    the local pool's."""
+    return (args.workers or 2) if args.ray else local_workers(args)
+
+
 def plan(args) -> tuple[list, list]:
     """(columns, shards) from the command line alone."""
     from kvbound.spec import variant_for_version
@@ -109,7 +115,7 @@ def plan(args) -> tuple[list, list]:
         src_col = f"src:{src.resolve().name}"
         columns.append(src_col)
     judged_as = releases + ([releases[-1]] if src_col else [])  # a checkout runs what its base runs
-    options = trace_options(args, judged_as, layouts, (args.workers or 2) if args.ray else local_workers(args))
+    options = trace_options(args, judged_as, layouts, pool_size(args))
     shards = [Shard(v, layouts, options, column=v) for v in releases]
     if src_col:
         shards.append(Shard(releases[-1], layouts, options, src=str(src.resolve()), column=src_col))
@@ -213,11 +219,10 @@ def run(args) -> int:
             return EXIT_INPUT
     n_cells = sum(len(s.layouts) for s in shards)
     rounds = f", then {args.guided} guided round(s) of {args.explore} points" if args.guided else ""
-    pool = (args.workers or 2) if args.ray else local_workers(args)
     print(f"kvbound campaign: {len(columns)} column(s) x {len(shards[0].layouts)} layouts = {n_cells} cells{rounds},"
           f" {shards[0].options.run.requests} requests each, seed {args.seed},"
           f" {'Ray ' + args.ray if args.ray else f'{local_workers(args)} local worker(s)'};"
-          f" planned at {planned_seconds(args, shards, pool):,.0f} s", file=sys.stderr, flush=True)
+          f" planned at {planned_seconds(args, shards, pool_size(args)):,.0f} s", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     out_dir = str(Path(args.out).resolve())
 

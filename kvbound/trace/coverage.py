@@ -90,11 +90,15 @@ def percent(entry: dict) -> float:
     return 100.0 * entry["executed"] / entry["statements"] if entry["statements"] else 100.0
 
 
+def reachable(entry: dict) -> int:
+    """One file's document entry: its statements reachable on a CPU host (less the declared
+    unreachable ones that did not run; a document from before ``unreachable_here``: all)."""
+    return entry["statements"] - entry.get("unreachable_here", 0)
+
+
 def percent_reachable(entry: dict) -> float:
-    """Executed statements of one file's document entry, in percent of those reachable on a CPU
-    host (its statements less the declared unreachable ones that did not run)."""
-    reachable = entry["statements"] - entry.get("unreachable_here", 0)
-    return 100.0 * entry["executed"] / reachable if reachable else 100.0
+    """Executed statements of one file's document entry, in percent of those reachable on a CPU host."""
+    return 100.0 * entry["executed"] / reachable(entry) if reachable(entry) else 100.0
 
 
 def render(coverage: dict) -> list:
@@ -104,14 +108,14 @@ def render(coverage: dict) -> list:
     for col, files in coverage.items():
         st = sum(f["statements"] for f in files.values())
         ex = sum(f["executed"] for f in files.values())
-        here = st - sum(f.get("unreachable_here", 0) for f in files.values())
+        here = sum(reachable(f) for f in files.values())
         lines += ["", f"== coverage of the connector code, {col}: {ex} of {st} statements"
                       f" ({100.0 * ex / max(st, 1):.0f}%); of the {here} reachable on this host,"
                       f" {100.0 * ex / max(here, 1):.0f}% =="]
         shown = {rel: f for rel, f in files.items() if f["statements"]}
         w = max((len(r) for r in shown), default=0)
         lines += [f"  {rel.ljust(w)}  {f['executed']:5d} / {f['statements']:<5d} {percent(f):5.1f}%"
-                  + (f"   {f['executed']} / {f['statements'] - f['unreachable_here']} reachable here"
+                  + (f"   {f['executed']} / {reachable(f)} reachable here"
                      f" {percent_reachable(f):5.1f}%" if f.get("unreachable_here") else "")
                   for rel, f in shown.items()]
     return lines

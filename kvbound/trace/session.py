@@ -88,9 +88,13 @@ class ReleaseResult:
     cells: list  # [Cell], in the order of the points
     start_error: str | None = None  # the worker could not start: every cell NOT_RUN
     seconds: float = 0.0
-    shrink_seconds: float = 0.0
     coverage: Coverage | None = None  # options.run.coverage: the union of every layout's segments
     point_coverage: dict = field(default_factory=dict)  # options.run.coverage: cell layout -> its own Coverage
+
+    @property
+    def shrink_seconds(self) -> float:
+        """Of ``seconds``, the cells' shrinking."""
+        return sum(c.shrink_seconds for c in self.cells)
 
     def findings(self) -> list:
         """Every cell's kept findings, each layout's in the order first seen."""
@@ -140,10 +144,8 @@ def run_release(env: ReleaseEnv, points, options: TraceOptions, progress=None,
                     result.point_coverage[name] = mine
             s0 = time.monotonic()
             kept = keep(w, env, found, options.shrink, out_dir)
-            shrunk = time.monotonic() - s0
-            result.shrink_seconds += shrunk
             result.cells.append(Cell(name, RAN, summary=summaries[0], kept=kept, seconds=time.monotonic() - c0,
-                                     shrink_seconds=shrunk))
+                                     shrink_seconds=time.monotonic() - s0))
     finally:
         w.stop()
     result.seconds = time.monotonic() - t0
