@@ -26,7 +26,10 @@ def _run(w, version, point, mutant=None, n=80):
 @pytest.mark.parametrize("point,version,defect,expect", [
     ("full@eviction_policy=arc", "0.33.0", "drop_store", None),
     # a small CPU tier evicts (pool pressure): an evicted chunk is not lost, a dropped store still is
+    # (32 chunks hold about two prompts: a load comes in 200 requests, not in 80)
     ("full@cpu_chunks=32", "0.33.0", "drop_store", None),
+    # a tier smaller than a prompt refuses stores it cannot evict for: a refused chunk is not lost either
+    ("full@cpu_chunks=4", "0.33.0", "drop_store", None),
     ("full@store_threshold=2", "0.33.0", "drop_store", None),
     ("full@log_stats=true", "0.33.0", "lookup_extra_chunk", None),
     # a sliding window's stores: the store one chunk past the horizon reads a block not yet written
@@ -41,14 +44,33 @@ def _run(w, version, point, mutant=None, n=80):
 ])
 def test_a_knob_finds_its_planted_defect_and_its_clean_point_none(point, version, defect, expect, workers):
     env, w = workers(version)
-    job, res, kinds = _run(w, version, point)
+    n = 200 if "cpu_chunks" in point else 80
+    job, res, kinds = _run(w, version, point, n=n)
     assert kinds == set(), kinds
     assert res["stats"]["stores"] > 0 and res["stats"]["loads"] > 0
     for axis, value in S.split(point)[1].items():  # the value reaches the job
         assert str(job["params"][axis]).lower() == value
     assert (res["stats"]["resets"] > 0) == ("reset_p" in job["params"])
-    _, _, kinds = _run(w, version, point, defect)
+    _, _, kinds = _run(w, version, point, defect, n=n)
     assert set(expect or BY_NAME[defect].catches) <= kinds, kinds
+
+
+@pytest.mark.parametrize("version,point,chunks", [
+    ("0.23.0", "full@cpu_chunks=4", 4),  # a chunk's bytes unaligned (BLOCK_SIZE_ALIGNMENT 1)
+    ("0.23.0", "bpc2@cpu_chunks=32", 32),
+    ("0.33.0", "full@cpu_chunks=4", 4),  # rounded up to the host's page (mmap.PAGESIZE)
+    ("0.33.0", "swa@cpu_chunks=32", 32),
+    ("0.33.0", "bpc2", 256),
+    ("0.33.0", "mamba", 256),  # a hybrid's pages of two sizes
+    ("0.33.0", "full-tiering-fs", 32),  # the tiering spec's primary tier
+])
+def test_cpu_chunks_is_the_capacity_of_the_tier_vllm_builds(version, point, chunks, workers):
+    """``cpu_chunks`` is the number of chunks the release's CPU tier holds, whatever a chunk's
+    bytes and the release's alignment (side/engine.py ``cpu_bytes_to_use``; before, 256 KiB of
+    slack made a tier of "4" hold 65 chunks on 0.33.0 and 260 on 0.23.0)."""
+    env, w = workers(version)
+    job, res, kinds = _run(w, version, point, n=30)
+    assert res["stats"]["tier_chunks"] == chunks and kinds == set(), (res["stats"], kinds)
 
 
 def test_the_request_level_traffic_leaves_the_organic_stream_as_it_was():

@@ -122,8 +122,10 @@ AXES = (
          " fails there and vLLM keeps the blocks before it (side/tier_faults.py)", "engine",
          applies=_tiering_fs, applies_doc="the tiering spec's file-system tier (offload_spec tiering-fs)"),
     # the CPU tier's knobs, the scheduler's, and traffic (docs/trace.md "The configuration space")
-    Axis("cpu_chunks", ("256", "32"), "the CPU tier's capacity in chunks (32: pool pressure, the tier evicts:"
-         " cpu/manager.py's eviction and the policies' evict paths)", "engine"),
+    Axis("cpu_chunks", ("256", "32", "4"), "the CPU tier's capacity in chunks, exactly (32: pool pressure, the tier evicts:"
+         " cpu/manager.py's eviction and the policies' evict paths; 4: fewer chunks than a prompt holds,"
+         " so a store finds every idle chunk protected and the eviction fails, cpu/manager.py:321-337)",
+         "engine"),
     Axis("eviction_policy", ("lru", "arc"), "the CPU tier's cache policy (kv_connector_extra_config)", "engine"),
     Axis("store_threshold", ("0", "2"), "offers of a chunk before the CPU tier stores it", "engine"),
     Axis("log_stats", ("false", "true"), "the scheduler keeps its stats (connector stats, hits by tier)", "engine"),
@@ -173,6 +175,8 @@ SWEEP = (
     "full@cpu_chunks=32,eviction_policy=arc",
     "swa@cpu_chunks=32,eviction_policy=arc",
     "mamba@cpu_chunks=32",
+    "full@cpu_chunks=4",  # a tier smaller than a prompt: stores refused for want of an evictable chunk
+    "full@prefix_burst_p=0.5,cpu_chunks=4,eviction_policy=arc",  # ... and ARC's failed evict, under bursts
     "full@eviction_policy=arc,store_threshold=2,log_stats=true",
     "mamba@log_stats=true",
     "mamba-sync@log_stats=true",  # the sync-load path's stats (0.33.0)
@@ -182,6 +186,7 @@ SWEEP = (
     "swa@reset_p=0.1",
     "mamba@reset_p=0.1",
     "full-tiering-fs@log_stats=true,reset_p=0.1,load_tiers_p=0.3",
+    "full@load_tiers_p=0.3",  # tier filters on the CPU spec: 0.27.0 - 0.29.0, which run no tiering-fs
     "full-tiering-fs@tier_lose_p=0.1,kv_events=true",  # failed promotions (partial keep) and their events
     "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
     "swa@load_limit_p=0.3",
