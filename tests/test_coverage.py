@@ -12,7 +12,7 @@ import pytest
 
 from kvbound.cli import main
 from kvbound.records import CampaignRecord, reproducible
-from kvbound.side import cover
+from kvbound.side import cover, unreached
 from kvbound.trace import campaign as C
 from kvbound.trace.coverage import (DECLARED, GPU_ONLY, NEEDS_EXTERNAL, NOT_YET, UNREACHED_CLASSES, Coverage,
                                     percent_reachable, ranges, render)
@@ -90,11 +90,56 @@ def test_the_campaign_unions_a_releases_shards_and_names_the_fastest_detection()
 def test_every_gpu_only_row_names_a_function_of_0_33(prepared):
     """The table is by (file, function); each row resolves in the release it cites."""
     env = prepared("0.33.0")
-    for row in cover.UNREACHED:
+    for row in unreached.UNREACHED:
         path = Path(env.tree) / row.file
         assert path.exists(), row.file
         assert row.function == "*" or row.function in cover.spans(path.read_text()), row
         assert "0.33.0" in row.reason and row.why in UNREACHED_CLASSES
+
+
+def _touch_calls(tree: Path) -> dict:
+    """Every ``X.touch(...)`` call of a release's vllm package outside its tests: (relpath, the
+    function it sits in) -> the receivers' source text."""
+    calls: dict = {}
+    for path in sorted((tree / "vllm").rglob("*.py")):
+        rel = path.relative_to(tree).as_posix()
+        if "/tests/" in rel:
+            continue
+        src = path.read_text()
+        named = cover.spans(src)
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "touch":
+                inside = max((q for q, (a, b) in named.items() if a <= node.lineno <= b and "." in q),
+                             key=lambda q: named[q][0], default="")
+                calls.setdefault((rel, inside), []).append(ast.unparse(node.func.value))
+    return calls
+
+
+@pytest.mark.parametrize("version,applies", [("0.29.0", False), ("0.33.0", True)])
+def test_the_touch_rows_hold_where_they_apply(version, applies, prepared):
+    """The not-on-release rows: from 0.31.0 no code of the release calls an offloading manager's
+    touch (only the managers' own touch forwards it, and the policy base's on_store_miss /
+    on_request_finished, which ARC overrides); on 0.29.0 the connector scheduler's _touch does,
+    and the rows do not apply there."""
+    env = prepared(version)
+    tree = Path(env.tree)
+    version_tuple = tuple(int(x) for x in version.split("."))
+    rows = [r for r in unreached.UNREACHED if r.why == unreached.NOT_ON_RELEASE]
+    assert rows and all(unreached.applies(r, version_tuple) == applies for r in rows)
+    assert not unreached.applies(rows[0], None)  # an unversioned checkout: never
+    calls = _touch_calls(tree)
+    ours = {k: v for k, v in calls.items() if k[0].startswith(cover.CONNECTOR_CODE)}
+    callers = {fn for (_, fn) in ours}
+    if applies:
+        declared = {r.function for r in rows}
+        assert callers <= declared | {"CachePolicy.on_store_miss", "CachePolicy.on_request_finished"}, callers
+        arc = cover.spans((tree / "vllm/v1/kv_offload/cpu/policies/arc.py").read_text())
+        assert {"ARCCachePolicy.on_store_miss", "ARCCachePolicy.on_request_finished"} <= set(arc)
+        # outside the connector code, every .touch( is another object's: block pools, caches, paths
+        others = {r.rsplit(".", 1)[-1].lower() for k, v in calls.items() if k not in ours for r in v}
+        assert not any(w in o for o in others for w in ("manager", "tier", "policy", "offload")), others
+    else:
+        assert any(fn.endswith("._touch") for fn in callers), callers
 
 
 def _first_line_of(path: Path, qualname: str) -> int:

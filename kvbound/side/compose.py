@@ -7,7 +7,7 @@ Part of the side package (standard library; vLLM's objects come in as arguments)
 and what outlives a run (``close``).
 """
 
-from . import pd_connector
+from . import adapter, kv_events, pd_connector
 
 OFFLOADING = "OffloadingConnector"
 
@@ -31,6 +31,31 @@ def composed(lay, par, extra, mutant):
                                          "seed": par.get("seed", 0), "mutant": mutant})
     return dict(kv_connector="MultiConnector", kv_role="kv_both",
                 kv_connector_extra_config={"connectors": [pd, offload]})
+
+
+def cpu_bytes_to_use(cpu_chunks, page_bytes, blocks_per_chunk):
+    """The ``kv_connector_extra_config`` ``cpu_bytes_to_use`` that gives the CPU tier exactly
+    ``cpu_chunks`` chunks. Every release divides it by a chunk's bytes rounded up to the spec's
+    ``BLOCK_SIZE_ALIGNMENT`` (none before 0.23; 1 in 0.23.0 - 0.26.0; the host's page from 0.27.0,
+    ``SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT = mmap.PAGESIZE``, 0.27.0 cpu/shared_offload_region.py:39): 0.21.0
+    v1/kv_offload/cpu/spec.py:33-46, 0.25.1 :66-91, 0.33.0 :109-123. A chunk's bytes are a block's
+    (the trace's one KV tensor over every group's page, ``adapter.kv_cache_config``: vLLM reads
+    ``kv_cache_tensors[0].size // num_blocks``, 0.29.0 offloading/config.py:96-101, or, 0.33.0
+    offloading/config.py:48-58, each group's page times its layers, one here) times
+    ``blocks_per_chunk``. ``engine.Engine`` checks the tier it got."""
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    align = getattr(CPUOffloadingSpec, "BLOCK_SIZE_ALIGNMENT", 1)
+    per_chunk = sum(page_bytes) * blocks_per_chunk
+    return cpu_chunks * (-(-per_chunk // align) * align)
+
+
+def tier_capacity(manager):
+    """The chunks the CPU tier under ``manager`` holds at most (``_num_blocks`` before 0.30,
+    ``_num_chunks`` from 0.30.0 v1/kv_offload/cpu/manager.py:52), or None where no CPU tier is
+    found (``kv_events.cpu_tier``)."""
+    tier = kv_events.cpu_tier(manager)
+    return None if tier is None else adapter.first_attr(tier, "_num_chunks", "_num_blocks")
 
 
 def tiering_config(lay):

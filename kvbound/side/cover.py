@@ -32,77 +32,24 @@ module first.
 
 What a job gets per file: ``statements`` (coverage.py's analysis: every line that can run),
 ``executed`` (those that ran, each multi-line statement by its first line) and ``declared``
-(by reason, the statements of code declared in ``UNREACHED``: what runs only with CUDA, or only
-with a library or service the CPU host lacks, so the host can tell "not reachable here" from
+(by reason, the statements of code declared in ``unreached.UNREACHED``: what runs only with CUDA,
+only with a library or service the CPU host lacks, or has no caller on the release, so the host can tell "not reachable here" from
 "not reached yet" without reading vLLM).
 """
 
 import ast
-import collections
 import importlib.abc
 import importlib.util
 import os
 import sys
 import threading
 
+from .unreached import UNREACHED, applies, declared_in, release_version
+
 ENV = "KVBOUND_COVERAGE"
 CONNECTOR_CODE = ("vllm/distributed/kv_transfer/kv_connector/v1/offloading",
                   "vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py",
                   "vllm/v1/kv_offload")
-GPU_ONLY, NEEDS_EXTERNAL = "gpu-only", "needs-external"
-
-# Code of the connector that a CPU trace cannot run, by (file, function): "*" is the whole file
-# (a file ending in "/": every file under that directory), "Class.method" a method. ``why``:
-# GPU_ONLY (CUDA), NEEDS_EXTERNAL (a library or service the host lacks). A row whose file or
-# function a release lacks is skipped there.
-Unreached = collections.namedtuple("Unreached", "file function why reason")
-_SPEC, _CW = "vllm/v1/kv_offload/cpu/spec.py", "vllm/distributed/kv_transfer/kv_connector/v1/offloading/worker.py"
-_TIER_WORKER = ("the CPU tier's transfer worker: CPUOffloadingSpec.get_worker raises unless the platform"
-                " is CUDA-alike or XPU (0.33.0 v1/kv_offload/cpu/spec.py:218-228); the trace runs its fake"
-                " transfer engine in its place (kvbound/side/fakes.py, engine.py Engine.__init__)")
-_OC = "vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py"
-UNREACHED = (
-    Unreached("vllm/v1/kv_offload/cpu/gpu_worker.py", "*", GPU_ONLY,
-              "the GPU<->CPU transfer handlers: CUDA streams and events, pinned buffers, the swap kernels"
-              " (0.33.0 v1/kv_offload/cpu/gpu_worker.py:284-932 SingleDirectionOffloadingHandler,"
-              " CPUOffloadingWorker)"),
-    Unreached("vllm/v1/kv_offload/cpu/swap_blocks_triton.py", "*", GPU_ONLY,
-              "a Triton GPU kernel (0.33.0 v1/kv_offload/cpu/swap_blocks_triton.py:25-74)"),
-    Unreached("vllm/v1/kv_offload/cpu/host_register.py", "*", GPU_ONLY,
-              "cudaHostRegister through the CUDA runtime (0.33.0 v1/kv_offload/cpu/host_register.py:24-104)"),
-    Unreached("vllm/v1/kv_offload/cpu/shared_offload_region.py", "*", GPU_ONLY,
-              "the host region the GPU transfer workers share, mapped only by CPUOffloadingSpec.create_worker"
-              " when the platform is CUDA-alike or XPU (0.33.0 v1/kv_offload/cpu/spec.py:176-216)"),
-    Unreached(_SPEC, "_all_workers_barrier", GPU_ONLY, _TIER_WORKER),
-    Unreached(_SPEC, "CPUOffloadingSpec._uses_shared_region", GPU_ONLY, _TIER_WORKER),
-    Unreached(_SPEC, "CPUOffloadingSpec.create_worker", GPU_ONLY, _TIER_WORKER),
-    Unreached(_SPEC, "CPUOffloadingSpec.get_worker", GPU_ONLY, _TIER_WORKER),
-    Unreached(_CW, "OffloadingConnectorWorker._init_worker", GPU_ONLY, _TIER_WORKER),
-    Unreached(_CW, "OffloadingConnectorWorker.register_kv_caches", GPU_ONLY,
-              "binds the model runner's GPU KV tensors and builds the transfer worker (0.33.0"
-              " offloading/worker.py:68-218); " + _TIER_WORKER),
-    Unreached(_OC, "OffloadingConnector.register_kv_caches", GPU_ONLY,
-              "forwards to OffloadingConnectorWorker.register_kv_caches (0.33.0 offloading_connector.py:108-110)"),
-    # the secondary tiers beside the file-system one (0.33.0 v1/kv_offload/tiering/factory.py:146-174
-    # registers example, fs, p2p, obj, kvcr); the trace runs fs (Layout.offload_spec "tiering-fs")
-    Unreached("vllm/v1/kv_offload/tiering/obj/", "*", NEEDS_EXTERNAL,
-              "the object-store tier: NIXL agents (vllm.distributed.nixl_utils, 0.33.0"
-              " v1/kv_offload/tiering/obj/manager.py:12-13) and an S3-compatible object store"),
-    Unreached("vllm/v1/kv_offload/tiering/p2p/", "*", NEEDS_EXTERNAL,
-              "the peer-to-peer tier: NIXL transfers between vLLM instances (0.33.0"
-              " v1/kv_offload/tiering/p2p/data/nixl.py:46-47) under a ZMQ control plane to its peers"
-              " (p2p/control/zmq.py)"),
-    Unreached("vllm/v1/kv_offload/tiering/kvcr/", "*", NEEDS_EXTERNAL,
-              "the KVCR tier: the external kvcr package and its service (0.33.0"
-              " v1/kv_offload/tiering/kvcr/manager.py:15-41 imports kvcr)"),
-)
-
-
-def declared_in(row, rel) -> bool:
-    """Whether ``UNREACHED`` row ``row`` speaks of the file ``rel``."""
-    return row.file == rel or (row.file.endswith("/") and rel.startswith(row.file))
-
-
 def release_root():
     """The directory holding the release's ``vllm`` package, found without importing it."""
     spec = importlib.util.find_spec("vllm")
@@ -455,7 +402,7 @@ class Probe:
                 named = spans(f.read())
             declared = {}
             for row in UNREACHED:
-                if declared_in(row, rel):
+                if declared_in(row, rel) and applies(row, release_version()):
                     first, last = (min(statements, default=0), max(statements, default=0)) \
                         if row.function == "*" else named.get(row.function, (0, -1))
                     declared.setdefault(row.why, set()).update(ln for ln in statements if first <= ln <= last)

@@ -72,7 +72,7 @@ class Release:
         nb = par["num_gpu_blocks"]
         kv_cache_config = adapter.kv_cache_config(specs, nb, eagle=eagle, tensors=True)
         block_size = lay["groups"][0]["tokens_per_block"]
-        extra = {"cpu_bytes_to_use": cpu_bytes_to_use(par["cpu_chunks"], page_bytes, lay.get("blocks_per_chunk", 1))}
+        extra = {"cpu_bytes_to_use": compose.cpu_bytes_to_use(par["cpu_chunks"], page_bytes, lay.get("blocks_per_chunk", 1))}
         extra.update(chunk_size_config(lay))
         if par.get("sync_load_budget_bytes"):
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
@@ -183,31 +183,6 @@ class Release:
         return bs, hbs
 
 
-def cpu_bytes_to_use(cpu_chunks, page_bytes, blocks_per_chunk):
-    """The ``kv_connector_extra_config`` ``cpu_bytes_to_use`` that gives the CPU tier exactly
-    ``cpu_chunks`` chunks. Every release divides it by a chunk's bytes rounded up to the spec's
-    ``BLOCK_SIZE_ALIGNMENT`` (none before 0.23; 1 in 0.23.0 - 0.26.0; the host's page from 0.27.0,
-    ``SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT = mmap.PAGESIZE``, 0.27.0 cpu/shared_offload_region.py:39): 0.21.0
-    v1/kv_offload/cpu/spec.py:33-46, 0.25.1 :66-91, 0.33.0 :109-123. A chunk's bytes are a block's
-    (the trace's one KV tensor over every group's page, ``adapter.kv_cache_config``: vLLM reads
-    ``kv_cache_tensors[0].size // num_blocks``, 0.29.0 offloading/config.py:96-101, or, 0.33.0
-    offloading/config.py:48-58, each group's page times its layers, one here) times
-    ``blocks_per_chunk``. ``Engine`` checks the tier it got."""
-    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-
-    align = getattr(CPUOffloadingSpec, "BLOCK_SIZE_ALIGNMENT", 1)
-    per_chunk = sum(page_bytes) * blocks_per_chunk
-    return cpu_chunks * (-(-per_chunk // align) * align)
-
-
-def tier_capacity(manager):
-    """The chunks the CPU tier under ``manager`` holds at most (``_num_blocks`` before 0.30,
-    ``_num_chunks`` from 0.30.0 v1/kv_offload/cpu/manager.py:52), or None where no CPU tier is
-    found (``kv_events.cpu_tier``)."""
-    tier = kv_events.cpu_tier(manager)
-    return None if tier is None else adapter.first_attr(tier, "_num_chunks", "_num_blocks")
-
-
 def chunk_size_config(lay):
     """The ``kv_connector_extra_config`` entry that makes a chunk ``blocks_per_chunk`` GPU
     blocks. Every release reads ``block_size``, the tokens of one offloaded chunk, when
@@ -261,7 +236,7 @@ class Engine:
         if real_bpc != lay.get("blocks_per_chunk", 1):
             raise ValueError("layout %s asks for %d blocks per chunk, vllm %s's connector runs with %s"
                              % (lay.get("name"), lay.get("blocks_per_chunk", 1), rel.version, real_bpc))
-        got = tier_capacity(self.csched.manager)  # cpu_chunks is the tier's capacity, on every release
+        got = compose.tier_capacity(self.csched.manager)  # cpu_chunks is the tier's capacity, on every release
         if got is not None and got != par["cpu_chunks"]:
             raise ValueError("layout %s asks for a CPU tier of %d chunks, vllm %s's holds %d (cpu_bytes_to_use)"
                              % (lay.get("name"), par["cpu_chunks"], rel.version, got))
