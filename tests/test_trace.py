@@ -384,6 +384,12 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
      "another-prefix-arrived-by-a-load-24req.json", None),
     # 0.26-0.28: the sliding-window reset re-offload reaching a Mamba (align) group
     ("0-28-0-mamba-reset-p-0-1-store-foreign-source-10req.json", None),
+    # 0.33.0, tiering: a promotion into the full primary tier evicts the waiting request's own chunks
+    # (the LRU's request rank), so its lookup defers it for ever (docs/upstream/tiering-promotion-evicts-own-chunks)
+    ("0-33-0-full-tiering-fs-liveness-stuck-request-13req.json", None),
+    # 0.30-0.33, tiering: a hit larger than the primary tier, whose promotions evict its own head every step
+    # (docs/upstream/tiering-hit-larger-than-primary-tier)
+    ("0-32-0-full-tiering-fs-liveness-stuck-request-5req.json", None),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""

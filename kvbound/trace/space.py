@@ -197,6 +197,7 @@ SWEEP = (
     "full@cpu_chunks=32,kv_events=true",  # the tier's KV events checked while it evicts (stored and removed)
     "mamba@kv_events=true",  # ... on a hybrid's two groups of one hash, partial tails' keys among them
     "full@reset_p=0.1,kv_events=true",  # ... across connector resets (the reset that announces nothing)
+    "full@eviction_policy=arc,reset_p=0.1",  # ARC's clear at a connector reset (0.33.0 cpu/policies/arc.py:142-147)
 )
 
 
