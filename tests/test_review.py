@@ -270,6 +270,14 @@ def test_the_seed_pr_with_the_agreed_start_cures_the_0_26_boundary_crash(tmp_pat
     ("0.33.0", UPSTREAM / "offload-limit-partial-tail-assert" / "patch.diff",
      "0-33-0-mamba528-offload-limit-p-0-3-crash-exception-build-partial-tail-store-jobs-1req.json",
      ["crash:exception@_build_partial_tail_store_jobs:assert boundary <= max_boundary"]),
+    # full-tiering-fs on 0.33.0: a promotion evicts the waiting request's own chunks (the LRU's request
+    # rank); the promoted chunk touched newest, as 0.32.0 ranked every insert, removes the livelock
+    ("0.33.0", UPSTREAM / "tiering-promotion-evicts-own-chunks" / "patch.diff",
+     "0-33-0-full-tiering-fs-liveness-stuck-request-13req.json", ["liveness:stuck_request"]),
+    # ... and on 0.32.0 a hit larger than the primary tier: what the lookup found this step protected
+    # (the upstream report's patch.diff, written against 0.33.0, in its 0.32.0 form)
+    ("0.32.0", ROOT / "docs" / "trace-findings" / "0-32-0-tiering-protect-lookup-keys.diff",
+     "0-32-0-full-tiering-fs-liveness-stuck-request-5req.json", ["liveness:stuck_request"]),
     # mamba528 on 0.27.0 async: a producer's partial-tail entry registered again on its live Mamba
     # block; registering it only while the chunk that ends there is computed removes it
     ("0.27.0", ROOT / "docs" / "trace-findings" / "0-27-0-partial-tail-register-while-computed.diff",

@@ -24,6 +24,8 @@ REPORTS = {
     "partial-hit-copy-same-step": ("0.33.0", "test_partial_hit_copy_same_step.py"),
     "swa-full-prompt-load-null-block": ("0.33.0", "test_swa_full_prompt_load_null_block.py"),
     "swa-reset-stale-window-blocks": ("0.33.0", "test_swa_reset_stale_window_blocks.py"),
+    "tiering-hit-larger-than-primary-tier": ("0.33.0", "test_tiering_hit_larger_than_primary_tier.py"),
+    "tiering-promotion-evicts-own-chunks": ("0.33.0", "test_tiering_promotion_evicts_own_chunks.py"),
 }
 # vLLM's tests need pytest, which the deps venv lacks: the interpreter's own, appended to
 # sys.path after the deps venv's site-packages, so every other import resolves there
