@@ -129,6 +129,8 @@ def _finished(s):
     return AND(s.O >= 1, s.S == 0, OR(s.C >= s.T - 1, _preempted(s)))
 
 
+PREEMPTED_STORED = "store-preempted-stored"  # the one premise that rests on every earlier store accepted
+
 STORE_PREMISES: tuple = (
     StorePremise(
         "store-running-scheduled",
@@ -177,13 +179,14 @@ STORE_PREMISES: tuple = (
         lambda s: OR(s.A * s.B < s.C + s.S + 2 * s.L + s.B, AND(s.is_async, s.A * s.B < s.C + s.S + 3 * s.L + s.B),
                      AND(s.C == 0, s.S == 0))),
     StorePremise(
-        "store-preempted-stored",
+        PREEMPTED_STORED,
         "A request preempted and then finished by a stale output (async scheduling, C = 0) stores nothing "
         "new: its horizon reaches no chunk past those it stored before the preemption (N0), whose blocks the "
         "connector still holds though the scheduler freed them. vLLM does not enforce it: it holds when every "
         "store before the preemption was accepted and the stale output brings no accepted drafts (async "
         "scheduling without speculative decoding: the horizon T − 1 is the last running step's); a call that "
-        "breaks it stores from freed blocks.",
+        "breaks it stores from freed blocks. The trace checks it on the requests whose every store the tier "
+        "accepted (kvbound/trace/storecheck.py): after a refusal, N0 lags by the chunks refused.",
         "C = 0 ⇒ min(⌊horizon/B⌋, A) ≤ N0", FULL,
         per_release("pre", "stale", "clear"),
         lambda s: IMPLIES(s.C == 0, OR(FLOORDIV(s.horizon, s.B) <= s.N0, s.A <= s.N0))),
@@ -207,7 +210,7 @@ def store_premise_ids(status: str, caps_at_allocated: bool, async_spec: bool = F
     """The premises a store of a request of ``status`` rests on, in the order the claim meets them;
     ``async_spec``: under speculative decoding with async scheduling, where store-preempted-stored
     is not assumed (a stale output can bring accepted drafts)."""
-    preempted = ("store-preempted-stored",) if status == "finished" and not async_spec else ()
+    preempted = (PREEMPTED_STORED,) if status == "finished" and not async_spec else ()
     return (STATUS_PREMISE[status], "store-allocated-scheduled") + preempted + (
         () if caps_at_allocated else ("store-no-cap-assert",))
 
@@ -224,5 +227,5 @@ def check_store_call(terms: StoreTerms, status: str, caps_at_allocated: bool) ->
     return out
 
 
-__all__ = ["RELEASE_LINES", "STATUS_PREMISE", "STORE_BY_ID", "STORE_PREMISES", "StorePremise", "StoreTerms",
+__all__ = ["PREEMPTED_STORED", "RELEASE_LINES", "STATUS_PREMISE", "STORE_BY_ID", "STORE_PREMISES", "StorePremise", "StoreTerms",
            "check_store_call", "per_release", "store_premise_ids"]

@@ -96,3 +96,28 @@ def test_store_premises_hold_on_a_request_preempted_then_aborted_0_33(workers):
     prem, checked = check_store_premises(f.release, job, res)
     assert checked > 0 and not prem, prem
     assert all(c[10] == c[11] for c in reached)  # next_stored_chunk_idx unchanged: it stores nothing
+
+
+def test_store_preempted_stored_is_not_held_after_a_refused_store_0_33(workers):
+    """The premise holds only when every store of the request was accepted (its text): request 440
+    of this 0.33.0 full-tiering-fs run (a 32-chunk primary tier, async, seed 1, shrunk to 34
+    requests) had its stores refused by the full tier, was preempted and finished by a stale output
+    with C = 0 and N0 = 0 while its horizon reaches 34 chunks. Once reported as
+    premise:store-preempted-stored; the call is refused too, so it stores nothing from the freed
+    blocks. The same calls with the refusals taken back break the premise again."""
+    from pathlib import Path
+
+    from kvbound.trace import tracefile as TF
+
+    f = TF.load(Path(__file__).parent / "data" / "trace" / "0-33-0-full-tiering-fs-refused-then-preempted-34req.json")
+    env, w = workers(f.release)
+    job = dict(f.segment)
+    res = w.job(job)
+    calls = [c for c in res["store_calls"] if c[1] == "440"]
+    assert any(c[12] for c in calls) and any(c[2] == "finished" and c[5] == 0 for c in calls), calls[-3:]
+    prem, checked = check_store_premises(f.release, job, res)
+    assert checked > 0 and not prem, prem
+    # the same calls with every refusal taken back: the finished call breaks the premise again
+    accepted = dict(res, store_calls=[c[:12] + [False] + c[13:] for c in res["store_calls"]])
+    prem, _ = check_store_premises(f.release, job, accepted)
+    assert [p["check"] for p in prem] == ["premise:store-preempted-stored"] and prem[0]["request"] == "440", prem

@@ -16,7 +16,7 @@ retry the chunks at a later step (0.33.0 ``offloading/scheduler.py:1991-1996``, 
 
 from __future__ import annotations
 
-from kvbound.proofs.store_premises import StoreTerms, check_store_call
+from kvbound.proofs.store_premises import PREEMPTED_STORED, StoreTerms, check_store_call
 from kvbound.spec.store_case import StoreCase, store_case_to_dict
 from kvbound.spec.store import (computed_tokens, group_frontier, is_drafter_group, offer_violations, store_features,
                                 store_horizon)
@@ -126,8 +126,11 @@ def check_store_premises(release: str, job: dict, res: dict) -> tuple[list[dict]
     is_async = bool(job["params"].get("async"))
     caps = store_features(release).store_caps_at_allocated
     first, count, checked = {}, {}, 0
+    refused_rids = set()  # requests the tier refused a store: store-preempted-stored is not theirs
     for call in calls:
         step, rid, status, P, T, C, S, mot, alloc, keyed, before, after, refused, *more = call
+        if refused:
+            refused_rids.add(rid)
         if not more:
             continue  # a record without the premises' fields (placeholders, drafts, lookahead)
         x = more[0]
@@ -136,6 +139,8 @@ def check_store_premises(release: str, job: dict, res: dict) -> tuple[list[dict]
                            store_horizon(release, status, P, T, C, S, prompt_only, mot),
                            x["placeholders"], x["drafts"], x["lookahead"], is_async, before)
         for p, detail in check_store_call(terms, status, caps):
+            if p.id == PREEMPTED_STORED and rid in refused_rids:
+                continue  # the premise holds only when every store of the request was accepted (its text)
             count[p.id] = count.get(p.id, 0) + 1
             if p.id not in first:
                 first[p.id] = {"check": "premise:" + p.id, "step": step, "request": rid, "status": status,
