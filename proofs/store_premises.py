@@ -227,5 +227,5 @@ def check_store_call(terms: StoreTerms, status: str, caps_at_allocated: bool) ->
     return out
 
 
-__all__ = ["PREEMPTED_STORED", "RELEASE_LINES", "STATUS_PREMISE", "STORE_BY_ID", "STORE_PREMISES", "StorePremise", "StoreTerms",
-           "check_store_call", "per_release", "store_premise_ids"]
+__all__ = ["PREEMPTED_STORED", "RELEASE_LINES", "STATUS_PREMISE", "STORE_BY_ID", "STORE_PREMISES", "StorePremise",
+           "StoreTerms", "check_store_call", "per_release", "store_premise_ids"]

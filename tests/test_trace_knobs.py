@@ -66,7 +66,7 @@ def test_a_knob_finds_its_planted_defect_and_its_clean_point_none(point, version
 ])
 def test_cpu_chunks_is_the_capacity_of_the_tier_vllm_builds(version, point, chunks, workers):
     """``cpu_chunks`` is the number of chunks the release's CPU tier holds, whatever a chunk's
-    bytes and the release's alignment (side/engine.py ``cpu_bytes_to_use``; before, 256 KiB of
+    bytes and the release's alignment (side/compose.py ``cpu_bytes_to_use``; before, 256 KiB of
     slack made a tier of "4" hold 65 chunks on 0.33.0 and 260 on 0.23.0)."""
     env, w = workers(version)
     job, res, kinds = _run(w, version, point, n=30)

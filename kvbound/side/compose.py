@@ -2,7 +2,8 @@
 axes "composition" and "offload spec and tier").
 
 Part of the side package (standard library; vLLM's objects come in as arguments): the
-``KVTransferConfig`` fields of a layout (``composed``), the extra config of a tiering spec
+``KVTransferConfig`` fields of a layout (``composed``), the CPU tier's bytes and the capacity it
+got (``cpu_bytes_to_use``, ``tier_capacity``), the extra config of a tiering spec
 (``tiering_config``), the sub-connectors of a ``MultiConnector`` (``sub_connector``, ``pd_sides``),
 and what outlives a run (``close``).
 """
@@ -33,19 +34,16 @@ def composed(lay, par, extra, mutant):
                 kv_connector_extra_config={"connectors": [pd, offload]})
 
 
-def cpu_bytes_to_use(cpu_chunks, page_bytes, blocks_per_chunk):
+def cpu_bytes_to_use(cpu_chunks, page_bytes, blocks_per_chunk, align):
     """The ``kv_connector_extra_config`` ``cpu_bytes_to_use`` that gives the CPU tier exactly
     ``cpu_chunks`` chunks. Every release divides it by a chunk's bytes rounded up to the spec's
-    ``BLOCK_SIZE_ALIGNMENT`` (none before 0.23; 1 in 0.23.0 - 0.26.0; the host's page from 0.27.0,
+    ``BLOCK_SIZE_ALIGNMENT``, ``align`` (none, so 1, before 0.23; 1 in 0.23.0 - 0.26.0; the host's page from 0.27.0,
     ``SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT = mmap.PAGESIZE``, 0.27.0 cpu/shared_offload_region.py:39): 0.21.0
     v1/kv_offload/cpu/spec.py:33-46, 0.25.1 :66-91, 0.33.0 :109-123. A chunk's bytes are a block's
     (the trace's one KV tensor over every group's page, ``adapter.kv_cache_config``: vLLM reads
     ``kv_cache_tensors[0].size // num_blocks``, 0.29.0 offloading/config.py:96-101, or, 0.33.0
     offloading/config.py:48-58, each group's page times its layers, one here) times
     ``blocks_per_chunk``. ``engine.Engine`` checks the tier it got."""
-    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-
-    align = getattr(CPUOffloadingSpec, "BLOCK_SIZE_ALIGNMENT", 1)
     per_chunk = sum(page_bytes) * blocks_per_chunk
     return cpu_chunks * (-(-per_chunk // align) * align)
 

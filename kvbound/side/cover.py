@@ -33,8 +33,8 @@ module first.
 What a job gets per file: ``statements`` (coverage.py's analysis: every line that can run),
 ``executed`` (those that ran, each multi-line statement by its first line) and ``declared``
 (by reason, the statements of code declared in ``unreached.UNREACHED``: what runs only with CUDA,
-only with a library or service the CPU host lacks, or has no caller on the release, so the host can tell "not reachable here" from
-"not reached yet" without reading vLLM).
+only with a library or service the CPU host lacks, or has no caller on the release, so the host
+can tell "not reachable here" from "not reached yet" without reading vLLM).
 """
 
 import ast
@@ -400,9 +400,9 @@ class Probe:
             statements = set(reporter.lines())
             with open(path) as f:
                 named = spans(f.read())
-            declared = {}
+            declared, version = {}, release_version()
             for row in UNREACHED:
-                if declared_in(row, rel) and applies(row, release_version()):
+                if declared_in(row, rel) and applies(row, version):
                     first, last = (min(statements, default=0), max(statements, default=0)) \
                         if row.function == "*" else named.get(row.function, (0, -1))
                     declared.setdefault(row.why, set()).update(ln for ln in statements if first <= ln <= last)

@@ -58,6 +58,7 @@ class Release:
     def build(self, lay, par):
         from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
                                  ParallelConfig, SchedulerConfig, VllmConfig)
+        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
         mutant = defects.planted(par.get("mutant"))  # tests only: a row of defects.DEFECTS
         mamba_mode = lay.get("mamba_cache_mode", "align")  # CacheConfig.mamba_cache_mode of a Mamba layout
@@ -72,7 +73,9 @@ class Release:
         nb = par["num_gpu_blocks"]
         kv_cache_config = adapter.kv_cache_config(specs, nb, eagle=eagle, tensors=True)
         block_size = lay["groups"][0]["tokens_per_block"]
-        extra = {"cpu_bytes_to_use": compose.cpu_bytes_to_use(par["cpu_chunks"], page_bytes, lay.get("blocks_per_chunk", 1))}
+        align = getattr(CPUOffloadingSpec, "BLOCK_SIZE_ALIGNMENT", 1)  # none before 0.23
+        extra = {"cpu_bytes_to_use": compose.cpu_bytes_to_use(par["cpu_chunks"], page_bytes,
+                                                              lay.get("blocks_per_chunk", 1), align)}
         extra.update(chunk_size_config(lay))
         if par.get("sync_load_budget_bytes"):
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
