@@ -1,8 +1,8 @@
 """The premises folded on the other case kinds: a lookup case and a store case (``kvbound premises``).
 
 A lookup case is what a load's lookup facts are about: the load premises that read only what the
-lookup returns (``LOOKUP_FACTS``: the hit within the keys, at least one chunk, a partial tail the
-lookup chose) are folded per group on the release's answer (``spec/lookup.py``), as ``case_terms``
+lookup returns (``LOOKUP_FACTS``: the hit within the keys, a partial tail the lookup
+chose) are folded per group on the release's answer (``spec/lookup.py``), as ``case_terms``
 folds them on a load case. A store case is one ``_build_store_jobs`` call: the store premises of its
 status and scheduling mode (``store_premises.store_premise_ids``) folded on its numbers, as the trace
 folds them on every captured call (``kvbound/trace/storecheck.py``). Each premise keeps its one
@@ -22,7 +22,7 @@ from .premises import BY_ID, GroupTerms, PremiseCheck
 from .store_premises import STORE_BY_ID, StoreTerms, check_store_call, store_premise_ids
 
 # the load premises about what the lookup returned (they read N, M, the keys and the tail only)
-LOOKUP_FACTS = ("keys-cover-hit", "hit-a-chunk", "partial-tail-lookup")
+LOOKUP_FACTS = ("keys-cover-hit", "partial-tail-lookup")
 
 
 def lookup_terms(case: LookupCase, ci: int, hit: int, boundary: int | None) -> GroupTerms:

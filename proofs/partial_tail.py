@@ -71,7 +71,7 @@ def _replay_tail_chunk(case):
     return None
 
 
-TAIL = ("n-aligned", "fresh-after-nulls", "keys-cover-hit", "hit-a-chunk", "partial-tail-lookup")
+TAIL = ("n-aligned", "fresh-after-nulls", "keys-cover-hit", "partial-tail-lookup")
 
 OBLIGATIONS: list[Obligation] = [
     Obligation(

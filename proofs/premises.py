@@ -232,13 +232,6 @@ def _term_keys_cover(g):
     return _why(g, whole if tail is False else IF(tail, g.num_keys >= CDIV(g.T, g.tpc) - 1, whole), short)
 
 
-def _term_hit_a_chunk(g):
-    tail = g.tail
-    return _why(g, g.M >= g.tpc if tail is False else IF(tail, g.M >= g.tph, g.M >= g.tpc), lambda: (
-        f"M={g.M} < tokens_per_hash={g.tph}" if tail else
-        f"M={g.M} < tokens_per_chunk={g.tpc}: the complete-chunk lookup returns 0 below a chunk"))
-
-
 def _term_partial_tail_lookup(g):
     """``_lookup`` with a partial tail (0.33 scheduler.py:1068-1152): a hash-aligned boundary past N,
     before the prompt's last token, returned as M = boundary - N; keys from all tokens."""
@@ -341,13 +334,6 @@ PREMISES: tuple = (
         (source(V33, SCHED, 915, "_lookup_complete_chunks: max_hit_size_tokens capped at len(offload_keys) * tpc"),
          source(V29, SCHED, 749, "the same cap")),
         _term_keys_cover),
-    Premise(
-        "hit-a-chunk",
-        "A complete-chunk lookup returns M = 0 or at least one chunk of every group: M ≥ tpc.",
-        "M ≥ tpc", ALL_KINDS,
-        (source(V33, SCHED, 994, "_lookup_complete_chunks: new_num_hit_tokens < tokens_per_chunk returns 0"),
-         source(V29, SCHED, 808, "the same")),
-        _term_hit_a_chunk),
     Premise(
         "partial-tail-lookup",
         "A partial tail is what the lookup chose: a boundary on a hash boundary past N and before the prompt's "

@@ -63,12 +63,12 @@ def _replay_pr_shape(case):
 
 HYBRID = ("table-covers-load", "n-aligned", "fresh-after-nulls", "computed-hashed", "computed-cached",
           "window-skipped-null",
-          "chunk-skipped-null", "mamba-one-state-block", "keys-cover-hit", "hit-a-chunk", "partial-tail-lookup")
+          "chunk-skipped-null", "mamba-one-state-block", "keys-cover-hit", "partial-tail-lookup")
 HYBRID_BOUND = Bound(GROUPS, None, "unbounded (tokens_per_block per group, blocks_per_chunk, N, M, windows)",
                      f"a model of up to {GROUPS} groups of symbolic kinds (slots unrolled: the LCM rule has no closed "
                      "form over a symbolic count); the claim is stated for its group 0, which is any group w.l.o.g. "
                      "(the plan carries no state from one group to the next); the others enter through the LCM rule "
-                     "(N) and the lookup (M ≥ every group's tpc, T ≤ every group's keys·tpc)")
+                     "(N) and the lookup (T ≤ every group's keys·tpc)")
 SAFE_MATH = ("∀ n ≤ G groups, kinds, b_g, bpc, N = q·unit (b_g | unit), M, tail?, tables meeting their kind's "
              "premises:  ∀ g < n: no assert ∧ start_g = j_g ∧ pending_g = |blocks_g[start_g:k_g]| ∧ "
              "∀ i ∈ [start_g, k_g): state ≠ null ∧ ⌊N/tpc_g⌋ ≤ chunk keys_g < ⌈T/tpc_g⌉ − tail ∧ "

@@ -10,16 +10,19 @@ alike) only its last window of them; a recurrent (Mamba) group only its state ch
 last, and only for a B on its grid (the chunk's key holds the state at the chunk's end); an
 EAGLE/MTP drafter group also the chunk after them (its proof chunk: the trailing
 chunk is volatile and popped). So a B inside a chunk the tier holds ready is supported
-(two groups of 12- and 16-token chunks meet at 80, inside group 0's chunk 6). The
-release's documented give-aways bound B (``contract_cap``): the last prompt token with
-any windowed group, the Mamba alignment, the request's load caps, and no hit under one
-chunk of any group.
+(two groups of 12- and 16-token chunks meet at 80, inside group 0's chunk 6), its first
+chunk included (a sliding window of 16-token chunks ends the hit at 32, inside a ready
+64-token full-attention chunk: the load reads it whole). The release's documented
+give-aways bound the B it must find (``contract_cap``: the last prompt token with any
+windowed group, the Mamba alignment, the request's load caps; ``demanded``: no hit under
+one chunk of any group); they never make a B it returns unsupported.
 
 - no false hit: every group supports the returned boundary (a partial tail: every
   group's boundary key is HIT);
 - no lost hit: the hit is not below the largest supported boundary;
 - no needless deferral: a deferral is allowed only when waiting can give more: some
   key answered HIT_PENDING or RETRY would, were it HIT, support a larger boundary
+  (demanded or not)
   (or, with nothing supported, a partial tail was pending), or a chunk the hit loads
   is being loaded by another request, or the request has transfers in flight.
 """
@@ -68,7 +71,7 @@ def needed_chunks(case: LookupCase, ci: int, B: int, feats: ReleaseFeatures) -> 
     # every group under a request's load limit: the connector rounds that hit down to the chunk
     # grid (0.31.0 offloading/scheduler.py:815-818; 0.33.0 :916-919)
     on_grid_only = g.kind == "mamba" or case.max_load_tokens is not None
-    if B - N < tpc or B > g.num_keys * tpc or (on_grid_only and B % tpc):
+    if B > g.num_keys * tpc or (on_grid_only and B % tpc):
         return None
     start, end = N // tpc, cdiv(B, tpc)
     if g.window is None:
@@ -81,6 +84,16 @@ def needed_chunks(case: LookupCase, ci: int, B: int, feats: ReleaseFeatures) -> 
             return None
         chunks.append(end)
     return chunks
+
+
+def demanded(case: LookupCase, B: int) -> bool:
+    """Whether the release must find boundary B when the tier supports it: not a hit under
+    one chunk of any group (each group's step of the lookup returns 0 below its chunk,
+    0.29.0 offloading/scheduler.py:750-752,806-808; 0.33.0 :994). A B it returns there is
+    still judged by ``supports``: a later group of smaller chunks can tighten the hit below
+    an earlier group's chunk after that group's check (DeepSeek V4's shape, docs/lookup.md)."""
+    N = case.num_computed_tokens
+    return all(B - N >= g.tokens_per_chunk for g in case.groups)
 
 
 def supports(case: LookupCase, B: int, feats: ReleaseFeatures, ok) -> bool:
@@ -104,15 +117,16 @@ def candidate_boundaries(case: LookupCase, cap: int) -> list[int]:
     return sorted(grid | ({cap} if cap > N else set()), reverse=True)
 
 
-def best_boundary(case: LookupCase, feats: ReleaseFeatures, ok=READY) -> int:
-    """The largest boundary every group supports with keys answered in ``ok``; N if none.
+def best_boundary(case: LookupCase, feats: ReleaseFeatures, ok=READY, demand: bool = True) -> int:
+    """The largest boundary every group supports with keys answered in ``ok`` (``demand``: of
+    those the release must find, ``demanded``); N if none.
     Only the cap and the points of the groups' chunk grids are tried (``candidate_boundaries``):
     the answer of a scan of every token from the cap down, at one try per grid point instead
     of one per token (the trace's host spent most of its time there: docs/benchmarks.md,
     "Where a campaign's time goes")."""
     cap = contract_cap(case)
     for B in candidate_boundaries(case, cap):
-        if supports(case, B, feats, ok):
+        if (not demand or demanded(case, B)) and supports(case, B, feats, ok):
             return B
     return case.num_computed_tokens
 
@@ -136,8 +150,8 @@ def check_lookup(case: LookupCase, feats: ReleaseFeatures, hit: int | None,
         if hit and partial_tail_boundary is None and not supports(case, B, feats, READY):
             missing = []
             for ci, g in enumerate(case.groups):
-                for c in needed_chunks(case, ci, B, feats) or ["(under one chunk, past its keys or off a"
-                                                               " recurrent state's grid)"]:
+                for c in needed_chunks(case, ci, B, feats) or ["(past its keys or off a recurrent"
+                                                               " state's grid)"]:
                     name = f"{g.group_idx}:{c}"
                     if isinstance(c, str) or answer_of(case, name) is not Answer.HIT:
                         missing.append(name if not isinstance(c, str) else f"{g.group_idx} {c}")
@@ -157,11 +171,13 @@ def check_lookup(case: LookupCase, feats: ReleaseFeatures, hit: int | None,
         return out
     if case.transfer_jobs and feats.lookup_defers_on_transfers:
         return out
-    maybe = best_boundary(case, feats, MAYBE)
+    # waiting may give a boundary the release returns though it need not (``demanded``): one
+    # under an earlier group's chunk, tightened by a later group of smaller chunks
+    maybe = best_boundary(case, feats, MAYBE, demand=False)
     if maybe > best:
         return out
-    if _loading(case, best, feats):
-        return out
+    if _loading(case, best_boundary(case, feats, READY, demand=False), feats):
+        return out  # the hit the release would return (demanded or not) is being loaded
     if best == N and any(Answer(a[-1]) in (Answer.HIT_PENDING, Answer.RETRY)
                          for name, a in case.tier.items() if ":b:" in name and a):
         return out  # nothing complete to load: a pending partial tail may still give one
@@ -192,4 +208,4 @@ def ideal_hit(case: LookupCase, feats: ReleaseFeatures) -> int:
     return best_boundary(case, feats) - case.num_computed_tokens
 
 
-__all__ = ["Breach", "check_lookup", "best_boundary", "contract_cap", "needed_chunks", "ideal_hit", "cdiv"]
+__all__ = ["Breach", "check_lookup", "best_boundary", "contract_cap", "demanded", "needed_chunks", "ideal_hit", "cdiv"]

@@ -173,24 +173,22 @@ def test_explain_draws_a_store_case_per_release():
 
 def test_premises_fold_the_lookup_facts_on_a_lookup_case():
     """The load premises about the lookup's answer, per group on its own chunk: the mixed-grid hit of
-    32 tokens is at least a chunk of each group and within its keys."""
+    32 tokens is within each group's keys."""
     r = kvbound("premises", MIXED)
     assert r.returncode == 0, r.stdout + r.stderr
     for gi in (0, 1):
-        for pid in ("keys-cover-hit", "hit-a-chunk"):
+        for pid in ("keys-cover-hit",):
             assert any(x.startswith(f"lookup-mixed-chunk-grids  group {gi} ") and pid in x and x.endswith("holds")
                        for x in r.stdout.splitlines()), (gi, pid)
 
 
-def test_a_lookup_fact_fails_on_a_hit_under_a_chunk():
-    """The same fold can fail: a hit of 8 tokens is under group 1's 16-token chunk."""
+def test_a_lookup_fact_fails_on_a_hit_past_the_keys():
+    """The same fold can fail: a hit of 40 tokens runs past group 1's keys."""
     from kvbound.proofs.case_premises import lookup_terms
     from kvbound.proofs.premises import BY_ID
 
     case = load_any_case_paths([MIXED])[0]
-    assert BY_ID["hit-a-chunk"].check_terms(lookup_terms(case, 0, 12, None)) is None
-    why = BY_ID["hit-a-chunk"].check_terms(lookup_terms(case, 1, 8, None))
-    assert why and "M=8 < tokens_per_chunk=16" in why
+    assert BY_ID["keys-cover-hit"].check_terms(lookup_terms(case, 1, 32, None)) is None
     why = BY_ID["keys-cover-hit"].check_terms(lookup_terms(case, 1, 40, None))  # T=88 > 5 keys * 16
     assert why and "5 offload keys" in why
 

@@ -108,6 +108,37 @@ def test_mixed_chunk_grids_judged_per_group():
     assert best_boundary(unready, release_features("0.33.0")) == 72  # inside group 1's ready chunk 4
 
 
+def test_a_window_of_small_chunks_ends_the_hit_inside_full_attention_s_first_chunk():
+    """DeepSeek V4's shape (layout ``swa-mixed``): full attention on 64-token chunks, a window of
+    four 16-token chunks. Full attention's step caps the hit at its ready chunk 0 (64 tokens); the
+    window's step then tightens it to 32 (chunks 1:0, 1:1) and full attention's under-a-chunk
+    return (0.29.0 offloading/scheduler.py:750-752) is not asked again, so every release returns
+    32. The load reads chunk 0:0 whole: no false hit. Not demanded (no hit under one chunk of any
+    group is a give-away), so a lookup that answers 0 loses nothing; with 0:0 not ready, 32 is a
+    false hit naming it; a deferral is needed while the window's chunks are pending, and needless
+    once nothing is."""
+    from kvbound.spec.case_kinds import load_any_case_paths
+    from kvbound.spec.lookup_contract import best_boundary
+
+    # tests/cases_v2/lookup_window_inside_first_chunk.json: real 0.29.0 and 0.33.0 hit 32 (.ci/conform)
+    (ready,) = load_any_case_paths([ROOT / "tests" / "cases_v2" / "lookup_window_inside_first_chunk.json"])
+
+    def case(tier):
+        return lookup_case_from_dict({"name": "c", "lookup": dict(lookup_case_to_dict(ready)["lookup"], tier=tier)})
+
+    for v in ("0.24.0", "0.29.0", "0.33.0"):
+        feats = release_features(v)
+        assert lookup_for_version(ready, v).hit == 32, v
+        assert check_lookup(ready, feats, 32, None) == [] and check_lookup(ready, feats, 0, None) == []
+        assert best_boundary(ready, feats) == 0 and best_boundary(ready, feats, demand=False) == 32
+    feats = release_features("0.33.0")
+    (false,) = check_lookup(case({"0:0": "HIT_PENDING", "1:0": "HIT", "1:1": "HIT"}), feats, 32, None)
+    assert false.clause == "false_hit" and "0:0" in false.message
+    assert check_lookup(case({"0:0": "HIT", "1:0": "HIT_PENDING", "1:1": "HIT_PENDING"}), feats, None, None) == []
+    (needless,) = check_lookup(case({"0:0": "HIT", "1:0": "MISS", "1:1": "MISS"}), feats, None, None)
+    assert needless.clause == "needless_deferral"
+
+
 def test_mixed_chunk_grids_recurrent_state_on_its_own_grid():
     """A Mamba group's chunk key holds the state at the chunk's end, so it supports a boundary on
     its own grid only (the connector rounds the hit to its chunk size, 0.33.0 offloading/
@@ -187,12 +218,12 @@ def _contract_cases(draw):
 @given(_contract_cases(), st.sampled_from(["0.24.0", "0.30.0", "0.33.0"]))
 def test_best_boundary_is_the_token_by_token_scan(case, release):
     """The search tries the cap and each group's chunk grid only; the answer is the scan's."""
-    from kvbound.spec.lookup_contract import MAYBE, READY, best_boundary, supports
+    from kvbound.spec.lookup_contract import MAYBE, READY, best_boundary, demanded, supports
 
     feats = release_features(release)
     for ok in (READY, MAYBE):
         scan = next((B for B in range(contract_cap(case), case.num_computed_tokens, -1)
-                     if supports(case, B, feats, ok)), case.num_computed_tokens)
+                     if demanded(case, B) and supports(case, B, feats, ok)), case.num_computed_tokens)
         assert best_boundary(case, feats, ok) == scan
 
 
