@@ -62,6 +62,12 @@ ARRIVALS: dict[str, tuple[str, str]] = {
                              "what shadow KV follows a file-system tier's copies by; the spec and its file-system "
                              "tier exist from 0.22.1 (tiering/spec.py, tiering/fs/manager.py), but 0.28.0-0.29.0 "
                              "jobs carry no chunk ids and 0.22.1-0.27.0 have no TransferJob"),
+    "mixed_block_sizes": ("0.22.1", "groups of different block sizes: the connector hashes at the scheduler's hash"
+                                    " block size (0.22.1 v1/kv_offload/base.py:358-362, resolve_kv_cache_block_sizes)"
+                                    " and keys a window's chunks per full-attention alignment segment"
+                                    f" (0.22.1 {_S}:66-72, alignment_block_count, \"e.g. DeepSeek V4\"); 0.21.0"
+                                    " hashes every group at cache_config.block_size and asserts each group's block"
+                                    " size a multiple of it (v1/kv_offload/base.py:350-365)"),
     "connector_reset_cache": ("0.22.1", "OffloadingConnector.reset_cache, which reset_prefix_cache(reset_connector=True)"
                                         " calls (0.22.1 kv_connector/v1/offloading_connector.py:177-180,"
                                         " v1/core/sched/scheduler.py:1896; 0.33.0 offloading_connector.py:241-244,"

@@ -56,6 +56,35 @@ def test_a_request_reads_a_sharing_prefix_s_kv_and_no_other():
     assert model.stats["shadow_writes"] == 12
 
 
+def test_a_page_reallocated_in_another_block_size_holds_nothing_of_the_new_group():
+    """Groups of different block sizes draw on one pool of pages (DeepSeek V4's shape, layout
+    ``swa-mixed``): a page group 1 wrote as a 4-token block, freed and reallocated to group 0's
+    8-token blocks, is laid out afresh when group 0's forward writes it, and read unwritten by a
+    group-0 reader that finds it as group 1 left it (it once failed with an IndexError, a harness
+    fault)."""
+    def table(ids):
+        return [types.SimpleNamespace(block_id=b, is_null=b == 0) for b in ids]
+
+    g0 = types.SimpleNamespace(block_size=8, req_to_blocks={}, get_num_skipped_tokens=lambda n: 0)
+    g1 = types.SimpleNamespace(block_size=4, req_to_blocks={}, get_num_skipped_tokens=lambda n: 0)
+    a = _req("1", list(range(10, 18)), 8)
+    b = _req("2", list(range(20, 28)), 8)
+    c = _req("3", list(range(10, 18)), 5)
+    violations = []
+    model = C.ContentModel([g0, g1], ["full_attention", "full_attention"],
+                           types.SimpleNamespace(requests={r.request_id: r for r in (a, b, c)}),
+                           C.Report(violations, lambda: 1), {})
+    g0.req_to_blocks.update({"1": table([1]), "2": table([2]), "3": table([3])})
+    g1.req_to_blocks.update({"1": table([2, 3]), "2": table([4, 5]), "3": table([6, 7])})
+    _step(model, {"1": 8})  # A: block 1 as 8 slots (group 0), blocks 2 and 3 as 4 slots (group 1)
+    assert [len(model.gpu[i]) for i in (1, 2, 3)] == [8, 4, 4]
+    _step(model, {"2": 8})  # B: block 2, group 1's page before, now group 0's 8 slots
+    assert violations == [] and len(model.gpu[2]) == 8 and model.stats["shadow_relaid"] == 1
+    _step(model, {"3": 1})  # C reads positions 0..3 of block 3 in group 0: a page of group 1's
+    got = [v for v in violations if v["group"] == 0]
+    assert got and (got[0]["check"], got[0]["block_id"], got[0]["found"]) == ("data:wrong_kv", 3, None)
+
+
 def _copy(src, dst):
     return types.SimpleNamespace(src_block_id=src, dst_block_id=dst)
 
@@ -369,6 +398,23 @@ def test_bpc2_runs_two_blocks_per_chunk_before_0_26(workers):
     assert not found, [(f.kind, f.detail.get("message")) for f in found]
     assert res["stats"]["shadow_copies"] > 0
     got, _ = _kinds(w, "0.25.1", "bpc2", {"mutant": "load_dst_shift"}, n=150)
+    assert "data:wrong_kv" in got, dict(got)
+
+
+def test_groups_of_two_block_sizes_run_clean_and_a_planted_shift_reads_wrong(workers):
+    """``swa-mixed`` (full attention on 64-token blocks beside a window on 16-token blocks) on
+    0.33.0: pages move between the two block sizes (``shadow_relaid``), loads and stores copy
+    them, and the run finds nothing (a hit under full attention's first chunk included); a load
+    that lands one block off reads wrong."""
+    env, w = workers("0.33.0")
+    job = R.make_job("swa-mixed", (3, "mut"), 100, 0, "sync")
+    res = w.job(job)
+    assert res.get("ok"), res.get("setup_error") or res.get("error")
+    found, _ = R.check_result("0.33.0", "swa-mixed", job, res)
+    assert not found, [(f.kind, f.detail.get("message")) for f in found]
+    st = res["stats"]
+    assert st["shadow_relaid"] > 0 and st["shadow_copies"] > 0 and st["shadow_reads"] > 0, st
+    got, _ = _kinds(w, "0.33.0", "swa-mixed", {"mutant": "load_dst_shift"}, n=100)
     assert "data:wrong_kv" in got, dict(got)
 
 

@@ -87,7 +87,7 @@ class ContentModel:
         self.ver = {}  # GPU block id -> version, bumped when a slot someone verified changes
         self.checked_hi = {}  # GPU block id -> slots [0, hi) verified at this version (by anyone)
         self.verified = {}  # request -> {(group, block index) -> (block id, version, lo, hi) read clean
-        stats.update(shadow_reads=0, shadow_writes=0)
+        stats.update(shadow_reads=0, shadow_writes=0, shadow_relaid=0)  # relaid: a page rewritten in another block size
 
     def token(self, req, p):
         """The real token at position ``p`` of ``req`` (prompt, or the fake model's sample)."""
@@ -126,6 +126,16 @@ class ContentModel:
     def bump(self, bid):
         self.ver[bid] = self.ver.get(bid, 0) + 1
         self.checked_hi.pop(bid, None)
+
+    def slots(self, bid, g):
+        """Block ``bid``'s slots as group ``g`` lays them out, or None when nothing is written
+        there in ``g``'s layout. The groups draw their blocks from one pool of equal pages (0.28.0
+        v1/core/kv_cache_coordinator.py: one BlockPool for every group), so a page a sliding
+        window wrote as 16-token blocks and freed may be reallocated to full attention's
+        64-token blocks (DeepSeek V4's shape, layouts ``swa-mixed``): laid out in another block
+        size, its bytes hold nothing of this group's KV."""
+        content = self.gpu.get(bid)
+        return content if content is not None and len(content) == self.block_size[g] else None
 
     def write_block(self, bid, content, via):
         self.guard(bid, via)
@@ -192,7 +202,7 @@ class ContentModel:
                         self.wrong_kv(req, g, bid, p, want, None, "no block" if bid is None else "the null block")
                         bad = True
                         break
-                    content = self.gpu.get(bid)
+                    content = self.slots(bid, g)
                     got = content[off] if content is not None else None
                     if got is None or got[0] != g or got[1] != want:
                         self.wrong_kv(req, g, bid, p, want, got, self.gpu_via.get(bid))
@@ -210,7 +220,7 @@ class ContentModel:
                      % (req.request_id, g, p, bid, want, describe(got),
                         "" if not via else " (content arrived: %s)" % via),
                      expected=want, found=None if got is None else list(got), provenance=via,
-                     table=lambda: self.table(req, g, p))
+                     table=lambda: block_table(self, req, g, p))
 
     def write(self, req, start, end, drafts):
         nt = end - len(drafts)  # where the drafts start
@@ -225,7 +235,7 @@ class ContentModel:
                 for p in (*ends, *range(max(start, last), end)):
                     bid, off = self.slot_of(g, req, p)
                     if bid:
-                        content = self.gpu.get(bid)
+                        content = self.slots(bid, g)
                         if content is None or p == last or p in ends:
                             self.guard(bid, "by the forward of request %s" % req.request_id)
                             content = [None] * self.block_size[g]
@@ -243,8 +253,12 @@ class ContentModel:
                 if bid != last:
                     self.guard(bid, "by the forward of request %s" % req.request_id, off)
                     last = bid
-                content = self.gpu.get(bid)
+                content = self.slots(bid, g)
                 if content is None:
+                    if bid in self.gpu:  # laid out in another group's block size
+                        self.bump(bid)
+                        self.gpu_via.pop(bid, None)
+                        self.stats["shadow_relaid"] += 1
                     content = self.gpu[bid] = [None] * self.block_size[g]
                 if off < self.checked_hi.get(bid, 0):
                     self.bump(bid)
@@ -262,7 +276,7 @@ class ContentModel:
                 if not bid:
                     continue
                 if p == start or p % B == 0 or kind == "mamba":  # a block's first write: its fence
-                    if kind == "mamba" or bid not in self.gpu:
+                    if kind == "mamba" or self.slots(bid, g) is None:
                         self.write_block(bid, [None] * B, via)
                     else:
                         self.guard(bid, via, p % B)
@@ -282,33 +296,34 @@ class ContentModel:
             ident = chain(ident, d)
         return ident
 
-    def table(self, req, g, p):
-        """The request's block table in group ``g`` up to position ``p``'s block (three blocks
-        before it), each block's slots as runs: [what, first position, last + 1, writer, writer's
-        first position] with what = own (this prefix's KV), foreign, unwritten."""
-        B = self.block_size[g]
-        blocks = self.managers[g].req_to_blocks.get(req.request_id, ())
-        fi = p // B
-        rows = []
-        for i in range(max(0, fi - 3), min(len(blocks), fi + 1)):
-            bid = 0 if blocks[i].is_null else blocks[i].block_id
-            runs = []
-            content = self.gpu.get(bid) if bid else None
-            for off in range(B):
-                q = i * B + off
-                got = content[off] if content is not None else None
-                if got is None:
-                    key = ["unwritten", None, None]
-                elif got[0] == g and got[1] == self.ident(req, q):
-                    key = ["own", None, None]
-                else:
-                    key = ["foreign", got[2], got[3]]
-                last = runs[-1] if runs else None
-                if last and last[0] == key[0] and last[3] == key[1] and (
-                        key[0] != "foreign" or last[4] + (last[2] - last[1]) == key[2]):
-                    last[2] = q + 1
-                else:
-                    runs.append([key[0], q, q + 1, key[1], key[2]])
-            rows.append({"index": i, "block_id": bid, "tokens": [i * B, (i + 1) * B], "runs": runs,
-                         "via": self.gpu_via.get(bid)})
-        return {"group": g, "request": req.request_id, "block_size": B, "position": p, "rows": rows}
+
+def block_table(model, req, g, p):
+    """``model``'s (a ``ContentModel``) block table of ``req`` in group ``g`` up to position ``p``'s block (three blocks
+    before it), each block's slots as runs: [what, first position, last + 1, writer, writer's
+    first position] with what = own (this prefix's KV), foreign, unwritten."""
+    B = model.block_size[g]
+    blocks = model.managers[g].req_to_blocks.get(req.request_id, ())
+    fi = p // B
+    rows = []
+    for i in range(max(0, fi - 3), min(len(blocks), fi + 1)):
+        bid = 0 if blocks[i].is_null else blocks[i].block_id
+        runs = []
+        content = model.slots(bid, g) if bid else None
+        for off in range(B):
+            q = i * B + off
+            got = content[off] if content is not None else None
+            if got is None:
+                key = ["unwritten", None, None]
+            elif got[0] == g and got[1] == model.ident(req, q):
+                key = ["own", None, None]
+            else:
+                key = ["foreign", got[2], got[3]]
+            last = runs[-1] if runs else None
+            if last and last[0] == key[0] and last[3] == key[1] and (
+                    key[0] != "foreign" or last[4] + (last[2] - last[1]) == key[2]):
+                last[2] = q + 1
+            else:
+                runs.append([key[0], q, q + 1, key[1], key[2]])
+        rows.append({"index": i, "block_id": bid, "tokens": [i * B, (i + 1) * B], "runs": runs,
+                     "via": model.gpu_via.get(bid)})
+    return {"group": g, "request": req.request_id, "block_size": B, "position": p, "rows": rows}

@@ -11,7 +11,7 @@ with the shadow or without it).
 
 from .adapter import first_attr
 from .capture import tokens_per_hash
-from .content import describe
+from .content import block_table, describe
 
 
 class StoreContract:
@@ -79,7 +79,7 @@ class StoreContract:
                 positions = [end - 1] if blk_start <= end - 1 < blk_start + B else []
             else:
                 positions = range(blk_start, min(end, blk_start + B))
-            content = self.content.gpu.get(bid)
+            content = self.content.slots(bid, g)
             for p in positions:
                 want = self.content.ident(req, p)
                 got = content[p - blk_start] if content is not None else None
@@ -88,14 +88,14 @@ class StoreContract:
                                  "store job %d (request %s) stores group %d block %d under the key of"
                                  " tokens [0, %d): position %d was never computed (unwritten)"
                                  % (job.job_id, job.rid, g, bid, end, p), job=job.job_id,
-                                 expected=want, found=None, table=lambda: self.content.table(req, g, p))
+                                 expected=want, found=None, table=lambda: block_table(self.content, req, g, p))
                     break
                 if got[0] != g or got[1] != want:
                     self.report.violate("store:foreign_source", job.rid, g, bid, p,
                                  "store job %d (request %s) stores group %d block %d under the key of"
                                  " tokens [0, %d): position %d holds %s, not this prefix's KV"
                                  % (job.job_id, job.rid, g, bid, end, p, describe(got)),
-                                 job=job.job_id, expected=want, found=list(got), table=lambda: self.content.table(req, g, p))
+                                 job=job.job_id, expected=want, found=list(got), table=lambda: block_table(self.content, req, g, p))
                     break
 
     def request(self, rid):

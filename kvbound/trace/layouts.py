@@ -162,6 +162,10 @@ MULTI_CONNECTOR = Need("multi_connector", "the OffloadingConnector inside vLLM's
 TIERING_FS = Need("tiering_fs", "shadow KV follows a file-system tier's copies by the primary chunk ids its"
                   " jobs carry, TransferJob(keys, chunk_ids), which arrived in 0.30 (0.30.0"
                   " v1/kv_offload/tiering/base.py:60-67; the tiering spec itself exists from 0.22.1, tiering/spec.py)")
+MIXED_BLOCK_SIZES = Need("mixed_block_sizes", "groups of different block sizes need the connector's per-group"
+                         " chunk sizes, which arrived in 0.22.1 (0.22.1 v1/kv_offload/base.py:358-362,"
+                         " offloading/scheduler.py:66-72); 0.21.0 asserts every group's block size a multiple of"
+                         " cache_config.block_size (v1/kv_offload/base.py:359-365)")
 TRANSFER_FAILURES = Need("transfer_failures", "a failed transfer job (TransferResult success=False) trips the"
                          " worker's `assert transfer_result.success`, \"we currently do not support job failures\""
                          " (0.33.0 offloading/worker.py:299-301; 0.21.0 :327), and the scheduler never calls"
@@ -326,6 +330,12 @@ _ROWS = (
            " with its real file-system secondary tier on a temporary directory: stores cascade to files, lookups of"
            " keys the primary evicted answer RETRY while the tier promotes them back (tiering/manager.py:590-740).",
            (_g(FA, 16),), dict(cpu_chunks=32), (TIERING_FS, SCHEDULE_END_HOOK), offload_spec="tiering-fs"),
+    Layout("swa-mixed", "DeepSeek V4's shape: full attention on 64-token blocks beside a sliding window of 64 tokens"
+           " on 16-token blocks. The groups share one pool of pages, so a block a window frees is reallocated to full"
+           " attention in another block size; the connector keys each group on its own chunk grid and skips window"
+           " chunks no hit can reach within a full-attention chunk (its alignment segments, 0.22.1-0.29.0), and a"
+           " window of 16-token chunks may end the hit inside full attention's first chunk.",
+           (_g(FA, 64), _g(SWA, 16, sliding_window=64)), needs=(MIXED_BLOCK_SIZES,)),
     Layout("bpc2", "Two GPU blocks per offloaded chunk.", (_g(FA, 16), _g(SWA, 16, sliding_window=64)),
            blocks_per_chunk=2),
     Layout("full-faults", "The faults a release takes (docs/trace.md \"Faults\"): the scripted tier refuses"
