@@ -137,8 +137,10 @@ def settle(manager, timeout_s=60.0):
         if lookups is None:
             continue
         while True:
-            in_flight = {(key, state.generation) for key, state in lookups._lookup_state.items()
-                         if getattr(getattr(state, "phase", None), "name", "") == "IN_FLIGHT"}
+            # a probe is in flight once submitted and unanswered: 0.30 gives it a phase; before, a
+            # probe without a result is in flight once the step's flush submitted it
+            in_flight = {(key, getattr(state, "generation", None)) for key, state in lookups._lookup_state.items()
+                         if (state.phase.name == "IN_FLIGHT" if hasattr(state, "phase") else state.result is None)}
             batches = []
             while True:
                 try:
@@ -147,7 +149,8 @@ def settle(manager, timeout_s=60.0):
                     break
             for batch in batches:
                 lookups._pending_results.put(batch)
-            if in_flight <= {(e[0], e[1]) for batch in batches for e in batch}:
+            # 0.30+ answers (key, generation, found); 0.28-0.29 (key, found)
+            if in_flight <= {(e[0], e[1] if len(e) == 3 else None) for batch in batches for e in batch}:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError("the fs tier's lookups did not finish")
