@@ -57,6 +57,10 @@ ARRIVALS: dict[str, tuple[str, str]] = {
     "multi_connector": ("0.21.0", "MultiConnector(KVConnectorBase_V1, SupportsHMA) takes an out-of-tree child by "
                                   "kv_connector_module_path (0.21.0 kv_connector/v1/multi_connector.py:128, "
                                   "vllm/config/kv_transfer.py:63; the first tree kvbound prepares)"),
+    "tiering_spec": ("0.24.0", "TieringOffloadingSpec with its file-system secondary tier, whose pool the harness drains"
+                               " at each schedule end (the tier's drain_jobs, 0.24.0 v1/kv_offload/tiering/fs/manager.py"
+                               " FsSecondaryTierManager.drain_jobs) and whose lookups run on FsAsyncLookupManager (:45);"
+                               " 0.22.1 and 0.23.0 have the spec (tiering/spec.py) but neither"),
     "tiering_fs": ("0.30.0", "TieringOffloadingSpec's secondary-tier jobs name the primary chunks they copy, "
                              "TransferJob(keys, chunk_ids) (0.30.0 v1/kv_offload/tiering/base.py:60-67), which is "
                              "what shadow KV follows a file-system tier's copies by; the spec and its file-system "

@@ -63,6 +63,7 @@ def test_a_knob_finds_its_planted_defect_and_its_clean_point_none(point, version
     ("0.33.0", "bpc2", 256),
     ("0.33.0", "mamba", 256),  # a hybrid's pages of two sizes
     ("0.33.0", "full-tiering-fs", 32),  # the tiering spec's primary tier
+    ("0.24.0", "full-tiering-fs@shadow=false", 32),  # its alignment the host page while the CPU spec's is 1
 ])
 def test_cpu_chunks_is_the_capacity_of_the_tier_vllm_builds(version, point, chunks, workers):
     """``cpu_chunks`` is the number of chunks the release's CPU tier holds, whatever a chunk's
@@ -92,8 +93,18 @@ def test_the_request_level_traffic_leaves_the_organic_stream_as_it_was():
     ("swa@retention_interval=dense", "0.29.0", "0.30.0 offloading/scheduler.py:176"),
     ("full@load_limit_p=0.3", "0.30.0", "0.31.0 offloading/scheduler.py:367,391-393"),
     ("full@offload_limit_p=0.3", "0.22.1", "0.23.0 offloading/scheduler.py:183,197-207"),
+    ("full-tiering-fs", "0.29.0", "TransferJob(keys, chunk_ids), which arrived in 0.30"),  # shadow KV's need
+    ("full-tiering-fs@shadow=false", "0.23.0", "0.24.0 v1/kv_offload/tiering/fs/manager.py:45,133"),
 ])
 def test_a_release_without_the_knob_is_one_line(point, version, says):
     line = S.support(point, version)
     assert line.startswith(f"vllm {version} cannot run layout {point}: ") and says in line and "\n" not in line
     assert S.support(point, "0.33.0") is None
+
+
+def test_shadow_off_runs_the_tiering_spec_where_shadow_kv_cannot_follow_it():
+    """Shadow KV follows the file tier by the chunk ids its jobs carry (0.30+); with shadow off the
+    tiering spec runs from 0.24.0, where its file tier can be held on the step clock."""
+    assert S.support("full-tiering-fs@shadow=false", "0.24.0") is None
+    assert S.support("full-tiering-fs@shadow=false", "0.29.0") is None
+    assert S.support("full-tiering-fs", "0.30.0") is None and S.support("full-tiering-fs", "0.29.0")

@@ -73,7 +73,10 @@ class Release:
         nb = par["num_gpu_blocks"]
         kv_cache_config = adapter.kv_cache_config(specs, nb, eagle=eagle, tensors=True)
         block_size = lay["groups"][0]["tokens_per_block"]
-        align = getattr(CPUOffloadingSpec, "BLOCK_SIZE_ALIGNMENT", 1)  # none before 0.23
+        # the chunk alignment of the spec the tier is built by: the CPU spec's is 1 in 0.23.0 - 0.26.0
+        # (cpu/spec.py:25), the tiering spec's the host page from 0.23.0 (tiering/spec.py:66); none before
+        spec_cls = CPUOffloadingSpec if lay.get("offload_spec") is None else _tiering_spec_class()
+        align = getattr(spec_cls, "BLOCK_SIZE_ALIGNMENT", 1)
         extra = {"cpu_bytes_to_use": compose.cpu_bytes_to_use(par["cpu_chunks"], page_bytes,
                                                               lay.get("blocks_per_chunk", 1), align)}
         extra.update(chunk_size_config(lay))
@@ -184,6 +187,12 @@ class Release:
         if align is not None and hasattr(kv_cache_config, "cache_hit_alignment_tokens"):
             kv_cache_config.cache_hit_alignment_tokens = align(kv_cache_config, vllm_config, bs, hbs)
         return bs, hbs
+
+
+def _tiering_spec_class():
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    return TieringOffloadingSpec
 
 
 def chunk_size_config(lay):

@@ -159,6 +159,9 @@ MAMBA_CACHE_ALL = Need("mamba_cache_all", "CacheConfig.mamba_cache_mode \"all\" 
 MULTI_CONNECTOR = Need("multi_connector", "the OffloadingConnector inside vLLM's MultiConnector beside an"
                        " out-of-tree HMA connector needs MultiConnector(SupportsHMA) and kv_connector_module_path"
                        " (0.21.0 kv_connector/v1/multi_connector.py:128, vllm/config/kv_transfer.py:63)")
+TIERING_SPEC = Need("tiering_spec", "the tiering spec's file-system tier on the step clock needs its pool's"
+                    " drain_jobs and its async lookups, which arrived in 0.24 (0.24.0"
+                    " v1/kv_offload/tiering/fs/manager.py:45,133; the spec exists from 0.22.1, tiering/spec.py)")
 TIERING_FS = Need("tiering_fs", "shadow KV follows a file-system tier's copies by the primary chunk ids its"
                   " jobs carry, TransferJob(keys, chunk_ids), which arrived in 0.30 (0.30.0"
                   " v1/kv_offload/tiering/base.py:60-67; the tiering spec itself exists from 0.22.1, tiering/spec.py)")
@@ -191,6 +194,9 @@ PARAM_NEEDS = {"fail_p": TRANSFER_FAILURES, "store_fail_p": TRANSFER_FAILURES,
                "reset_p": CONNECTOR_RESET_CACHE, "load_tiers_p": LOAD_TIER_FILTER,
                "retention_interval": RETENTION_INTERVAL, "load_limit_p": MAX_LOAD_TOKENS,
                "offload_limit_p": MAX_OFFLOAD_TOKENS}
+# What shadow KV needs of a release beside a layout's own needs, per offload spec (engine setting
+# shadow: on unless set false; space.support adds it while shadow is on)
+SHADOW_NEEDS = {"tiering-fs": TIERING_FS}
 _MAMBA = (MAMBA_EXTERNAL_KV,)
 _MAMBA16 = _MAMBA + (PREFIX_MATCH_UNIT,)
 
@@ -329,7 +335,7 @@ _ROWS = (
     Layout("full-tiering-fs", "Offload spec and tier: vLLM's TieringOffloadingSpec (a CPU primary tier of 32 chunks)"
            " with its real file-system secondary tier on a temporary directory: stores cascade to files, lookups of"
            " keys the primary evicted answer RETRY while the tier promotes them back (tiering/manager.py:590-740).",
-           (_g(FA, 16),), dict(cpu_chunks=32), (TIERING_FS, SCHEDULE_END_HOOK), offload_spec="tiering-fs"),
+           (_g(FA, 16),), dict(cpu_chunks=32), (TIERING_SPEC, SCHEDULE_END_HOOK), offload_spec="tiering-fs"),
     Layout("swa-mixed", "DeepSeek V4's shape: full attention on 64-token blocks beside a sliding window of 64 tokens"
            " on 16-token blocks. The groups share one pool of pages, so a block a window frees is reallocated to full"
            " attention in another block size; the connector keys each group on its own chunk grid and skips window"

@@ -103,7 +103,10 @@ AXES = (
          applies=_multi_pd_one_group, applies_doc="composition multi-pd on one KV-cache group (a MultiConnector with a child that is not"
                      " HMA asserts one group, 0.33.0 kv_connector/v1/multi_connector.py:618-622)"),
     Axis("offload_spec", ("cpu", "tiering-fs"), "CPUOffloadingSpec, or TieringOffloadingSpec with its file-system"
-         " tier", "field", {"tiering-fs": (L.TIERING_FS, L.SCHEDULE_END_HOOK)}),
+         " tier", "field", {"tiering-fs": (L.TIERING_SPEC, L.SCHEDULE_END_HOOK)}),
+    Axis("shadow", ("true", "false"), "shadow KV on, or off (the lifecycle, lookup, store-call and liveness checks"
+         " only): off, the tiering spec runs where shadow KV cannot follow its file tier (layouts.SHADOW_NEEDS)",
+         "engine"),
     Axis("offload_prompt_only", ("true", "false"), "offload the prompt only, or decoded tokens too", "engine",
          {"true": (L.OFFLOAD_PROMPT_ONLY,)}),
     Axis("scheduler", ("run", "sync", "async"), "the scheduler of every segment (run: as the run says, --scheduler;"
@@ -188,6 +191,7 @@ SWEEP = (
     "full-tiering-fs@log_stats=true,reset_p=0.1,load_tiers_p=0.3",
     "full@load_tiers_p=0.3",  # tier filters on the CPU spec: 0.27.0 - 0.29.0, which run no tiering-fs
     "full-tiering-fs@tier_lose_p=0.1,kv_events=true",  # failed promotions (partial keep) and their events
+    "full-tiering-fs@shadow=false",  # the tiering spec on 0.24.0 - 0.29.0, where shadow KV cannot follow it
     "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
     "swa@load_limit_p=0.3",
     "mamba@load_limit_p=0.3",  # a load limit under partial tails
@@ -269,6 +273,8 @@ def support(name: str, version: str, overrides=None) -> str | None:
         return f"point {name}: the scripted tier ({', '.join(L.SCRIPT_KEYS)}) is a CPU spec, not {lay.offload_spec}"
     feats = release_features(version)
     needs = lay.needs + tuple(L.PARAM_NEEDS[k] for k in L.PARAM_NEEDS if par.get(k))
+    if par.get("shadow") is not False and lay.offload_spec in L.SHADOW_NEEDS:
+        needs += (L.SHADOW_NEEDS[lay.offload_spec],)
     missing = list(dict.fromkeys(need.why for need in needs if not getattr(feats, need.column)))
     if not missing:
         return None
