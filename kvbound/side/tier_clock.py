@@ -37,7 +37,43 @@ def settle_tiers(m, tap):
 
     tap.around(m, "on_schedule_end", on_schedule_end)
     for tier in m.secondary_tiers:
+        _finish_when_drained(tier, tap)
         tap.around(tier, "get_finished_jobs", get_finished_jobs)
+
+
+def _finish_when_drained(tier, tap):
+    """A job the tier's pool finished is reported only once a drain has waited for it: the
+    jobs on_schedule_end drains, and those vLLM's own reset_cache drains (tiering/manager.py:
+    1164-1169, which asserts every job reported after it). Not every job is submitted in
+    on_schedule_end: ``complete_store`` cascades each store the workers report done to the tier
+    (0.33.0 tiering/manager.py:969-975), called from ``update_connector_output``
+    (offloading/scheduler.py:2291), between one schedule end and the next step's first lookup;
+    that step's lookups and prepare_stores poll the tier (tiering/manager.py:624, :851), and
+    whether the write thread has finished the cascade by then is the threads' timing. A finished
+    cascade unpins its primary chunks (``complete_read``, :546), so it decides what a promotion
+    can allocate (:713) and what a store evicts (:857). Held here, the cascade is reported at
+    the first poll after the next schedule end, as it is on an idle machine. The hold is on the
+    pool (fs/thread_pool.py:130-136), under the tier's own ``get_finished_jobs``, so the tier
+    does what it does with a finished job (events, a failed promotion's misses) when it is
+    reported. A tier with no such pool is left as it is."""
+    pool = getattr(tier, "_pool", None)
+    if pool is None or not hasattr(pool, "get_finished") or not hasattr(tier, "drain_jobs"):
+        return
+    finished = pool.get_finished  # vLLM's: every job finished so far, in completion order
+    drained = []
+
+    def drain_jobs(call):
+        call()  # the pool's wait_idle: every job submitted has finished
+        drained.extend(finished())
+        drained.sort(key=lambda r: r[0])
+
+    def get_finished(call):
+        out = list(drained)
+        del drained[:]
+        return out
+
+    tap.around(tier, "drain_jobs", drain_jobs)
+    tap.around(pool, "get_finished", get_finished)
 
 
 def _in_flight(state):
