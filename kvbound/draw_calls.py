@@ -65,7 +65,7 @@ def _lookup_group(case: LookupCase, ci: int, res, boundary: int | None, feats) -
         where = (f"the end of chunk {end - 1}" if boundary % tpc == 0
                  else f"inside chunk {end - 1} [{(end - 1) * tpc}, {end * tpc})")
         need = needed_chunks(case, ci, boundary, feats)
-        reads = "cannot support it (past its keys or off a recurrent state's grid)" if need is None \
+        reads = "cannot support it (under the smallest chunk, past its keys or off a recurrent state's grid)" if need is None \
             else "reads chunks " + ", ".join(f"{c}:{answer_of(case, f'{g.group_idx}:{c}').value}" for c in need)
         lines.append(_row("hit", cols, lambda c: "^" if c == end - 1 else "", f"boundary {boundary}: {where}; {reads}"))
     for k in sorted((k for k in {*case.tier, *asked} if k.startswith(f"{g.group_idx}:b:")),

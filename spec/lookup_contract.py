@@ -3,7 +3,8 @@ the vLLM lines each clause is read from).
 
 A lookup of a request (``num_computed_tokens`` N) against the tier's answers may
 return a hit of B - N tokens (B the hit boundary). Each group judges B on its own chunk
-grid: a group *supports* B when the chunks of that group a load up to B reads (its chunks
+grid (and B at least the smallest group's chunk past N: under it the lookup's last group
+step returns 0): a group *supports* B when the chunks of that group a load up to B reads (its chunks
 from N's chunk through the one holding token B - 1, the load's ``cdiv(B, tokens_per_chunk)``)
 are answered HIT: full attention every one of them; a sliding window (chunked local
 alike) only its last window of them; a recurrent (Mamba) group only its state chunk, the
@@ -21,8 +22,8 @@ one chunk of any group); they never make a B it returns unsupported.
   group's boundary key is HIT);
 - no lost hit: the hit is not below the largest supported boundary;
 - no needless deferral: a deferral is allowed only when waiting can give more: some
-  key answered HIT_PENDING or RETRY would, were it HIT, support a larger boundary
-  (demanded or not)
+  key answered HIT_PENDING or RETRY would, were it HIT, support a boundary larger than any
+  supported now (demanded or not)
   (or, with nothing supported, a partial tail was pending), or a chunk the hit loads
   is being loaded by another request, or the request has transfers in flight.
 """
@@ -71,6 +72,10 @@ def needed_chunks(case: LookupCase, ci: int, B: int, feats: ReleaseFeatures) -> 
     # every group under a request's load limit: the connector rounds that hit down to the chunk
     # grid (0.31.0 offloading/scheduler.py:815-818; 0.33.0 :916-919)
     on_grid_only = g.kind == "mamba" or case.max_load_tokens is not None
+    # under the smallest group's chunk no release returns a hit: the lookup's last group step
+    # returns 0 below its own chunk (0.29.0 offloading/scheduler.py:751-753, :808-810)
+    if B - N < min(x.tokens_per_chunk for x in case.groups):
+        return None
     if B > g.num_keys * tpc or (on_grid_only and B % tpc):
         return None
     start, end = N // tpc, cdiv(B, tpc)
@@ -89,7 +94,7 @@ def needed_chunks(case: LookupCase, ci: int, B: int, feats: ReleaseFeatures) -> 
 def demanded(case: LookupCase, B: int) -> bool:
     """Whether the release must find boundary B when the tier supports it: not a hit under
     one chunk of any group (each group's step of the lookup returns 0 below its chunk,
-    0.29.0 offloading/scheduler.py:750-752,806-808; 0.33.0 :994). A B it returns there is
+    0.29.0 offloading/scheduler.py:751-753,808-810; 0.33.0 :994). A B it returns there is
     still judged by ``supports``: a later group of smaller chunks can tighten the hit below
     an earlier group's chunk after that group's check (DeepSeek V4's shape, docs/lookup.md)."""
     N = case.num_computed_tokens
@@ -150,8 +155,8 @@ def check_lookup(case: LookupCase, feats: ReleaseFeatures, hit: int | None,
         if hit and partial_tail_boundary is None and not supports(case, B, feats, READY):
             missing = []
             for ci, g in enumerate(case.groups):
-                for c in needed_chunks(case, ci, B, feats) or ["(past its keys or off a recurrent"
-                                                               " state's grid)"]:
+                for c in needed_chunks(case, ci, B, feats) or ["(under the smallest chunk, past its"
+                                                               " keys or off a recurrent state's grid)"]:
                     name = f"{g.group_idx}:{c}"
                     if isinstance(c, str) or answer_of(case, name) is not Answer.HIT:
                         missing.append(name if not isinstance(c, str) else f"{g.group_idx} {c}")
@@ -171,20 +176,20 @@ def check_lookup(case: LookupCase, feats: ReleaseFeatures, hit: int | None,
         return out
     if case.transfer_jobs and feats.lookup_defers_on_transfers:
         return out
-    # waiting may give a boundary the release returns though it need not (``demanded``): one
-    # under an earlier group's chunk, tightened by a later group of smaller chunks
-    maybe = best_boundary(case, feats, MAYBE, demand=False)
-    if maybe > best:
+    # what the release may return now and what waiting may give, demanded or not: a boundary
+    # under an earlier group's chunk, tightened by a later group of smaller chunks, included
+    ready = best_boundary(case, feats, READY, demand=False)
+    if best_boundary(case, feats, MAYBE, demand=False) > ready:
         return out
-    if _loading(case, best_boundary(case, feats, READY, demand=False), feats):
-        return out  # the hit the release would return (demanded or not) is being loaded
-    if best == N and any(Answer(a[-1]) in (Answer.HIT_PENDING, Answer.RETRY)
-                         for name, a in case.tier.items() if ":b:" in name and a):
+    if _loading(case, ready, feats):
+        return out
+    if ready == N and any(Answer(a[-1]) in (Answer.HIT_PENDING, Answer.RETRY)
+                          for name, a in case.tier.items() if ":b:" in name and a):
         return out  # nothing complete to load: a pending partial tail may still give one
     pend = sorted(name for name, a in case.tier.items() if a and Answer(a[-1]) in (Answer.HIT_PENDING, Answer.RETRY))
     out.append(Breach("needless_deferral", f"deferred, yet no pending key can make the hit larger:"
-                      f" {best - N} tokens (boundary {best}) are ready now; pending {', '.join(pend[:8]) or 'none'}",
-                      best - N))
+                      f" {ready - N} tokens (boundary {ready}) are ready now; pending {', '.join(pend[:8]) or 'none'}",
+                      ready - N))
     return out
 
 

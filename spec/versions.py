@@ -57,21 +57,15 @@ ARRIVALS: dict[str, tuple[str, str]] = {
     "multi_connector": ("0.21.0", "MultiConnector(KVConnectorBase_V1, SupportsHMA) takes an out-of-tree child by "
                                   "kv_connector_module_path (0.21.0 kv_connector/v1/multi_connector.py:128, "
                                   "vllm/config/kv_transfer.py:63; the first tree kvbound prepares)"),
-    "tiering_spec": ("0.24.0", "TieringOffloadingSpec with its file-system secondary tier, whose pool the harness drains"
-                               " at each schedule end (the tier's drain_jobs, 0.24.0 v1/kv_offload/tiering/fs/manager.py"
-                               " FsSecondaryTierManager.drain_jobs) and whose lookups run on FsAsyncLookupManager (:45);"
-                               " 0.22.1 and 0.23.0 have the spec (tiering/spec.py) but neither"),
+    "tiering_spec": ("0.24.0", "TieringOffloadingSpec's file-system tier can be drained at each schedule end:"
+                               " FileSystemTierManager.drain_jobs (0.24.0 v1/kv_offload/tiering/fs/manager.py:182; its"
+                               " lookups on FsAsyncLookupManager, :45,133); 0.22.1 and 0.23.0 have the spec"
+                               " (tiering/spec.py) but no drain_jobs"),
     "tiering_fs": ("0.30.0", "TieringOffloadingSpec's secondary-tier jobs name the primary chunks they copy, "
                              "TransferJob(keys, chunk_ids) (0.30.0 v1/kv_offload/tiering/base.py:60-67), which is "
                              "what shadow KV follows a file-system tier's copies by; the spec and its file-system "
                              "tier exist from 0.22.1 (tiering/spec.py, tiering/fs/manager.py), but 0.28.0-0.29.0 "
                              "jobs carry no chunk ids and 0.22.1-0.27.0 have no TransferJob"),
-    "mixed_block_sizes": ("0.22.1", "groups of different block sizes: the connector hashes at the scheduler's hash"
-                                    " block size (0.22.1 v1/kv_offload/base.py:358-362, resolve_kv_cache_block_sizes)"
-                                    " and keys a window's chunks per full-attention alignment segment"
-                                    f" (0.22.1 {_S}:66-72, alignment_block_count, \"e.g. DeepSeek V4\"); 0.21.0"
-                                    " hashes every group at cache_config.block_size and asserts each group's block"
-                                    " size a multiple of it (v1/kv_offload/base.py:350-365)"),
     "connector_reset_cache": ("0.22.1", "OffloadingConnector.reset_cache, which reset_prefix_cache(reset_connector=True)"
                                         " calls (0.22.1 kv_connector/v1/offloading_connector.py:177-180,"
                                         " v1/core/sched/scheduler.py:1896; 0.33.0 offloading_connector.py:241-244,"

@@ -221,7 +221,6 @@ class ReleaseFeatures:
     multi_connector: bool = True  # 0.21+: MultiConnector (SupportsHMA) with an out-of-tree child connector
     tiering_fs: bool = True  # 0.30+: shadow KV follows the file-system tier's copies (jobs name their chunks)
     tiering_spec: bool = True  # 0.24+: TieringOffloadingSpec's file-system tier held on the step clock
-    mixed_block_sizes: bool = True  # 0.22+: the connector keys groups of different block sizes (DeepSeek V4)
     mamba_cache_all: bool = False  # 0.21-0.31: CacheConfig.mamba_cache_mode "all" (gone in 0.32)
     transfer_failures: bool = False  # no release yet: the worker asserts every transfer succeeded
     connector_reset_cache: bool = True  # 0.22+: OffloadingConnector.reset_cache (reset_prefix_cache(reset_connector))

@@ -108,6 +108,23 @@ def test_mixed_chunk_grids_judged_per_group():
     assert best_boundary(unready, release_features("0.33.0")) == 72  # inside group 1's ready chunk 4
 
 
+def test_no_hit_under_the_smallest_chunk():
+    """No release returns a hit under every group's chunk (the lookup's last group step returns 0
+    below its chunk, 0.29.0 offloading/scheduler.py:751-753): one group of 16-token chunks whose
+    request may take 5 tokens (max_num_new_tokens) has nothing to wait for and nothing to hit, even
+    with chunk 0 ready."""
+    case = lookup_case_from_dict({"name": "c", "lookup": {
+        "num_computed_tokens": 0, "num_tokens": 100, "num_prompt_tokens": 100, "max_num_new_tokens": 5,
+        "groups": [{"group_idx": 0, "kind": "full_attention", "tokens_per_chunk": 16, "num_keys": 6, "window": None}],
+        "tokens_per_hash": 16, "num_block_hashes": 6, "tier": {"0:0": "HIT"}}})
+    feats = release_features("0.33.0")
+    (needless,) = check_lookup(case, feats, None, None)
+    assert needless.clause == "needless_deferral"
+    (false,) = check_lookup(case, feats, 5, None)
+    assert false.clause == "false_hit" and "under the smallest chunk" in false.message
+    assert check_lookup(case, feats, 0, None) == []
+
+
 def test_a_window_of_small_chunks_ends_the_hit_inside_full_attention_s_first_chunk():
     """DeepSeek V4's shape (layout ``swa-mixed``): full attention on 64-token chunks, a window of
     four 16-token chunks. Full attention's step caps the hit at its ready chunk 0 (64 tokens); the
@@ -116,7 +133,7 @@ def test_a_window_of_small_chunks_ends_the_hit_inside_full_attention_s_first_chu
     32. The load reads chunk 0:0 whole: no false hit. Not demanded (no hit under one chunk of any
     group is a give-away), so a lookup that answers 0 loses nothing; with 0:0 not ready, 32 is a
     false hit naming it; a deferral is needed while the window's chunks are pending, and needless
-    once nothing is."""
+    while 32 is ready or nothing is."""
     from kvbound.spec.case_kinds import load_any_case_paths
     from kvbound.spec.lookup_contract import best_boundary
 
@@ -126,7 +143,7 @@ def test_a_window_of_small_chunks_ends_the_hit_inside_full_attention_s_first_chu
     def case(tier):
         return lookup_case_from_dict({"name": "c", "lookup": dict(lookup_case_to_dict(ready)["lookup"], tier=tier)})
 
-    for v in ("0.24.0", "0.29.0", "0.33.0"):
+    for v in ("0.21.0", "0.24.0", "0.29.0", "0.33.0"):
         feats = release_features(v)
         assert lookup_for_version(ready, v).hit == 32, v
         assert check_lookup(ready, feats, 32, None) == [] and check_lookup(ready, feats, 0, None) == []
@@ -135,6 +152,8 @@ def test_a_window_of_small_chunks_ends_the_hit_inside_full_attention_s_first_chu
     (false,) = check_lookup(case({"0:0": "HIT_PENDING", "1:0": "HIT", "1:1": "HIT"}), feats, 32, None)
     assert false.clause == "false_hit" and "0:0" in false.message
     assert check_lookup(case({"0:0": "HIT", "1:0": "HIT_PENDING", "1:1": "HIT_PENDING"}), feats, None, None) == []
+    (needless,) = check_lookup(ready, feats, None, None)
+    assert needless.clause == "needless_deferral" and "boundary 32" in needless.message
     (needless,) = check_lookup(case({"0:0": "HIT", "1:0": "MISS", "1:1": "MISS"}), feats, None, None)
     assert needless.clause == "needless_deferral"
 
@@ -222,9 +241,11 @@ def test_best_boundary_is_the_token_by_token_scan(case, release):
 
     feats = release_features(release)
     for ok in (READY, MAYBE):
-        scan = next((B for B in range(contract_cap(case), case.num_computed_tokens, -1)
-                     if demanded(case, B) and supports(case, B, feats, ok)), case.num_computed_tokens)
-        assert best_boundary(case, feats, ok) == scan
+        for demand in (True, False):
+            scan = next((B for B in range(contract_cap(case), case.num_computed_tokens, -1)
+                         if (not demand or demanded(case, B)) and supports(case, B, feats, ok)),
+                        case.num_computed_tokens)
+            assert best_boundary(case, feats, ok, demand=demand) == scan
 
 
 def test_lookup_obligations_verdicts_and_witnesses():

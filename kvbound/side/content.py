@@ -130,7 +130,7 @@ class ContentModel:
     def slots(self, bid, g):
         """Block ``bid``'s slots as group ``g`` lays them out, or None when nothing is written
         there in ``g``'s layout. The groups draw their blocks from one pool of equal pages (0.28.0
-        v1/core/kv_cache_coordinator.py: one BlockPool for every group), so a page a sliding
+        v1/core/kv_cache_coordinator.py:97, one BlockPool for every group), so a page a sliding
         window wrote as 16-token blocks and freed may be reallocated to full attention's
         64-token blocks (DeepSeek V4's shape, layouts ``swa-mixed``): laid out in another block
         size, its bytes hold nothing of this group's KV."""

@@ -72,10 +72,16 @@ class Release:
         page_bytes = [s.page_size_bytes for s in specs]
         nb = par["num_gpu_blocks"]
         kv_cache_config = adapter.kv_cache_config(specs, nb, eagle=eagle, tensors=True)
-        block_size = lay["groups"][0]["tokens_per_block"]
+        # the engine core sets the cache's block size to the smallest group's before it builds the
+        # scheduler (0.21.0 v1/engine/core.py:276-278; 0.33.0 :342-351, of the prefix-cacheable groups)
+        block_size = min(g["tokens_per_block"] for g in lay["groups"])
         # the chunk alignment of the spec the tier is built by: the CPU spec's is 1 in 0.23.0 - 0.26.0
-        # (cpu/spec.py:25), the tiering spec's the host page from 0.23.0 (tiering/spec.py:66); none before
-        spec_cls = CPUOffloadingSpec if lay.get("offload_spec") is None else _tiering_spec_class()
+        # (0.23.0 cpu/spec.py:25), the tiering spec's the host page from 0.23.0 (0.23.0
+        # tiering/spec.py:66); none before
+        spec_cls = CPUOffloadingSpec
+        if lay.get("offload_spec") is not None:
+            from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+            spec_cls = TieringOffloadingSpec
         align = getattr(spec_cls, "BLOCK_SIZE_ALIGNMENT", 1)
         extra = {"cpu_bytes_to_use": compose.cpu_bytes_to_use(par["cpu_chunks"], page_bytes,
                                                               lay.get("blocks_per_chunk", 1), align)}
@@ -187,12 +193,6 @@ class Release:
         if align is not None and hasattr(kv_cache_config, "cache_hit_alignment_tokens"):
             kv_cache_config.cache_hit_alignment_tokens = align(kv_cache_config, vllm_config, bs, hbs)
         return bs, hbs
-
-
-def _tiering_spec_class():
-    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
-
-    return TieringOffloadingSpec
 
 
 def chunk_size_config(lay):

@@ -4,7 +4,7 @@ same schedule.
 
 Part of the side package (standard library only; vLLM's objects come in through the tap).
 Subscribed by ``engine.py`` when the connector's manager has secondary tiers (the tiering
-spec, 0.29+); everything the tiers do (their reads and writes, on a temporary directory) is
+spec, 0.24+); everything the tiers do (their reads and writes, on a temporary directory) is
 vLLM's own.
 """
 import queue
@@ -24,7 +24,7 @@ def settle_tiers(m, tap):
     def on_schedule_end(call, *context):
         call(*context)
         for tier in m.secondary_tiers:
-            tier.drain_jobs()  # the pool's wait_idle (fs/manager.py:330-332)
+            tier.drain_jobs()  # the pool's wait_idle (0.33.0 fs/manager.py:334-336)
             lm = getattr(tier, "_lookup_manager", None)
             if lm is not None:
                 awaited = {_probe(k, st) for k, st in lm._lookup_state.items() if _in_flight(st)}
@@ -52,10 +52,12 @@ def _finish_when_drained(tier, tap):
     whether the write thread has finished the cascade by then is the threads' timing. A finished
     cascade unpins its primary chunks (``complete_read``, :546), so it decides what a promotion
     can allocate (:713) and what a store evicts (:857). Held here, the cascade is reported at
-    the first poll after the next schedule end, as it is on an idle machine. The hold is on the
+    the first poll after the next schedule end, as idle runs report it. The hold is on the
     pool (fs/thread_pool.py:130-136), under the tier's own ``get_finished_jobs``, so the tier
     does what it does with a finished job (events, a failed promotion's misses) when it is
-    reported. A tier with no such pool is left as it is."""
+    reported. The hold picks one schedule vLLM can produce (a pool slower than the step); the
+    orders in which a cascade finishes before the next step's lookups are not reached. A tier
+    with no such pool is left as it is."""
     pool = getattr(tier, "_pool", None)
     if pool is None or not hasattr(pool, "get_finished") or not hasattr(tier, "drain_jobs"):
         return

@@ -159,16 +159,12 @@ MAMBA_CACHE_ALL = Need("mamba_cache_all", "CacheConfig.mamba_cache_mode \"all\" 
 MULTI_CONNECTOR = Need("multi_connector", "the OffloadingConnector inside vLLM's MultiConnector beside an"
                        " out-of-tree HMA connector needs MultiConnector(SupportsHMA) and kv_connector_module_path"
                        " (0.21.0 kv_connector/v1/multi_connector.py:128, vllm/config/kv_transfer.py:63)")
-TIERING_SPEC = Need("tiering_spec", "the tiering spec's file-system tier on the step clock needs its pool's"
-                    " drain_jobs and its async lookups, which arrived in 0.24 (0.24.0"
-                    " v1/kv_offload/tiering/fs/manager.py:45,133; the spec exists from 0.22.1, tiering/spec.py)")
+TIERING_SPEC = Need("tiering_spec", "the tiering spec's file-system tier on the step clock needs"
+                    " FileSystemTierManager.drain_jobs, which arrived in 0.24 (0.24.0"
+                    " v1/kv_offload/tiering/fs/manager.py:182; the spec exists from 0.22.1, tiering/spec.py)")
 TIERING_FS = Need("tiering_fs", "shadow KV follows a file-system tier's copies by the primary chunk ids its"
                   " jobs carry, TransferJob(keys, chunk_ids), which arrived in 0.30 (0.30.0"
-                  " v1/kv_offload/tiering/base.py:60-67; the tiering spec itself exists from 0.22.1, tiering/spec.py)")
-MIXED_BLOCK_SIZES = Need("mixed_block_sizes", "groups of different block sizes need the connector's per-group"
-                         " chunk sizes, which arrived in 0.22.1 (0.22.1 v1/kv_offload/base.py:358-362,"
-                         " offloading/scheduler.py:66-72); 0.21.0 asserts every group's block size a multiple of"
-                         " cache_config.block_size (v1/kv_offload/base.py:359-365)")
+                  " v1/kv_offload/tiering/base.py:60-67); with shadow off (<point>@shadow=false) the spec runs from 0.24")
 TRANSFER_FAILURES = Need("transfer_failures", "a failed transfer job (TransferResult success=False) trips the"
                          " worker's `assert transfer_result.success`, \"we currently do not support job failures\""
                          " (0.33.0 offloading/worker.py:299-301; 0.21.0 :327), and the scheduler never calls"
@@ -341,7 +337,7 @@ _ROWS = (
            " attention in another block size; the connector keys each group on its own chunk grid and skips window"
            " chunks no hit can reach within a full-attention chunk (its alignment segments, 0.22.1-0.29.0), and a"
            " window of 16-token chunks may end the hit inside full attention's first chunk.",
-           (_g(FA, 64), _g(SWA, 16, sliding_window=64)), needs=(MIXED_BLOCK_SIZES,)),
+           (_g(FA, 64), _g(SWA, 16, sliding_window=64))),
     Layout("bpc2", "Two GPU blocks per offloaded chunk.", (_g(FA, 16), _g(SWA, 16, sliding_window=64)),
            blocks_per_chunk=2),
     Layout("full-faults", "The faults a release takes (docs/trace.md \"Faults\"): the scripted tier refuses"
