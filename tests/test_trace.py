@@ -172,7 +172,8 @@ def test_every_layout_runs_on_033_and_the_first_supporting_release_of_each_need(
     assert support("chunked", "0.28.0") is None and support("eagle", "0.29.0") is None
     # 0.21 - 0.22 have no offload_prompt_only and store decoded tokens: the store-all layouts run there
     assert [n for n in LAYOUTS if support(n, "0.21.0") is None] == ["full", "swa", "full-store-all", "swa-store-all",
-                                                                          "full-multi-pd", "swa-multi-pd", "bpc2"]
+                                                                          "full-multi-pd", "swa-multi-pd", "swa-mixed",
+                                                                          "bpc2"]
 
 
 def test_run_trace_skips_an_unsupported_layout_before_starting_an_engine():
