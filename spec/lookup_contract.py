@@ -149,8 +149,8 @@ def check_lookup(case: LookupCase, feats: ReleaseFeatures, hit: int | None,
     out: list[Breach] = []
     if case.skip_reading:
         return out
-    best = best_boundary(case, feats, READY)
     if hit is not None:
+        best = best_boundary(case, feats, READY)  # what the release must find (a deferral is judged below)
         B = N + hit
         if hit and partial_tail_boundary is None and not supports(case, B, feats, READY):
             missing = []
