@@ -6,7 +6,11 @@ reported at that step's first poll or not, and the same seed gave another schedu
 
 from __future__ import annotations
 
+import queue
+import threading
 import types
+
+import pytest
 
 from kvbound.side import tap as T
 from kvbound.side import tier_clock as C
@@ -57,3 +61,78 @@ def test_a_tier_without_a_pool_is_left_as_it_is():
     manager = types.SimpleNamespace(secondary_tiers=[tier], on_schedule_end=lambda *c: None)
     C.settle_tiers(manager, T.Tap())
     assert [r.job_id for r in tier.get_finished_jobs()] == [1, 2]  # reported at once, in job order
+
+
+class Lookups:
+    """An AsyncLookupManager's scheduler-side surface (0.29.0 tiering/async_lookup.py:125-182): a
+    step's probes flushed as one batch to a lookup thread that answers it after ``delay`` seconds
+    with one batch of answers; ``drain_results`` applies every answer that has arrived."""
+
+    def __init__(self, delay=0.0):
+        self._lookup_batch, self._lookup_state, self.delay = [], {}, delay
+        self._pending_results = queue.SimpleQueue()
+        self.applied = []
+
+    def lookup(self, key):
+        self._lookup_batch.append((key, None))
+
+    def flush(self):
+        if self._lookup_batch:
+            batch, self._lookup_batch = self._lookup_batch, []
+            answer = [(k, True) for k, _ in batch]
+            thread = threading.Timer(self.delay, self._pending_results.put, (answer,))
+            thread.daemon = True
+            thread.start()
+
+    def drain_results(self):
+        while True:
+            try:
+                self.applied.append([k for k, _ in self._pending_results.get_nowait()])
+            except queue.Empty:
+                return
+
+
+def _answers(lm, hold):
+    a = C.LookupAnswers(lm, T.Tap(), hold)
+
+    def step(*keys):  # a step's lookups, its schedule end (flush, then the clock's settle), the next drain
+        for k in keys:
+            lm.lookup(k)
+        lm.flush()
+        a.settle("the test tier's lookup batch")
+        lm.drain_results()
+        return lm.applied
+
+    return a, step
+
+
+def test_the_step_clock_waits_for_the_lookup_thread_and_the_next_drain_reads_its_answer():
+    """However slow the thread, a step's answers are read by the next step's first drain (the
+    idle schedule): settle waited for the one batch flushed, and no answer is held."""
+    lm = Lookups(delay=0.05)
+    a, step = _answers(lm, lambda: 0)
+    assert step("k1") == [["k1"]]
+    assert step() == [["k1"]] and a.flushed == a.answered == 1
+
+
+def test_a_late_answer_is_held_its_steps_and_no_later_batch_overtakes_it():
+    """tier_lookup_late_p: a batch held 2 steps is read 2 drains later; the next batch, due at once,
+    waits behind it (the one lookup thread answers in order)."""
+    lm = Lookups()
+    holds = iter([2, 0])
+    a, step = _answers(lm, lambda: next(holds))
+    assert step("k1") == []
+    assert step("k2") == []
+    assert step() == [["k1"], ["k2"]]
+    assert a.stats["tier_lookups_late"] == 1
+
+
+def test_settle_never_ends_before_the_thread_has_answered():
+    """The clock counts the batches flushed, not the keys in flight: a thread that never answers
+    is a harness fault named after a bounded wait, never a step that reads a missing answer."""
+    lm = Lookups(delay=3600)
+    a = C.LookupAnswers(lm, T.Tap(), lambda: 0)
+    lm.lookup("k1")
+    lm.flush()
+    with pytest.raises(RuntimeError, match="did not finish"):
+        C._wait(a._take, "the test tier's lookup batch", timeout_s=0.2)

@@ -5,13 +5,17 @@ clean on the same point without it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvbound.side.defects import BY_NAME
 from kvbound.trace import runner as R
+from kvbound.trace import tracefile as TF
 from kvbound.trace.layouts import LAYOUTS
 from kvbound.trace.space import SWEEP, support
 
+FINDINGS = Path(__file__).resolve().parent.parent / "docs" / "trace-findings"
 NEW = {"full-multi-pd": "composition", "swa-multi-pd": "composition", "full-tiering-fs": "offload_spec",
        "mamba-all": "mamba_cache_mode"}
 
@@ -124,3 +128,31 @@ def test_a_lost_tier_file_fails_its_promotion_and_vllm_keeps_every_promise(worke
     assert set(defect.catches) <= kinds, kinds
     assert "full-tiering-fs@tier_lose_p=0.1,kv_events=true" in SWEEP
     assert "tier_lose_p applies to the tiering spec" in support("full@tier_lose_p=0.1", "0.33.0")
+
+
+LATE_LOOKUP = FINDINGS / ("0-29-0-full-tiering-fs-shadow-false-prefix-burst-p-0-5-abort-p-0-2-tier-lookup-late-p-0-5-"
+                          "crash-exception-drain-results-3req.json")
+
+
+@pytest.mark.parametrize("version,mutant,want", [
+    ("0.29.0", None, "crash:exception@drain_results:assert state.result is None"),  # the real defect
+    ("0.27.0", None, None),  # no assert: the late answer is applied silently (0.27.0 async_lookup.py:160-173)
+    ("0.30.0", None, None),  # probe generations: the late answer is discarded
+    ("0.33.0", None, None),
+    ("0.33.0", "stale_lookup_applied", "crash:exception@drain_results:assert state.phase is LookupPhase.IN_FLIGHT"),
+])
+def test_a_late_lookup_answer_after_its_request_finished(version, mutant, want, workers):
+    """tier_lookup_late_p: the file tier's lookup thread answers a step's probes late_steps steps
+    late (side/tier_clock.py). Three requests: one aborted while its probe of a shared prefix is out,
+    another looking the prefix up before the late answer lands. 0.28-0.29 drop the state at cleanup
+    and the late answer fills the new one, whose own answer trips drain_results's assert
+    (async_lookup.py:177); 0.30+ keep the state until its answer (generations); the same traffic
+    on 0.33.0 with that fix undone (the planted stale_lookup_applied) is caught."""
+    f = TF.load(LATE_LOOKUP)
+    env, w = workers(version)
+    job = dict(f.segment, params=dict(f.segment["params"], **({"mutant": mutant} if mutant else {})))
+    res = w.job(job)
+    found, _ = R.check_result(version, f.layout, job, res)
+    assert res["stats"]["tier_lookups_late"] > 0
+    assert sorted(g.key() for g in found) == ([want] if want else []), [g.key() for g in found]
+    assert BY_NAME["stale_lookup_applied"].layout == f.layout and f.layout in SWEEP

@@ -287,7 +287,7 @@ class Engine:
         if getattr(self.csched.manager, "_kvbound_script", None):
             fakes.script_tier(self.csched.manager, rel.obase, self.tap)
         if getattr(self.csched.manager, "secondary_tiers", None):
-            tier_clock.settle_tiers(self.csched.manager, self.tap)
+            tier_clock.settle_tiers(self.csched.manager, self.tap, self)
         tier_faults.subscribe(self, self.tap)  # inside the shadow's promotions: a lost file's chunks hold nothing
         store_contract.record_store_calls(self, self.tap)  # eng.store_calls, with the shadow or not
         self._subscribe()

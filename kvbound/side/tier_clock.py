@@ -1,17 +1,20 @@
 """The tiering offload manager on the engine's step clock: the harness's one hold over the
 threads of a ``TieringOffloadingManager``'s secondary tiers, so the same command runs the
-same schedule.
+same schedule, and the one place that schedule is made slower on purpose (the fault
+``tier_lookup_late_p``: a tier's lookup answers arrive ``late_steps`` steps late).
 
 Part of the side package (standard library only; vLLM's objects come in through the tap).
 Subscribed by ``engine.py`` when the connector's manager has secondary tiers (the tiering
 spec, 0.24+); everything the tiers do (their reads and writes, on a temporary directory) is
 vLLM's own.
 """
+import collections
 import queue
+import random
 import time
 
 
-def settle_tiers(m, tap):
+def settle_tiers(m, tap, eng=None):
     """A ``TieringOffloadingManager`` (``m``) on the engine's step clock: its secondary tiers do
     their I/O on threads (the file-system tier's pool, 0.33.0 v1/kv_offload/tiering/fs/manager.py:
     190-194; its lookups, tiering/async_lookup.py:120-126), so at each schedule end, after the
@@ -19,18 +22,26 @@ def settle_tiers(m, tap):
     (tiering/manager.py:1083-1107), wait for every job and every lookup batch to finish, and
     hand a tier's finished jobs over in job order (the pool reports them in completion order,
     fs/thread_pool.py:130-136): the same command then runs the same schedule. The reads and
-    writes themselves are the tier's own, on a temporary directory."""
+    writes themselves are the tier's own, on a temporary directory. ``eng``: the engine (its
+    settings ``tier_lookup_late_p``, ``late_steps`` and ``seed``, its planted defect, its stats:
+    ``tier_lookups_late``, the answer batches held); None: no fault."""
+    par = getattr(eng, "par", {})
+    answers = {}
+    for tier in m.secondary_tiers:
+        lm = getattr(tier, "_lookup_manager", None)
+        if lm is not None:
+            answers[id(tier)] = LookupAnswers(lm, tap, _late(par, tier.tier_type), getattr(eng, "mutant", None))
+    if answers and par.get("tier_lookup_late_p"):
+        eng.stats["tier_lookups_late"] = 0
+        for a in answers.values():
+            a.stats = eng.stats
 
     def on_schedule_end(call, *context):
         call(*context)
         for tier in m.secondary_tiers:
             tier.drain_jobs()  # the pool's wait_idle (0.33.0 fs/manager.py:334-336)
-            lm = getattr(tier, "_lookup_manager", None)
-            if lm is not None:
-                awaited = {_probe(k, st) for k, st in lm._lookup_state.items() if _in_flight(st)}
-                if awaited:
-                    _wait(lambda: awaited <= _posted(lm._pending_results),
-                          "the %s tier's lookup batch" % tier.tier_type)
+            if id(tier) in answers:
+                answers[id(tier)].settle("the %s tier's lookup batch" % tier.tier_type)
 
     def get_finished_jobs(call):
         return sorted(call(), key=lambda r: r.job_id)
@@ -39,6 +50,99 @@ def settle_tiers(m, tap):
     for tier in m.secondary_tiers:
         _finish_when_drained(tier, tap)
         tap.around(tier, "get_finished_jobs", get_finished_jobs)
+
+
+def _late(par, tier_type):
+    """Steps to hold each answer batch of a tier's lookup thread: 0, or, with probability
+    ``tier_lookup_late_p`` per batch, ``late_steps`` (default 16), drawn from the seed."""
+    p = float(par.get("tier_lookup_late_p") or 0.0)
+    if not p:
+        return lambda: 0
+    steps = int(par.get("late_steps") or 16)
+    rng = random.Random("%r-lookup-late-%s" % (par.get("seed", 0), tier_type))
+    return lambda: steps if rng.random() < p else 0
+
+
+class LookupAnswers:
+    """A secondary tier's ``AsyncLookupManager`` (``lm``) on the step clock. ``flush`` posts the
+    step's probes to the lookup thread as one batch (0.29.0 tiering/async_lookup.py:147-158;
+    from 0.30, the probes whose state is still current, 0.30.0 :166-189); the thread answers each
+    batch with one batch of results, in order (0.29.0 :214-249); ``drain_results`` applies what
+    has arrived (:160-182), and is the only reader of the answers' queue. At each schedule end
+    ``settle`` waits until the thread has answered every batch flushed so far and takes the
+    answers; each is handed back to the queue just before the ``drain_results`` that follows
+    its release step: the step it arrived (the idle schedule: the answer of a step's probes is
+    read by the next step's first lookup), or ``hold()`` steps later (the fault: a slow file
+    system; a later batch never overtakes an earlier one, as the one thread answers in order).
+    Every schedule held here is one vLLM can produce (a thread that answers that late)."""
+
+    def __init__(self, lm, tap, hold, mutant=None):
+        self.lm, self.hold = lm, hold
+        self.flushed = self.answered = self.step = 0
+        self.held = collections.deque()  # (release step, answer batch), in the thread's order
+        self.stats = collections.Counter()  # tier_lookups_late: the answer batches held
+        tap.around(lm, "flush", self._flush)
+        if mutant == "stale_lookup_applied":  # innermost: it reads the answers the release below hands back
+            tap.around(lm, "drain_results", self._stale_applied)
+            tap.around(lm, "cleanup", self._drop_in_flight)
+        tap.around(lm, "drain_results", self._drain_results)
+
+    def _flush(self, call):
+        batch = list(self.lm._lookup_batch)
+        out = call()
+        self.flushed += any(len(e) == 2 or self._current(e[0], e[2]) for e in batch)
+        return out
+
+    def _current(self, key, generation):
+        state = self.lm._lookup_state.get(key)
+        return state is not None and state.generation == generation
+
+    def settle(self, what):
+        self.step += 1
+        _wait(self._take, what)
+
+    def _take(self):
+        while True:
+            try:
+                batch = self.lm._pending_results.get_nowait()
+            except queue.Empty:
+                return self.answered >= self.flushed
+            self.answered += 1
+            due = self.step + self.hold()
+            self.stats["tier_lookups_late"] += due > self.step
+            self.held.append((max(due, self.held[-1][0]) if self.held else due, batch))
+
+    def _drain_results(self, call):
+        while self.held and self.held[0][0] <= self.step:
+            self.lm._pending_results.put(self.held.popleft()[1])
+        return call()
+
+    def _drop_in_flight(self, call, req_id, *a):
+        """Planted (with ``_stale_applied``): a request's cleanup drops a key's state its probe is
+        still in flight for, as 0.28-0.29 did (0.29.0 async_lookup.py:193-203; 0.30 keeps it until
+        the answer, 0.30.0 :229-240)."""
+        keys = list(self.lm._req_keys.get(req_id, ()))
+        out = call(req_id, *a)
+        for k in keys:
+            st = self.lm._lookup_state.get(k)
+            if st is not None and not st.request_ids:
+                del self.lm._lookup_state[k]
+        return out
+
+    def _stale_applied(self, call):
+        """Planted: answers applied by key alone, a stale generation's to the key's current state
+        (the generation check of 0.30.0 tiering/async_lookup.py:201-204 dropped)."""
+        out = []
+        while True:
+            try:
+                batch = self.lm._pending_results.get_nowait()
+            except queue.Empty:
+                break
+            out.append([(e[0], getattr(self.lm._lookup_state.get(e[0]), "generation", e[1]), e[2])
+                        if len(e) == 3 else e for e in batch])
+        for batch in out:
+            self.lm._pending_results.put(batch)
+        return call()
 
 
 def _finish_when_drained(tier, tap):
@@ -76,39 +180,6 @@ def _finish_when_drained(tier, tap):
 
     tap.around(tier, "drain_jobs", drain_jobs)
     tap.around(pool, "get_finished", get_finished)
-
-
-def _in_flight(state):
-    """A lookup probe submitted to the tier's thread and not yet answered: 0.30 gave each probe a
-    ``LookupPhase`` (0.30.0 v1/kv_offload/tiering/async_lookup.py:53, ``IN_FLIGHT``); before, a
-    probe without a result is in flight once ``flush`` has submitted the batch (0.29.0
-    async_lookup.py:47-50,147-158). Probed by feature."""
-    phase = getattr(state, "phase", None)
-    return phase.name == "IN_FLIGHT" if phase is not None else state.result is None
-
-
-def _probe(key, state):
-    """A probe as the lookup thread answers it: (key, generation) from 0.30 (0.30.0
-    tiering/async_lookup.py:113), the key alone before."""
-    gen = getattr(state, "generation", None)
-    return key if gen is None else (key, gen)
-
-
-def _posted(results):
-    """The probes the lookup thread has answered and the scheduler not yet drained: the queue's
-    batches taken and put back (each probe is answered once and drain_results applies a batch by
-    its probes, 0.33.0 tiering/async_lookup.py:196-218, so their order does not matter). Waiting
-    for every in-flight probe's answer, not for any answer: a batch whose probes a reset dropped
-    is answered too, and discarded (:203-204), and must not stand in for the step's own."""
-    batches = []
-    while True:
-        try:
-            batches.append(results.get_nowait())
-        except queue.Empty:
-            break
-    for b in batches:
-        results.put(b)
-    return {(e[0], e[1]) if len(e) == 3 else e[0] for b in batches for e in b}
 
 
 def _wait(ready, what, timeout_s=60.0):

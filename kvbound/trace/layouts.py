@@ -79,6 +79,7 @@ ENGINE_PARAMS = (
     EngineParam("prefix_burst_p", float, None, _TRAFFIC),  # workload.workload: shared-prefix bursts
     EngineParam("store_fail_p", float, None, _FAULTS),  # a store job finishes TransferResult(success=False)
     EngineParam("tier_lose_p", float, None, _FAULTS),  # the file-system tier loses a file a promotion reads
+    EngineParam("tier_lookup_late_p", float, None, _FAULTS),  # the file-system tier's lookup answers, late_steps late
     EngineParam("refuse_p", float, None, _FAULTS),  # the scripted tier's prepare_store answers None
     EngineParam("late_p", float, None, _FAULTS),  # a job's completion arrives late_steps steps late
     EngineParam("late_steps", int, None, _FAULTS),  # (default 16: past a preemption and re-admission)

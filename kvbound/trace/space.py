@@ -124,6 +124,9 @@ AXES = (
     Axis("tier_lose_p", ("0.0", "0.1"), "the file-system tier loses a file a promotion is about to read: the read"
          " fails there and vLLM keeps the blocks before it (side/tier_faults.py)", "engine",
          applies=_tiering_fs, applies_doc="the tiering spec's file-system tier (offload_spec tiering-fs)"),
+    Axis("tier_lookup_late_p", ("0.0", "0.5"), "the file-system tier's lookup thread answers a step's probes"
+         " late_steps steps late (a slow file system; side/tier_clock.py)", "engine",
+         applies=_tiering_fs, applies_doc="the tiering spec's file-system tier (offload_spec tiering-fs)"),
     # the CPU tier's knobs, the scheduler's, and traffic (docs/trace.md "The configuration space")
     Axis("cpu_chunks", ("256", "32", "4"), "the CPU tier's capacity in chunks, exactly (32: pool pressure, the tier evicts:"
          " cpu/manager.py's eviction and the policies' evict paths; 4: fewer chunks than a prompt holds,"
@@ -192,6 +195,9 @@ SWEEP = (
     "full@load_tiers_p=0.3",  # tier filters on the CPU spec: 0.27.0 - 0.29.0, which run no tiering-fs
     "full-tiering-fs@tier_lose_p=0.1,kv_events=true",  # failed promotions (partial keep) and their events
     "full-tiering-fs@shadow=false",  # the tiering spec on 0.24.0 - 0.29.0, where shadow KV cannot follow it
+    "full-tiering-fs@tier_lookup_late_p=0.5",  # the file tier's lookup answers late, shadow KV judging the data
+    # ... and on 0.24.0 - 0.29.0, aborts and shared prefixes: a request finishing while its probe is out
+    "full-tiering-fs@shadow=false,prefix_burst_p=0.5,abort_p=0.2,tier_lookup_late_p=0.5",
     "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
     "swa@load_limit_p=0.3",
     "mamba@load_limit_p=0.3",  # a load limit under partial tails
