@@ -73,8 +73,9 @@ class Lookups:
         self._pending_results = queue.SimpleQueue()
         self.applied = []
 
-    def lookup(self, key):
+    def lookup(self, key, req_id="r"):
         self._lookup_batch.append((key, None))
+        self._lookup_state.setdefault(key, types.SimpleNamespace(request_ids=set())).request_ids.add(req_id)
 
     def flush(self):
         if self._lookup_batch:
@@ -93,7 +94,10 @@ class Lookups:
 
 
 def _answers(lm, hold):
-    a = C.LookupAnswers(lm, T.Tap(), hold)
+    tap = T.Tap()
+    a = C.LookupAnswers(lm, tap, hold)
+    a.published = []
+    tap.subscribe("tier_lookup_late_answer", a.published.append)
 
     def step(*keys):  # a step's lookups, its schedule end (flush, then the clock's settle), the next drain
         for k in keys:
@@ -125,6 +129,13 @@ def test_a_late_answer_is_held_its_steps_and_no_later_batch_overtakes_it():
     assert step("k2") == []
     assert step() == [["k1"], ["k2"]]
     assert a.stats["tier_lookups_late"] == 1
+    assert a.published == [["r"]]  # the requests asking a late batch's keys: their liveness bound restarts
+
+
+def test_answers_on_time_publish_no_late_answer():
+    lm = Lookups()
+    a, step = _answers(lm, lambda: 0)
+    assert step("k1") == [["k1"]] and a.published == []
 
 
 def test_settle_never_ends_before_the_thread_has_answered():

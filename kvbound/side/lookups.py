@@ -30,6 +30,11 @@ from .capture import tokens_per_hash
 # How many lookups in a row may defer a request (docs/lookup.md, progress): each step the scheduler
 # asks the request again, so this many steps of waiting on the tier; a step whose scheduling pass
 # does not reach the request (the batch full, the token budget spent) asks nothing and counts nothing.
+# A late answer of the file tier's lookup thread (the fault tier_lookup_late_p) restarts the count of
+# the requests asking its keys: each key a waiting request is asked for is probed once (0.29.0
+# tiering/async_lookup.py:138-145), but keys join its scan as its local hit shrinks or a CPU-tier hit
+# is evicted (offloading/scheduler.py:768-770), so rounds of late_steps can follow one another; after
+# the last late answer the schedule is the unfaulted one the bound is set for.
 STUCK_BOUND_LOOKUPS = 64
 
 
@@ -74,6 +79,12 @@ class LookupCapture:
             return r
 
         tap.around(self.cs.manager, "lookup", lookup)
+        tap.subscribe("tier_lookup_late_answer", self.late_answer)
+
+    def late_answer(self, request_ids):
+        """A late lookup answer reached the tier for these requests' keys: their waits start again."""
+        for rid in request_ids:
+            self.deferred_since.pop(rid, None)
 
     # -- one call ---------------------------------------------------------------------------
     def call(self, orig, request, num_computed_tokens, a, k):

@@ -74,12 +74,14 @@ class LookupAnswers:
     its release step: the step it arrived (the idle schedule: the answer of a step's probes is
     read by the next step's first lookup), or ``hold()`` steps later (the fault: a slow file
     system; a later batch never overtakes an earlier one, as the one thread answers in order).
-    Every schedule held here is one vLLM can produce (a thread that answers that late)."""
+    Every schedule held here is one vLLM can produce (a thread that answers that late). A late
+    batch handed back publishes ``tier_lookup_late_answer`` with the requests asking its keys, for
+    whom the liveness bound starts again (side/lookups.py ``STUCK_BOUND_LOOKUPS``)."""
 
     def __init__(self, lm, tap, hold, mutant=None):
-        self.lm, self.hold = lm, hold
+        self.lm, self.hold, self.tap = lm, hold, tap
         self.flushed = self.answered = self.step = 0
-        self.held = collections.deque()  # (release step, answer batch), in the thread's order
+        self.held = collections.deque()  # (release step, answer batch, held late), in the thread's order
         self.stats = collections.Counter()  # tier_lookups_late: the answer batches held
         tap.around(lm, "flush", self._flush)
         if mutant == "stale_lookup_applied":  # innermost: it reads the answers the release below hands back
@@ -108,13 +110,20 @@ class LookupAnswers:
             except queue.Empty:
                 return self.answered >= self.flushed
             self.answered += 1
-            due = self.step + self.hold()
-            self.stats["tier_lookups_late"] += due > self.step
-            self.held.append((max(due, self.held[-1][0]) if self.held else due, batch))
+            late = self.hold()
+            self.stats["tier_lookups_late"] += late > 0
+            due = max(self.step + late, self.held[-1][0]) if self.held else self.step + late
+            self.held.append((due, batch, late > 0 or due > self.step))
 
     def _drain_results(self, call):
+        late = set()  # the requests asking the keys of a late batch handed back now
         while self.held and self.held[0][0] <= self.step:
-            self.lm._pending_results.put(self.held.popleft()[1])
+            due, batch, held = self.held.popleft()
+            self.lm._pending_results.put(batch)
+            if held:
+                late.update(r for e in batch for r in getattr(self.lm._lookup_state.get(e[0]), "request_ids", ()))
+        if late:
+            self.tap.publish("tier_lookup_late_answer", sorted(late))
         return call()
 
     def _drop_in_flight(self, call, req_id, *a):
