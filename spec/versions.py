@@ -61,6 +61,9 @@ ARRIVALS: dict[str, tuple[str, str]] = {
                                " FileSystemTierManager.drain_jobs (0.24.0 v1/kv_offload/tiering/fs/manager.py:182; its"
                                " lookups on FsAsyncLookupManager, :45,133); 0.22.1 and 0.23.0 have the spec"
                                " (tiering/spec.py) but no drain_jobs"),
+    "tiering_example": ("0.22.1", "TieringOffloadingSpec with its example secondary tier, an in-memory reference tier"
+                                  " that completes every job at once (0.22.1 v1/kv_offload/tiering/example/manager.py,"
+                                  " registered as \"example\" in tiering/factory.py:56-57; 0.21.0 has no tiering spec)"),
     "tiering_fs": ("0.30.0", "TieringOffloadingSpec's secondary-tier jobs name the primary chunks they copy, "
                              "TransferJob(keys, chunk_ids) (0.30.0 v1/kv_offload/tiering/base.py:60-67), which is "
                              "what shadow KV follows a file-system tier's copies by; the spec and its file-system "

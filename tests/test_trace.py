@@ -389,6 +389,7 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     # (the LRU's request rank), so its lookup defers it for ever (docs/upstream/tiering-promotion-evicts-own-chunks)
     ("0-33-0-full-tiering-fs-liveness-stuck-request-13req.json", None),
     ("0-33-0-full-tiering-fs-shadow-false-liveness-stuck-request-13req.json", None),  # ... with shadow off
+    ("0-33-0-full-offload-spec-tiering-example-shadow-false-cpu-chunks-32-liveness-stuck-request-5req.json", None),  # ... behind the example tier
     # 0.30-0.33, tiering: a hit larger than the primary tier, whose promotions evict its own head every step
     # (docs/upstream/tiering-hit-larger-than-primary-tier)
     ("0-32-0-full-tiering-fs-liveness-stuck-request-5req.json", None),

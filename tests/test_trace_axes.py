@@ -156,3 +156,29 @@ def test_a_late_lookup_answer_after_its_request_finished(version, mutant, want, 
     assert res["stats"]["tier_lookups_late"] > 0
     assert sorted(g.key() for g in found) == ([want] if want else []), [g.key() for g in found]
     assert BY_NAME["stale_lookup_applied"].layout == f.layout and f.layout in SWEEP
+
+
+EXAMPLE_TIER = "full@offload_spec=tiering-example,shadow=false,cpu_chunks=32"
+
+
+def test_the_example_tier_runs_where_the_table_says_and_never_with_shadow_kv():
+    assert support(EXAMPLE_TIER, "0.22.1") is None and support(EXAMPLE_TIER, "0.33.0") is None
+    assert "tiering spec's example tier arrived with the spec in 0.22.1" in support(EXAMPLE_TIER, "0.21.0")
+    why = support("full@offload_spec=tiering-example,cpu_chunks=32", "0.33.0")
+    assert why.startswith("point full@offload_spec=tiering-example,cpu_chunks=32: shadow KV cannot follow the example tier")
+    assert EXAMPLE_TIER in SWEEP and BY_NAME["promotion_never_reported"].layout == EXAMPLE_TIER
+
+
+@pytest.mark.parametrize("version", ["0.22.1", "0.32.0"])
+def test_the_example_tier_promotes_and_a_promotion_never_reported_is_caught(version, workers):
+    """offload_spec tiering-example: the tiering manager behind vLLM's in-memory example tier, on
+    0.22.1 (where the file tier cannot run on the step clock) and 0.32.0: clean, its promotions
+    loaded; a tier that never reports a promotion finished (planted) leaves a request waiting on
+    its primary chunks for ever (liveness:stuck_request). (0.33.0 finds its LRU promotion livelock
+    here too, behind the example tier: docs/findings.md.)"""
+    defect = BY_NAME["promotion_never_reported"]
+    env, w = workers(version)
+    res, kinds = _run(w, version, EXAMPLE_TIER, n=200)
+    assert kinds == set() and res["stats"]["loads"] > 0, (kinds, res["stats"])
+    _, kinds = _run(w, version, EXAMPLE_TIER, defect.name, n=200)
+    assert set(defect.catches) <= kinds, kinds

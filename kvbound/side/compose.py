@@ -59,17 +59,19 @@ def tier_capacity(manager):
 def tiering_config(lay):
     """``kv_connector_extra_config`` of ``offload_spec`` ``tiering-fs``: vLLM's
     ``TieringOffloadingSpec`` (a CPU primary tier) with its file-system secondary tier on a new
-    temporary directory, as the spec documents it (0.33.0 v1/kv_offload/tiering/spec.py:1-33:
+    temporary directory (``tiering-example``: with its in-memory example tier instead), as the spec documents it (0.33.0 v1/kv_offload/tiering/spec.py:1-33:
     ``secondary_tiers`` [{"type": "fs", ...}], ``root_dir`` tiering/fs/manager.py:102-113); one
     I/O thread each way, and no tier-poll thread (``tier_poll_interval_s`` 0: the tiers are
     served once per step, spec.py:364-368)."""
     import tempfile
 
+    spec = {"spec_name": "TieringOffloadingSpec", "tier_poll_interval_s": 0}
+    if lay["offload_spec"] == "tiering-example":  # in memory, every job done at once (tiering/example/manager.py)
+        return dict(spec, secondary_tiers=[{"type": "example"}])
     if lay["offload_spec"] != "tiering-fs":
         raise ValueError("unknown offload_spec %r" % (lay["offload_spec"],))
     root = tempfile.mkdtemp(prefix="kvbound-fs-tier-")
-    return {"spec_name": "TieringOffloadingSpec", "tier_poll_interval_s": 0,
-            "secondary_tiers": [{"type": "fs", "root_dir": root, "n_read_threads": 1, "n_write_threads": 1}]}
+    return dict(spec, secondary_tiers=[{"type": "fs", "root_dir": root, "n_read_threads": 1, "n_write_threads": 1}])
 
 
 def sub_connector(conn, name):
@@ -113,4 +115,5 @@ def close(eng):
         if not eng.shut_down:
             eng.csched.manager.shutdown()
         for tier in eng.vllm_config.kv_transfer_config.kv_connector_extra_config["secondary_tiers"]:
-            shutil.rmtree(tier["root_dir"], ignore_errors=True)
+            if "root_dir" in tier:
+                shutil.rmtree(tier["root_dir"], ignore_errors=True)

@@ -69,6 +69,9 @@ DEFECTS = (
            " drops a key's state while its probe is in flight, and answers apply by key alone, so a late answer lands"
            " on the state a later lookup of the key made", "tier_clock", ("crash:exception",),
            "full-tiering-fs@shadow=false,prefix_burst_p=0.5,abort_p=0.2,tier_lookup_late_p=0.5", "0.33.0"),
+    Defect("promotion_never_reported", "a secondary tier never reports a promotion finished: the primary chunks"
+           " it fills stay pending for ever", "tier_faults", ("liveness:stuck_request",),
+           "full@offload_spec=tiering-example,shadow=false,cpu_chunks=32", "0.22.1"),
     Defect("refusal_leaks", "the tier refuses a store after allocating it: its chunks stay write-pending"
            " for ever", "fakes", ("liveness:stuck_request",), "full-faults", "0.33.0"),
 )

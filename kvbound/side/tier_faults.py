@@ -15,8 +15,9 @@ token reads its own prefix's KV. The shadow KV is told: a failed key's primary c
 nothing, and the lost file is gone from the tier.
 
 Planted (tests only, the job's ``mutant``): ``lost_read_reported_ok``, the tier reports a failed
-promotion a success (its chunks made ready with nothing read into them). Standard library only;
-vLLM's objects come in through the tap.
+promotion a success (its chunks made ready with nothing read into them); ``promotion_never_reported``,
+a secondary tier (any: the file tier, the example tier) never reports a promotion finished. Standard
+library only; vLLM's objects come in through the tap.
 """
 
 import os
@@ -26,6 +27,9 @@ import random
 def subscribe(eng, tap):
     """The fault on every file-system secondary tier of the engine's manager (nothing where the
     setting is off or no such tier runs)."""
+    if eng.mutant == "promotion_never_reported":
+        for tier in getattr(eng.csched.manager, "secondary_tiers", None) or ():
+            _never_report_promotions(tier, tap)
     p = eng.par.get("tier_lose_p")
     tiers = [t for t in getattr(eng.csched.manager, "secondary_tiers", None) or () if hasattr(t, "file_mapper")]
     if not p or not tiers:
@@ -70,3 +74,19 @@ def _subscribe_tier(eng, tap, tier, rng, p):
                     if not r.success and getattr(r, "successful_keys", ...) is not ... else r for r in call()]
 
         tap.around(tier, "get_finished_jobs", reported_ok)
+
+
+def _never_report_promotions(tier, tap):
+    """Planted: the tier drops the result of every promotion (``submit_load``) it finished, so the
+    primary chunks it fills stay pending for ever."""
+    loads = set()
+
+    def submit_load(call, job):
+        loads.add(job.job_id)
+        return call(job)
+
+    def finished(call):
+        return [r for r in call() if r.job_id not in loads]
+
+    tap.around(tier, "submit_load", submit_load)
+    tap.around(tier, "get_finished_jobs" if hasattr(tier, "get_finished_jobs") else "get_finished", finished)

@@ -166,6 +166,8 @@ TIERING_SPEC = Need("tiering_spec", "the tiering spec's file-system tier on the 
 TIERING_FS = Need("tiering_fs", "shadow KV follows a file-system tier's copies by the primary chunk ids its"
                   " jobs carry, TransferJob(keys, chunk_ids), which arrived in 0.30 (0.30.0"
                   " v1/kv_offload/tiering/base.py:60-67); with shadow off (<point>@shadow=false) the spec runs from 0.24")
+TIERING_EXAMPLE = Need("tiering_example", "the tiering spec's example tier arrived with the spec in 0.22.1 (0.22.1"
+                       " v1/kv_offload/tiering/example/manager.py, tiering/factory.py:56-57)")
 TRANSFER_FAILURES = Need("transfer_failures", "a failed transfer job (TransferResult success=False) trips the"
                          " worker's `assert transfer_result.success`, \"we currently do not support job failures\""
                          " (0.33.0 offloading/worker.py:299-301; 0.21.0 :327), and the scheduler never calls"
@@ -194,6 +196,11 @@ PARAM_NEEDS = {"fail_p": TRANSFER_FAILURES, "store_fail_p": TRANSFER_FAILURES,
 # What shadow KV needs of a release beside a layout's own needs, per offload spec (engine setting
 # shadow: on unless set false; space.support adds it while shadow is on)
 SHADOW_NEEDS = {"tiering-fs": TIERING_FS}
+# ... and the offload specs shadow KV cannot follow on any release: why, in one line (space.support)
+SHADOWLESS = {"tiering-example": "shadow KV cannot follow the example tier, which keeps a flag per key and moves no"
+                                 " bytes (0.33.0 v1/kv_offload/tiering/example/manager.py:124-179: a store sets"
+                                 " chunks[key] = True, a promotion completes with nothing read); run it with"
+                                 " shadow=false"}
 _MAMBA = (MAMBA_EXTERNAL_KV,)
 _MAMBA16 = _MAMBA + (PREFIX_MATCH_UNIT,)
 
@@ -212,7 +219,7 @@ class Layout:
     composition: str | None = None  # None: the OffloadingConnector alone; "multi-pd": in a MultiConnector
     # after a P/D consumer (side/pd_connector.py)
     offload_spec: str | None = None  # None: CPUOffloadingSpec; "tiering-fs": TieringOffloadingSpec with its
-    # file-system tier on a temporary directory
+    # file-system tier on a temporary directory; "tiering-example": with its in-memory example tier
     scheduler: str | None = None  # None: the run's (--scheduler; a campaign alternates sync and async per
     # segment); "sync" or "async": every segment of the point
 

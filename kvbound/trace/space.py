@@ -102,8 +102,9 @@ AXES = (
          " requests through each child's request_finished)", "engine",
          applies=_multi_pd_one_group, applies_doc="composition multi-pd on one KV-cache group (a MultiConnector with a child that is not"
                      " HMA asserts one group, 0.33.0 kv_connector/v1/multi_connector.py:618-622)"),
-    Axis("offload_spec", ("cpu", "tiering-fs"), "CPUOffloadingSpec, or TieringOffloadingSpec with its file-system"
-         " tier", "field", {"tiering-fs": (L.TIERING_SPEC, L.SCHEDULE_END_HOOK)}),
+    Axis("offload_spec", ("cpu", "tiering-fs", "tiering-example"), "CPUOffloadingSpec, or TieringOffloadingSpec"
+         " with its file-system tier, or with its example tier (in memory, every job done at once; shadow off)",
+         "field", {"tiering-fs": (L.TIERING_SPEC, L.SCHEDULE_END_HOOK), "tiering-example": (L.TIERING_EXAMPLE,)}),
     Axis("shadow", ("true", "false"), "shadow KV on, or off (the lifecycle, lookup, store-call and liveness checks"
          " only): off, the tiering spec runs where shadow KV cannot follow its file tier (layouts.SHADOW_NEEDS)",
          "engine"),
@@ -195,6 +196,8 @@ SWEEP = (
     "full@load_tiers_p=0.3",  # tier filters on the CPU spec: 0.27.0 - 0.29.0, which run no tiering-fs
     "full-tiering-fs@tier_lose_p=0.1,kv_events=true",  # failed promotions (partial keep) and their events
     "full-tiering-fs@shadow=false",  # the tiering spec on 0.24.0 - 0.29.0, where shadow KV cannot follow it
+    # the tiering manager behind the example tier: on 0.22.1 - 0.23.0 too, where the file tier cannot run
+    "full@offload_spec=tiering-example,shadow=false,cpu_chunks=32",
     "full-tiering-fs@tier_lookup_late_p=0.5",  # the file tier's lookup answers late, shadow KV judging the data
     # ... and on 0.24.0 - 0.29.0, aborts and shared prefixes: a request finishing while its probe is out
     "full-tiering-fs@shadow=false,prefix_burst_p=0.5,abort_p=0.2,tier_lookup_late_p=0.5",
@@ -279,6 +282,8 @@ def support(name: str, version: str, overrides=None) -> str | None:
         return f"point {name}: the scripted tier ({', '.join(L.SCRIPT_KEYS)}) is a CPU spec, not {lay.offload_spec}"
     feats = release_features(version)
     needs = lay.needs + tuple(L.PARAM_NEEDS[k] for k in L.PARAM_NEEDS if par.get(k))
+    if par.get("shadow") is not False and lay.offload_spec in L.SHADOWLESS:
+        return f"point {name}: {L.SHADOWLESS[lay.offload_spec]}"
     if par.get("shadow") is not False and lay.offload_spec in L.SHADOW_NEEDS:
         needs += (L.SHADOW_NEEDS[lay.offload_spec],)
     missing = list(dict.fromkeys(need.why for need in needs if not getattr(feats, need.column)))
