@@ -390,6 +390,12 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-33-0-full-tiering-fs-liveness-stuck-request-13req.json", None),
     ("0-33-0-full-tiering-fs-shadow-false-liveness-stuck-request-13req.json", None),  # ... with shadow off
     ("0-33-0-full-offload-spec-tiering-example-shadow-false-cpu-chunks-32-liveness-stuck-request-5req.json", None),  # ... behind the example tier
+    # 0.26.0, tiering: a finished request's last store asks the tiering manager for a state it dropped
+    ("0-26-0-full-tiering-fs-shadow-false-prefix-burst-p-0-5-abort-p-0-2-tier-lookup-late-p-0-5-crash-exception-"
+     "prepare-store-2req.json", "prepare_store"),
+    # 0.28-0.29, tiering: the lookup cache's assert on a late answer after its request's cleanup
+    ("0-29-0-full-tiering-fs-shadow-false-prefix-burst-p-0-5-abort-p-0-2-tier-lookup-late-p-0-5-crash-exception-"
+     "drain-results-3req.json", "drain_results"),
     # 0.30-0.33, tiering: a hit larger than the primary tier, whose promotions evict its own head every step
     # (docs/upstream/tiering-hit-larger-than-primary-tier)
     ("0-32-0-full-tiering-fs-liveness-stuck-request-5req.json", None),
