@@ -59,10 +59,11 @@ def tier_capacity(manager):
 def tiering_config(lay):
     """``kv_connector_extra_config`` of ``offload_spec`` ``tiering-fs``: vLLM's
     ``TieringOffloadingSpec`` (a CPU primary tier) with its file-system secondary tier on a new
-    temporary directory (``tiering-example``: with its in-memory example tier instead), as the spec documents it (0.33.0 v1/kv_offload/tiering/spec.py:1-33:
+    temporary directory, as the spec documents it (0.33.0 v1/kv_offload/tiering/spec.py:1-33:
     ``secondary_tiers`` [{"type": "fs", ...}], ``root_dir`` tiering/fs/manager.py:102-113); one
     I/O thread each way, and no tier-poll thread (``tier_poll_interval_s`` 0: the tiers are
-    served once per step, spec.py:364-368)."""
+    served once per step, spec.py:364-368). ``tiering-example``: the same spec with its
+    in-memory example tier (``{"type": "example"}``, tiering/factory.py:56-57 from 0.22.1)."""
     import tempfile
 
     spec = {"spec_name": "TieringOffloadingSpec", "tier_poll_interval_s": 0}

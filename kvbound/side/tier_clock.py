@@ -5,8 +5,8 @@ same schedule, and the one place that schedule is made slower on purpose (the fa
 
 Part of the side package (standard library only; vLLM's objects come in through the tap).
 Subscribed by ``engine.py`` when the connector's manager has secondary tiers (the tiering
-spec, 0.24+); everything the tiers do (their reads and writes, on a temporary directory) is
-vLLM's own.
+spec: its file-system tier from 0.24, its example tier from 0.22.1); everything the tiers do
+(their reads and writes, on a temporary directory) is vLLM's own.
 """
 import collections
 import queue
