@@ -399,6 +399,8 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     # 0.30-0.33, tiering: a hit larger than the primary tier, whose promotions evict its own head every step
     # (docs/upstream/tiering-hit-larger-than-primary-tier)
     ("0-32-0-full-tiering-fs-liveness-stuck-request-5req.json", None),
+    # ... the same on 0.22.1 behind the example tier, shadow off (reproduced through the engine on 0.22.1 - 0.33.0)
+    ("0-22-1-full-offload-spec-tiering-example-shadow-false-cpu-chunks-32-liveness-stuck-request-4req.json", None),
 ])
 def test_saved_findings_replay(name, site, workers):
     """The shrunk reproducers in docs/trace-findings still fail on their real vLLM release."""
