@@ -88,9 +88,35 @@ class Lookups:
     def drain_results(self):
         while True:
             try:
-                self.applied.append([k for k, _ in self._pending_results.get_nowait()])
+                self.applied.append([e[0] for e in self._pending_results.get_nowait()])
             except queue.Empty:
                 return
+
+    def shutdown(self):
+        self.drain_results()  # 0.30.0 async_lookup.py:241-245
+
+
+class Lookups030(Lookups):
+    """0.30's: a probe carries its state's generation; ``flush`` drains first, then posts the
+    probes whose state is still current (0.30.0 tiering/async_lookup.py:143-189)."""
+
+    def lookup(self, key, req_id="r"):
+        st = self._lookup_state.get(key)
+        if st is None:
+            st = self._lookup_state[key] = types.SimpleNamespace(request_ids=set(), generation=len(self.applied) * 100
+                                                                 + len(self._lookup_batch))
+            self._lookup_batch.append((key, None, st.generation))
+        st.request_ids.add(req_id)
+
+    def flush(self):
+        self.drain_results()
+        batch, self._lookup_batch = self._lookup_batch, []
+        live = [(k, g, True) for k, _, g in batch
+                if k in self._lookup_state and self._lookup_state[k].generation == g]
+        if live:
+            thread = threading.Timer(self.delay, self._pending_results.put, (live,))
+            thread.daemon = True
+            thread.start()
 
 
 def _answers(lm, hold):
@@ -147,3 +173,43 @@ def test_settle_never_ends_before_the_thread_has_answered():
     lm.flush()
     with pytest.raises(RuntimeError, match="did not finish"):
         C._wait(a._take, "the test tier's lookup batch", timeout_s=0.2)
+
+
+def test_from_0_30_a_flush_counts_only_when_a_current_probe_is_posted():
+    """0.30's flush posts only the probes whose state is current; a batch all of whose states a
+    cleanup dropped posts nothing, and the clock must not wait for its answer (it never comes)."""
+    lm = Lookups030(delay=3600)  # a thread that never answers in this test
+    a = C.LookupAnswers(lm, T.Tap(), lambda: 0)
+    lm.lookup("k1")
+    del lm._lookup_state["k1"]  # its request finished before the schedule end
+    lm.flush()
+    assert a.flushed == 0
+    a.settle("the test tier's lookup batch")  # returns at once: nothing flushed, nothing awaited
+    lm.lookup("k2")
+    lm.lookup("k3")
+    del lm._lookup_state["k3"]
+    lm.flush()
+    assert a.flushed == 1  # k2's probe went out
+
+
+def test_a_late_answer_to_a_dropped_or_newer_state_restarts_no_wait():
+    """Only an answer vLLM applies (its key's state, of its generation) restarts the liveness count
+    of the requests asking it (0.30.0 async_lookup.py:201-204 discards the others)."""
+    lm = Lookups030()
+    a, step = _answers(lm, iter([2, 0, 0]).__next__)
+    step("k1")  # held two steps
+    lm._lookup_state["k1"] = types.SimpleNamespace(request_ids={"other"}, generation=999)  # a newer state
+    step()
+    step()
+    assert lm.applied == [["k1"]] and a.published == []
+
+
+def test_shutdown_applies_nothing_held_or_queued():
+    """At the engine's end vLLM's shutdown drains once more (0.30.0 async_lookup.py:241-245); what the
+    clock holds, or a run that ended inside a drain left queued, is dropped, never applied then."""
+    lm = Lookups()
+    a, step = _answers(lm, lambda: 5)
+    step("k1")
+    lm._pending_results.put([("k2", True)])  # left queued by a drain that raised
+    lm.shutdown()
+    assert lm.applied == [] and not a.held

@@ -65,9 +65,9 @@ DEFECTS = (
     Defect("lost_read_reported_ok", "the file-system tier reports a promotion whose read failed at a lost file a"
            " success (its primary chunks made ready with nothing read into them)", "tier_faults",
            ("data:wrong_kv",), "full-tiering-fs@tier_lose_p=0.1", "0.33.0"),
-    Defect("stale_lookup_applied", "the file-system tier's lookup cache as 0.28-0.29 kept it: a request's cleanup"
-           " drops a key's state while its probe is in flight, and answers apply by key alone, so a late answer lands"
-           " on the state a later lookup of the key made", "tier_clock", ("crash:exception",),
+    Defect("stale_lookup_applied", "the file-system tier's lookup cache as 0.24-0.29 kept it (0.28-0.29 assert on"
+           " it): a request's cleanup drops a key's state while its probe is in flight, and answers apply by key alone,"
+           " so a late answer lands on the state a later lookup of the key made", "tier_clock", ("crash:exception",),
            "full-tiering-fs@shadow=false,prefix_burst_p=0.5,abort_p=0.2,tier_lookup_late_p=0.5", "0.33.0"),
     Defect("promotion_never_reported", "a secondary tier never reports a promotion finished: the primary chunks"
            " it fills stay pending for ever", "tier_faults", ("liveness:stuck_request",),

@@ -213,6 +213,11 @@ def _evict_event(m, keys):
     return OffloadingEvent(keys=keys, medium=m.medium, removed=True)
 
 
+# The steps a late completion or answer comes late by, unless the engine setting late_steps says (long
+# enough for its request to be preempted and re-admitted meanwhile): the transfer faults' and the tier
+# clock's (side/tier_clock.py, tier_lookup_late_p).
+LATE_STEPS = 16
+
 
 class TransferFaults:
     """The fake transfer engine's faults (engine settings, off unless set), drawn from their
@@ -227,7 +232,7 @@ class TransferFaults:
     def __init__(self, par, mutant):
         self.store_fail_p = float(par.get("store_fail_p") or 0.0)
         self.late_p = float(par.get("late_p") or 0.0)
-        self.late_steps = int(par.get("late_steps") or 16)
+        self.late_steps = int(par.get("late_steps") or LATE_STEPS)
         self.mutant = mutant
         self.rng = random.Random("faults-%s" % par.get("seed", 0))
         self.counts = {}

@@ -33,7 +33,7 @@ from .capture import tokens_per_hash
 # A late answer of the file tier's lookup thread (the fault tier_lookup_late_p) restarts the count of
 # the requests asking its keys: each key a waiting request is asked for is probed once (0.29.0
 # tiering/async_lookup.py:138-145), but keys join its scan as its local hit shrinks or a CPU-tier hit
-# is evicted (offloading/scheduler.py:768-770), so rounds of late_steps can follow one another; after
+# is evicted (0.29.0 offloading/scheduler.py:768-770), so rounds of late_steps can follow one another; after
 # the last late answer the schedule is the unfaulted one the bound is set for.
 STUCK_BOUND_LOOKUPS = 64
 

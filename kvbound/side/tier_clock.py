@@ -13,6 +13,8 @@ import queue
 import random
 import time
 
+from .fakes import LATE_STEPS
+
 
 def settle_tiers(m, tap, eng=None):
     """A ``TieringOffloadingManager`` (``m``) on the engine's step clock: its secondary tiers do
@@ -51,18 +53,22 @@ def settle_tiers(m, tap, eng=None):
         tap.around(m, "on_schedule_end", on_schedule_end)
     for tier in m.secondary_tiers:
         _finish_when_drained(tier, tap)
-        # get_finished before 0.24 (0.22.1 tiering/base.py:143)
-        tap.around(tier, "get_finished_jobs" if hasattr(tier, "get_finished_jobs") else "get_finished",
-                   get_finished_jobs)
+        tap.around(tier, finished_jobs_method(tier), get_finished_jobs)
+
+
+def finished_jobs_method(tier):
+    """The name of a secondary tier's method that reports its finished jobs: ``get_finished_jobs``,
+    ``get_finished`` before 0.24 (0.22.1 tiering/base.py:143)."""
+    return "get_finished_jobs" if hasattr(tier, "get_finished_jobs") else "get_finished"
 
 
 def _late(par, tier_type):
     """Steps to hold each answer batch of a tier's lookup thread: 0, or, with probability
-    ``tier_lookup_late_p`` per batch, ``late_steps`` (default 16), drawn from the seed."""
+    ``tier_lookup_late_p`` per batch, ``late_steps`` (default ``fakes.LATE_STEPS``), drawn from the seed."""
     p = float(par.get("tier_lookup_late_p") or 0.0)
     if not p:
         return lambda: 0
-    steps = int(par.get("late_steps") or 16)
+    steps = int(par.get("late_steps") or LATE_STEPS)
     rng = random.Random("%r-lookup-late-%s" % (par.get("seed", 0), tier_type))
     return lambda: steps if rng.random() < p else 0
 
@@ -92,6 +98,7 @@ class LookupAnswers:
             tap.around(lm, "drain_results", self._stale_applied)
             tap.around(lm, "cleanup", self._drop_in_flight)
         tap.around(lm, "drain_results", self._drain_results)
+        tap.around(lm, "shutdown", self._shutdown)
 
     def _flush(self, call):
         batch = list(self.lm._lookup_batch)
@@ -108,27 +115,33 @@ class LookupAnswers:
         _wait(self._take, what)
 
     def _take(self):
-        while True:
-            try:
-                batch = self.lm._pending_results.get_nowait()
-            except queue.Empty:
-                return self.answered >= self.flushed
+        for batch in _take_all(self.lm._pending_results):
             self.answered += 1
             late = self.hold()
             self.stats["tier_lookups_late"] += late > 0
             due = max(self.step + late, self.held[-1][0]) if self.held else self.step + late
             self.held.append((due, batch, late > 0 or due > self.step))
+        return self.answered >= self.flushed
 
     def _drain_results(self, call):
         late = set()  # the requests asking the keys of a late batch handed back now
         while self.held and self.held[0][0] <= self.step:
-            due, batch, held = self.held.popleft()
+            _, batch, was_late = self.held.popleft()
             self.lm._pending_results.put(batch)
-            if held:
-                late.update(r for e in batch for r in getattr(self.lm._lookup_state.get(e[0]), "request_ids", ()))
+            for e in batch if was_late else ():  # an answer vLLM applies: to its key's state, of its
+                st = self.lm._lookup_state.get(e[0])  # generation from 0.30 (0.30.0 async_lookup.py:201-204)
+                if st is not None and (len(e) == 2 or st.generation == e[1]):
+                    late.update(st.request_ids)
         if late:
             self.tap.publish("tier_lookup_late_answer", sorted(late))
         return call()
+
+    def _shutdown(self, call, *a):
+        """The engine is done: what is held or queued is dropped, so vLLM's own last drain (0.30.0
+        async_lookup.py:241-245) applies nothing a run that ended inside a drain left behind."""
+        self.held.clear()
+        _take_all(self.lm._pending_results)
+        return call(*a)
 
     def _drop_in_flight(self, call, req_id, *a):
         """Planted (with ``_stale_applied``): a request's cleanup drops a key's state its probe is
@@ -145,14 +158,9 @@ class LookupAnswers:
     def _stale_applied(self, call):
         """Planted: answers applied by key alone, a stale generation's to the key's current state
         (the generation check of 0.30.0 tiering/async_lookup.py:201-204 dropped)."""
-        out = []
-        while True:
-            try:
-                batch = self.lm._pending_results.get_nowait()
-            except queue.Empty:
-                break
-            out.append([(e[0], getattr(self.lm._lookup_state.get(e[0]), "generation", e[1]), e[2])
-                        if len(e) == 3 else e for e in batch])
+        state = self.lm._lookup_state
+        out = [[(e[0], getattr(state.get(e[0]), "generation", e[1]), e[2]) if len(e) == 3 else e for e in batch]
+               for batch in _take_all(self.lm._pending_results)]
         for batch in out:
             self.lm._pending_results.put(batch)
         return call()
@@ -193,6 +201,16 @@ def _finish_when_drained(tier, tap):
 
     tap.around(tier, "drain_jobs", drain_jobs)
     tap.around(pool, "get_finished", get_finished)
+
+
+def _take_all(q):
+    """Every item a queue holds now, in order (it is left empty)."""
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
 
 
 def _wait(ready, what, timeout_s=60.0):

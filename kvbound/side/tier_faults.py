@@ -23,6 +23,8 @@ library only; vLLM's objects come in through the tap.
 import os
 import random
 
+from . import tier_clock
+
 
 def subscribe(eng, tap):
     """The fault on every file-system secondary tier of the engine's manager (nothing where the
@@ -89,4 +91,4 @@ def _never_report_promotions(tier, tap):
         return [r for r in call() if r.job_id not in loads]
 
     tap.around(tier, "submit_load", submit_load)
-    tap.around(tier, "get_finished_jobs" if hasattr(tier, "get_finished_jobs") else "get_finished", finished)
+    tap.around(tier, tier_clock.finished_jobs_method(tier), finished)

@@ -49,6 +49,9 @@ def _tiering_fs(lay: L.Layout) -> bool:
     return lay.offload_spec == "tiering-fs"
 
 
+_TIERING_FS_DOC = "the tiering spec's file-system tier (offload_spec tiering-fs)"
+
+
 def _multi_pd_one_group(lay: L.Layout) -> bool:
     return lay.composition == "multi-pd" and len(lay.groups) == 1
 
@@ -124,10 +127,10 @@ AXES = (
     Axis("store_fail_p", ("0.0", "0.05"), "a store job fails (TransferResult success=False)", "engine"),
     Axis("tier_lose_p", ("0.0", "0.1"), "the file-system tier loses a file a promotion is about to read: the read"
          " fails there and vLLM keeps the blocks before it (side/tier_faults.py)", "engine",
-         applies=_tiering_fs, applies_doc="the tiering spec's file-system tier (offload_spec tiering-fs)"),
+         applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
     Axis("tier_lookup_late_p", ("0.0", "0.5"), "the file-system tier's lookup thread answers a step's probes"
          " late_steps steps late (a slow file system; side/tier_clock.py)", "engine",
-         applies=_tiering_fs, applies_doc="the tiering spec's file-system tier (offload_spec tiering-fs)"),
+         applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
     # the CPU tier's knobs, the scheduler's, and traffic (docs/trace.md "The configuration space")
     Axis("cpu_chunks", ("256", "32", "4"), "the CPU tier's capacity in chunks, exactly (32: pool pressure, the tier evicts:"
          " cpu/manager.py's eviction and the policies' evict paths; 4: fewer chunks than a prompt holds,"
