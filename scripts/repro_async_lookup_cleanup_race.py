@@ -1,4 +1,5 @@
-"""Suspected vLLM defect, 0.28.0 - 0.29.0 (docs/findings.md): the file-system and object tiers'
+"""vLLM defect, 0.28.0 - 0.29.0 (docs/findings.md; reached through the engine by kvbound's fault
+tier_lookup_late_p): the file-system and object tiers'
 lookup cache, ``AsyncLookupManager`` (v1/kv_offload/tiering/async_lookup.py), asserts when a
 request's cleanup drops a key's lookup state while the key's probe is still on the lookup thread.
 

@@ -1,5 +1,5 @@
-"""The suspected 0.28.0 - 0.29.0 lookup-cache defect (docs/findings.md), checked without kvbound
-trace: scripts/repro_async_lookup_cleanup_race.py drives the file tier's AsyncLookupManager with
+"""The 0.28.0 - 0.29.0 lookup-cache defect (docs/findings.md; reached through the engine by the fault
+tier_lookup_late_p, tests/test_trace_axes.py), checked here without kvbound trace: scripts/repro_async_lookup_cleanup_race.py drives the file tier's AsyncLookupManager with
 the calls its tier makes (lookup, flush, a finishing request's cleanup), its lookup thread held so
 the order is fixed. 0.29.0 asserts on the late answer; 0.33.0, whose probes carry generations,
 does not."""
