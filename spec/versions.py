@@ -64,6 +64,11 @@ ARRIVALS: dict[str, tuple[str, str]] = {
     "tiering_example": ("0.22.1", "TieringOffloadingSpec with its example secondary tier, an in-memory reference tier"
                                   " that completes every job at once (0.22.1 v1/kv_offload/tiering/example/manager.py,"
                                   " registered as \"example\" in tiering/factory.py:56-57; 0.21.0 has no tiering spec)"),
+    "tiering_backpressure": ("0.31.0", "a secondary tier's backpressure detector, configured per tier"
+                                       " (\"backpressure\": {\"backpressure_cls\", \"policy_cls\"}, 0.31.0"
+                                       " v1/kv_offload/tiering/factory.py:73-90), asked before each store to the"
+                                       " tier (tiering/manager.py:347-353, :688, :744); 0.30.0 has no"
+                                       " tiering/backpressure.py"),
     "tiering_fs": ("0.30.0", "TieringOffloadingSpec's secondary-tier jobs name the primary chunks they copy, "
                              "TransferJob(keys, chunk_ids) (0.30.0 v1/kv_offload/tiering/base.py:60-67), which is "
                              "what shadow KV follows a file-system tier's copies by; the spec and its file-system "

@@ -182,3 +182,47 @@ def test_the_example_tier_promotes_and_a_promotion_never_reported_is_caught(vers
     assert kinds == set() and res["stats"]["loads"] > 0, (kinds, res["stats"])
     _, kinds = _run(w, version, EXAMPLE_TIER, defect.name, n=200)
     assert set(defect.catches) <= kinds, kinds
+
+
+BACKPRESSURE = "full-tiering-fs@tier_backpressure=throttled,tier_store_slow_p=0.3"
+
+
+def test_the_file_tiers_backpressure_runs_where_the_table_says():
+    assert support(BACKPRESSURE, "0.31.0") is None and support(BACKPRESSURE, "0.33.0") is None
+    assert "backpressure detector arrived in 0.31" in support(BACKPRESSURE, "0.30.0")
+    assert "tier_backpressure applies to the tiering spec" in support("full@tier_backpressure=drop", "0.33.0")
+    assert BACKPRESSURE in SWEEP and BY_NAME["backpressure_ignored"].layout == BACKPRESSURE
+
+
+def test_a_slow_file_tier_is_throttled_and_a_manager_that_stores_past_a_refusal_is_caught(workers):
+    """tier_backpressure, tier_store_slow_p: vLLM's EMABackpressureDetector on the step clock
+    (side/tier_pressure.py) measures slow stores, comes under pressure and refuses stores; the
+    manager keeps every refusal (clean, and the same job twice gives the same run); a manager that
+    asks and stores all the same (planted backpressure_ignored) is caught."""
+    defect = BY_NAME["backpressure_ignored"]
+    env, w = workers(defect.release)
+    res, kinds = _run(w, defect.release, defect.layout, n=200)
+    assert kinds == set(), kinds
+    st = res["stats"]
+    assert st["tier_stores_slow"] > 0 and st["tier_stores_refused"] > 0, st
+    again, _ = _run(w, defect.release, defect.layout, n=200)
+    assert again["stats"] == st
+    _, kinds = _run(w, defect.release, defect.layout, defect.name, n=200)
+    assert set(defect.catches) <= kinds, kinds
+
+
+def test_the_step_clock_reads_steps_and_is_put_back():
+    import types
+
+    from kvbound.side import tier_pressure as TP
+
+    module = types.SimpleNamespace(time=__import__("time"))
+    clock = TP.StepTime(module)
+    module.time = clock
+    assert clock.monotonic() == TP.START_S and clock.sleep is module.time.real.sleep
+    clock.steps = 20  # the detector's 2-s half-life
+    assert clock.monotonic() == TP.START_S + 2.0
+    TP.restore(types.SimpleNamespace(step_time=clock))
+    assert module.time is clock.real
+    assert TP.tier_config({"tier_backpressure": "drop"})["policy_cls"] == "DropStorePolicy"
+    assert TP.tier_config({}) is None

@@ -8,7 +8,7 @@ got (``cpu_bytes_to_use``, ``tier_capacity``), the extra config of a tiering spe
 and what outlives a run (``close``).
 """
 
-from . import adapter, kv_events, pd_connector
+from . import adapter, kv_events, pd_connector, tier_pressure
 
 OFFLOADING = "OffloadingConnector"
 
@@ -56,14 +56,16 @@ def tier_capacity(manager):
     return None if tier is None else adapter.first_attr(tier, "_num_chunks", "_num_blocks")
 
 
-def tiering_config(lay):
+def tiering_config(lay, par):
     """``kv_connector_extra_config`` of ``offload_spec`` ``tiering-fs``: vLLM's
     ``TieringOffloadingSpec`` (a CPU primary tier) with its file-system secondary tier on a new
     temporary directory, as the spec documents it (0.33.0 v1/kv_offload/tiering/spec.py:1-33:
     ``secondary_tiers`` [{"type": "fs", ...}], ``root_dir`` tiering/fs/manager.py:102-113); one
     I/O thread each way, and no tier-poll thread (``tier_poll_interval_s`` 0: the tiers are
     served once per step, spec.py:364-368). ``tiering-example``: the same spec with its
-    in-memory example tier (``{"type": "example"}``, tiering/factory.py:56-57 from 0.22.1)."""
+    in-memory example tier (``{"type": "example"}``, tiering/factory.py:56-57 from 0.22.1). The file
+    tier's backpressure detector where the engine settings ``par`` ask for one
+    (``tier_pressure.tier_config``)."""
     import tempfile
 
     spec = {"spec_name": "TieringOffloadingSpec", "tier_poll_interval_s": 0}
@@ -72,7 +74,10 @@ def tiering_config(lay):
     if lay["offload_spec"] != "tiering-fs":
         raise ValueError("unknown offload_spec %r" % (lay["offload_spec"],))
     root = tempfile.mkdtemp(prefix="kvbound-fs-tier-")
-    return dict(spec, secondary_tiers=[{"type": "fs", "root_dir": root, "n_read_threads": 1, "n_write_threads": 1}])
+    tier = {"type": "fs", "root_dir": root, "n_read_threads": 1, "n_write_threads": 1}
+    if tier_pressure.tier_config(par) is not None:
+        tier["backpressure"] = tier_pressure.tier_config(par)
+    return dict(spec, secondary_tiers=[tier])
 
 
 def sub_connector(conn, name):
@@ -110,6 +115,7 @@ def close(eng):
     """What outlives a run: a tiering spec's shared-memory region, its tiers' threads and their
     directory (TieringOffloadingManager.shutdown, 0.33.0 v1/kv_offload/tiering/manager.py:1251),
     shut down here when the run ended before the engine's own teardown (``Engine.shutdown``)."""
+    tier_pressure.restore(eng)
     if getattr(eng.csched.manager, "secondary_tiers", None):
         import shutil
 

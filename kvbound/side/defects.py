@@ -72,6 +72,9 @@ DEFECTS = (
     Defect("promotion_never_reported", "a secondary tier never reports a promotion finished: the primary chunks"
            " it fills stay pending for ever", "tier_faults", ("liveness:stuck_request",),
            "full@offload_spec=tiering-example,shadow=false,cpu_chunks=32", "0.22.1"),
+    Defect("backpressure_ignored", "the tiering manager asks the file tier's backpressure detector before a store"
+           " and stores all the same when it refuses", "tier_pressure", ("store:backpressure_bypassed",),
+           "full-tiering-fs@tier_backpressure=throttled,tier_store_slow_p=0.3", "0.32.0"),
     Defect("refusal_leaks", "the tier refuses a store after allocating it: its chunks stay write-pending"
            " for ever", "fakes", ("liveness:stuck_request",), "full-faults", "0.33.0"),
 )

@@ -19,7 +19,7 @@ import random
 import time
 
 from . import (adapter, capture, checks, compose, defects, fakes, kv_events, lookups, runner_calls, shadow, sidecar,
-               stats_logger, store_contract, tap, tier_clock, tier_faults)
+               stats_logger, store_contract, tap, tier_clock, tier_faults, tier_pressure)
 
 
 class Release:
@@ -96,7 +96,7 @@ class Release:
             if par.get(k):
                 extra[k] = par[k]
         if lay.get("offload_spec") is not None:  # the spec factory's registry (v1/kv_offload/factory.py:55-69)
-            extra.update(compose.tiering_config(lay))
+            extra.update(compose.tiering_config(lay, par))
         script = {k: par[k] for k in ("pending_p", "retry_p", "evict_p", "stall_p", "refuse_p") if par.get(k)}
         if script and lay.get("offload_spec") is not None:
             raise ValueError("the scripted tier is a CPU spec: layout %s runs %s" % (lay.get("name"), lay["offload_spec"]))
@@ -289,6 +289,7 @@ class Engine:
         if getattr(self.csched.manager, "secondary_tiers", None):
             tier_clock.settle_tiers(self.csched.manager, self.tap, self)
         tier_faults.subscribe(self, self.tap)  # inside the shadow's promotions: a lost file's chunks hold nothing
+        tier_pressure.subscribe(self, self.tap)  # a tier's backpressure detector on the step clock
         store_contract.record_store_calls(self, self.tap)  # eng.store_calls, with the shadow or not
         self._subscribe()
         self.checks.subscribe(self.tap)

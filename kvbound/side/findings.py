@@ -130,6 +130,8 @@ _ROWS = (
     FindingKind("store:stale_event", "after the connector's KV events are taken, a consumer that applied them"
                 " in order lists a block the offload tier does not hold (stale) or misses one it holds"
                 " (missing)", EFFICIENCY, EVENT_VIEW),
+    FindingKind("store:backpressure_bypassed", "a store reached a secondary tier whose backpressure detector"
+                " refused it, or one it allowed never reached the tier", EFFICIENCY),
     FindingKind("store:lost_chunk", "after drain, a chunk the policy offloads is not in the tier",
                 EFFICIENCY),
     FindingKind("lookup:spec_disagreement", "get_num_new_matched_tokens answered other than the release's"

@@ -42,6 +42,17 @@ def _retention(v: str):
 
 
 _retention.__name__ = "non-negative int or dense"
+
+
+def _backpressure(v: str):
+    if v == "off":  # no detector: the tier takes every store (0.33.0 v1/kv_offload/tiering/manager.py:554-556)
+        return None
+    if v not in ("throttled", "drop"):  # tiering/backpressure.py ThrottledDropPolicy, DropStorePolicy
+        raise ValueError(v)
+    return v
+
+
+_backpressure.__name__ = "off/throttled/drop"
 # the --engine help groups
 _ENGINE, _TIER, _SHADOW = "engine", "script the offload tier", "shadow KV and the store path's traffic"
 _TRAFFIC = "shape the traffic"
@@ -80,6 +91,8 @@ ENGINE_PARAMS = (
     EngineParam("store_fail_p", float, None, _FAULTS),  # a store job finishes TransferResult(success=False)
     EngineParam("tier_lose_p", float, None, _FAULTS),  # the file-system tier loses a file a promotion reads
     EngineParam("tier_lookup_late_p", float, None, _FAULTS),  # the file-system tier's lookup answers, late_steps late
+    EngineParam("tier_backpressure", _backpressure, None, _TIER),  # the file tier's detector and its policy
+    EngineParam("tier_store_slow_p", float, None, _FAULTS),  # the file tier's stores measured slow (congested)
     EngineParam("refuse_p", float, None, _FAULTS),  # the scripted tier's prepare_store answers None
     EngineParam("late_p", float, None, _FAULTS),  # a job's completion arrives late_steps steps late
     EngineParam("late_steps", int, None, _FAULTS),  # (default 16: past a preemption and re-admission)
@@ -168,6 +181,9 @@ TIERING_FS = Need("tiering_fs", "shadow KV follows a file-system tier's copies b
                   " v1/kv_offload/tiering/base.py:60-67); with shadow off (<point>@shadow=false) the spec runs from 0.24")
 TIERING_EXAMPLE = Need("tiering_example", "the tiering spec's example tier arrived with the spec in 0.22.1 (0.22.1"
                        " v1/kv_offload/tiering/example/manager.py, tiering/factory.py:56-57)")
+TIERING_BACKPRESSURE = Need("tiering_backpressure", "a secondary tier's backpressure detector arrived in 0.31"
+                           " (0.31.0 v1/kv_offload/tiering/backpressure.py, configured per tier in"
+                           " tiering/factory.py:73-90)")
 TRANSFER_FAILURES = Need("transfer_failures", "a failed transfer job (TransferResult success=False) trips the"
                          " worker's `assert transfer_result.success`, \"we currently do not support job failures\""
                          " (0.33.0 offloading/worker.py:299-301; 0.21.0 :327), and the scheduler never calls"
@@ -192,7 +208,8 @@ PARAM_NEEDS = {"fail_p": TRANSFER_FAILURES, "store_fail_p": TRANSFER_FAILURES,
                **{k: SCHEDULE_END_HOOK for k in SCRIPT_KEYS},
                "reset_p": CONNECTOR_RESET_CACHE, "load_tiers_p": LOAD_TIER_FILTER,
                "retention_interval": RETENTION_INTERVAL, "load_limit_p": MAX_LOAD_TOKENS,
-               "offload_limit_p": MAX_OFFLOAD_TOKENS}
+               "offload_limit_p": MAX_OFFLOAD_TOKENS,
+               "tier_backpressure": TIERING_BACKPRESSURE, "tier_store_slow_p": TIERING_BACKPRESSURE}
 # What shadow KV needs of a release beside a layout's own needs, per offload spec (engine setting
 # shadow: on unless set false; space.support adds it while shadow is on)
 SHADOW_NEEDS = {"tiering-fs": TIERING_FS}

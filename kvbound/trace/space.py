@@ -131,6 +131,14 @@ AXES = (
     Axis("tier_lookup_late_p", ("0.0", "0.5"), "the file-system tier's lookup thread answers a step's probes"
          " late_steps steps late (a slow file system; side/tier_clock.py)", "engine",
          applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
+    Axis("tier_backpressure", ("off", "throttled", "drop"), "the file-system tier's backpressure detector (vLLM's"
+         " EMABackpressureDetector, asked before each store to the tier) with ThrottledDropPolicy or"
+         " DropStorePolicy; the latency it measures is modelled on the step clock (side/tier_pressure.py)",
+         "engine", applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
+    Axis("tier_store_slow_p", ("0.0", "0.3"), "a store to the file-system tier runs at 20 MiB/s instead of 2 GiB/s"
+         " as the backpressure detector measures it, with this probability per store (a congested file system;"
+         " side/tier_pressure.py; nothing is measured without tier_backpressure)", "engine",
+         applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
     # the CPU tier's knobs, the scheduler's, and traffic (docs/trace.md "The configuration space")
     Axis("cpu_chunks", ("256", "32", "4"), "the CPU tier's capacity in chunks, exactly (32: pool pressure, the tier evicts:"
          " cpu/manager.py's eviction and the policies' evict paths; 4: fewer chunks than a prompt holds,"
@@ -204,6 +212,10 @@ SWEEP = (
     "full-tiering-fs@tier_lookup_late_p=0.5",  # the file tier's lookup answers late, shadow KV judging the data
     # ... and on 0.24.0 - 0.29.0, aborts and shared prefixes: a request finishing while its probe is out
     "full-tiering-fs@shadow=false,prefix_burst_p=0.5,abort_p=0.2,tier_lookup_late_p=0.5",
+    # the file tier's backpressure detector (0.31+): pressure from slow stores, throttled drops, idle decay and
+    # cooldown; and DropStorePolicy through its healthy path, connector resets and the stats it reports
+    "full-tiering-fs@tier_backpressure=throttled,tier_store_slow_p=0.3",
+    "full-tiering-fs@tier_backpressure=drop,log_stats=true,reset_p=0.02",
     "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
     "swa@load_limit_p=0.3",
     "mamba@load_limit_p=0.3",  # a load limit under partial tails
