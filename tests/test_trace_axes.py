@@ -204,7 +204,7 @@ def test_a_slow_file_tier_is_throttled_and_a_manager_that_stores_past_a_refusal_
     res, kinds = _run(w, defect.release, defect.layout, n=200)
     assert kinds == set(), kinds
     st = res["stats"]
-    assert st["tier_stores_slow"] > 0 and st["tier_stores_refused"] > 0, st
+    assert st["tier_stores_slow"] > 0 and st["tier_stores_dropped"] > 0, st
     again, _ = _run(w, defect.release, defect.layout, n=200)
     assert again["stats"] == st
     _, kinds = _run(w, defect.release, defect.layout, defect.name, n=200)
@@ -226,3 +226,23 @@ def test_the_step_clock_reads_steps_and_is_put_back():
     assert module.time is clock.real
     assert TP.tier_config({"tier_backpressure": "drop"})["policy_cls"] == "DropStorePolicy"
     assert TP.tier_config({}) is None
+
+
+def test_a_full_disk_fails_file_tier_stores_and_a_tier_that_hides_the_failure_is_caught(workers):
+    """tier_store_fail_p: a store job to the file tier fails with ENOSPC in its I/O thread
+    (side/tier_faults.py); vLLM unpins the primary chunks the cascade read and the run drains
+    clean, no chunk pinned; a tier that never reports the failed job (planted
+    failed_store_never_reported) leaves them pinned (lifecycle:tier_chunks_pinned)."""
+    defect = BY_NAME["failed_store_never_reported"]
+    env, w = workers(defect.release)
+    res, kinds = _run(w, defect.release, defect.layout, n=200)
+    assert kinds == set(), kinds
+    assert res["stats"]["tier_failed_stores"] > 0 and res["stats"]["loads"] > 0, res["stats"]
+    _, kinds = _run(w, defect.release, defect.layout, defect.name, n=200)
+    assert set(defect.catches) <= kinds, kinds
+    assert defect.layout in SWEEP and "full-tiering-fs@tier_store_fail_p=0.3,tier_backpressure=throttled" in SWEEP
+
+
+def test_slow_stores_need_a_detector():
+    why = support("full-tiering-fs@tier_store_slow_p=0.3", "0.33.0")
+    assert why.endswith("tier_store_slow_p slows what a backpressure detector measures; set tier_backpressure")

@@ -11,10 +11,15 @@ Each check is a promise of the connector or the allocator, checked where vLLM ke
 - ``allocation_exceeds_reservation``: ``allocate_slots`` takes no more blocks from the
   pool than ``get_num_blocks_to_allocate`` reserved for it;
 - after drain (``check_drained``): every block free, no connector state left, no
-  transfer pending.
+  transfer pending, no chunk of the offload tier pinned by a read (``ref_cnt`` > 0: a load or,
+  under the tiering spec, a cascade to a secondary tier, that nothing will complete; 0.33.0
+  ``v1/kv_offload/cpu/manager.py:221-258``; a write still pending, ``ref_cnt`` -1, is the
+  store checks' to judge).
 
 Standard library only (vLLM's objects come in through ``eng``).
 """
+
+from . import kv_events
 
 
 class LifecycleChecks:
@@ -164,6 +169,12 @@ class LifecycleChecks:
             v = getattr(cs, name, None)
             if v:
                 eng.violate("lifecycle:connector_state_left", None, "%s holds %d entries after drain" % (name, len(v)))
+        tier = kv_events.cpu_tier(cs.manager)
+        pinned = [key for key, c in kv_events.policy_chunks(tier._policy) if getattr(c, "ref_cnt", 0) > 0] \
+            if tier is not None else []
+        if pinned:
+            eng.violate("lifecycle:tier_chunks_pinned", None, "%d chunks of the offload tier still pinned by a read"
+                        " (ref_cnt > 0) after drain" % len(pinned))
         if eng.transfers.pending:
             eng.violate("lifecycle:transfer_not_finished", None, "%d jobs pending" % len(eng.transfers.pending))
         if getattr(eng, "pd_worker", None) is not None and eng.pd_worker.inflight:

@@ -75,8 +75,9 @@ def tiering_config(lay, par):
         raise ValueError("unknown offload_spec %r" % (lay["offload_spec"],))
     root = tempfile.mkdtemp(prefix="kvbound-fs-tier-")
     tier = {"type": "fs", "root_dir": root, "n_read_threads": 1, "n_write_threads": 1}
-    if tier_pressure.tier_config(par) is not None:
-        tier["backpressure"] = tier_pressure.tier_config(par)
+    backpressure = tier_pressure.tier_config(par)
+    if backpressure is not None:
+        tier["backpressure"] = backpressure
     return dict(spec, secondary_tiers=[tier])
 
 

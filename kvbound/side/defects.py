@@ -75,6 +75,9 @@ DEFECTS = (
     Defect("backpressure_ignored", "the tiering manager asks the file tier's backpressure detector before a store"
            " and stores all the same when it refuses", "tier_pressure", ("store:backpressure_bypassed",),
            "full-tiering-fs@tier_backpressure=throttled,tier_store_slow_p=0.3", "0.32.0"),
+    Defect("failed_store_never_reported", "the file-system tier never reports a store job that failed: the primary"
+           " chunks it reads stay pinned", "tier_faults", ("lifecycle:tier_chunks_pinned",),
+           "full-tiering-fs@shadow=false,tier_store_fail_p=0.3", "0.32.0"),
     Defect("refusal_leaks", "the tier refuses a store after allocating it: its chunks stay write-pending"
            " for ever", "fakes", ("liveness:stuck_request",), "full-faults", "0.33.0"),
 )

@@ -153,6 +153,8 @@ _ROWS = (
     FindingKind("lifecycle:blocks_not_freed", "after drain, GPU blocks are not back in the free pool"),
     FindingKind("lifecycle:connector_state_left", "after drain, the connector still holds per-request"
                 " state"),
+    FindingKind("lifecycle:tier_chunks_pinned", "after drain, chunks of the offload tier are still pinned by a"
+                " read no transfer will release"),
     FindingKind("lifecycle:transfer_not_finished", "after drain, transfer jobs are still pending"),
     FindingKind("lifecycle:transfer_stats_mismatch", "after drain, the connector's transfer stats as the"
                 " frontend's logger reduces them count other bytes or transfers than the worker was told"

@@ -1,5 +1,5 @@
-"""Failed reads of the file-system tier (engine setting ``tier_lose_p``, layouts with the tiering
-spec; docs/trace.md "Faults").
+"""Failed reads and writes of the file-system tier (engine settings ``tier_lose_p`` and
+``tier_store_fail_p``, layouts with the tiering spec; docs/trace.md "Faults").
 
 A file a promotion is about to read is gone (a disk error, another host's cleanup of a shared
 directory): with probability ``tier_lose_p`` per promotion job, one of its keys' files is removed
@@ -14,12 +14,23 @@ holds: no lookup claims a chunk the tier does not hold ready, no request waits f
 token reads its own prefix's KV. The shadow KV is told: a failed key's primary chunk holds
 nothing, and the lost file is gone from the tier.
 
-Planted (tests only, the job's ``mutant``): ``lost_read_reported_ok``, the tier reports a failed
+A store job to the file tier fails as a full disk fails it (``tier_store_fail_p``, per job): its
+write tasks raise ENOSPC in the tier's I/O thread, so no file of the job lands and vLLM's pool
+reports the job failed (0.33.0 ``fs/thread_pool.py:173-188``, ``fs/manager.py:280-322``). vLLM
+then unpins the primary chunks the cascade read (``tiering/manager.py:543-549`` ->
+``complete_read``; 0.24.0 ``:218-226``) and, from 0.33, counts the failure toward the detector's
+pressure (``_update_backpressure`` :577-578, ``backpressure.py:368-384``); what it promises is
+what the checks hold: nothing the tier lacks is looked up as held, and the engine drains with no
+chunk pinned (``lifecycle:tier_chunks_pinned``).
+
+Planted (tests only, the job's ``mutant``): ``failed_store_never_reported``, the tier drops the
+result of a store job that failed (its primary chunks stay pinned); ``lost_read_reported_ok``, the tier reports a failed
 promotion a success (its chunks made ready with nothing read into them); ``promotion_never_reported``,
 a secondary tier (any: the file tier, the example tier) never reports a promotion finished. Standard
 library only; vLLM's objects come in through the tap.
 """
 
+import errno
 import os
 import random
 
@@ -32,14 +43,64 @@ def subscribe(eng, tap):
     if eng.mutant == "promotion_never_reported":
         for tier in getattr(eng.csched.manager, "secondary_tiers", None) or ():
             _never_report_promotions(tier, tap)
-    p = eng.par.get("tier_lose_p")
     tiers = [t for t in getattr(eng.csched.manager, "secondary_tiers", None) or () if hasattr(t, "file_mapper")]
+    p = eng.par.get("tier_store_fail_p")
+    if p and tiers:
+        rng = random.Random(repr(eng.par.get("seed", 0)) + "-tier-store-fail")
+        eng.stats.update(tier_failed_stores=0)
+        for tier in tiers:
+            _fail_stores(eng, tap, tier, rng, p)
+    p = eng.par.get("tier_lose_p")
     if not p or not tiers:
         return
     rng = random.Random(repr(eng.par.get("seed", 0)) + "-tier-lose")
     eng.stats.update(tier_lost_files=0, tier_failed_reads=0)
     for tier in tiers:
         _subscribe_tier(eng, tap, tier, rng, p)
+
+
+def _no_space():
+    raise OSError(errno.ENOSPC, "No space left on device (kvbound's fault tier_store_fail_p)")
+
+
+def _fail_stores(eng, tap, tier, rng, p):
+    """A store job to the file tier that fails as a full disk fails it: with probability ``p`` per
+    job, its write tasks raise ENOSPC in the tier's I/O thread before any file of the job lands, and
+    vLLM's pool reports the job failed (0.33.0 fs/thread_pool.py:173-188). The shadow KV is told: a
+    key whose file is not on disk is not in the tier."""
+    failing = {}  # job id -> its keys
+
+    def submit_store(call, job):
+        if rng.random() < p:
+            failing[job.job_id] = list(job.keys)
+        return call(job)
+
+    def enqueue_store(call, job_id, n_tasks, tasks):
+        keys = failing.pop(job_id, None)
+        if keys is None:
+            return call(job_id, n_tasks, tasks)
+        eng.stats["tier_failed_stores"] += 1
+        files = getattr(None if eng.shadow is None else eng.shadow.transfers, "files", {})
+        for key in keys:
+            if not os.path.exists(tier.file_mapper.get_file_name(key)):
+                files.pop(key, None)
+        return call(job_id, n_tasks, [_no_space] * n_tasks)
+
+    tap.around(tier, "submit_store", submit_store)
+    tap.around(tier._pool, "enqueue_store", enqueue_store)
+    if eng.mutant == "failed_store_never_reported":  # planted: the tier drops a failed store's result
+        def finished(call):
+            return [r for r in call() if r.success or r.job_id not in failed]
+
+        failed = set()
+
+        def record(call, job_id, n_tasks, tasks):
+            if job_id in failing:
+                failed.add(job_id)
+            return call(job_id, n_tasks, tasks)
+
+        tap.around(tier._pool, "enqueue_store", record)
+        tap.around(tier, tier_clock.finished_jobs_method(tier), finished)
 
 
 def _subscribe_tier(eng, tap, tier, rng, p):

@@ -17,7 +17,7 @@ detector decides from the modelled latencies is vLLM's, and the same command rep
 
 The contract (``store:backpressure_bypassed``): with a detector, the tiering manager asks it
 before each store to the tier and submits the store exactly when it says yes, at once, with
-the chunks it asked for (0.33.0 tiering/manager.py:551-557, :912-919, :969-975; 0.31.0
+the chunks it asked for (0.33.0 tiering/manager.py:551-557, :916-919, :972-975; 0.31.0
 :347-353, :688, :744): a store the detector refused never reaches the tier, and one it allowed
 always does. A refusal is the tier's promise that it will not be written.
 
@@ -31,15 +31,16 @@ import sys
 STEP_S = 0.1  # modelled seconds per engine step: the detector's 2-s half-life is 20 steps, its 1-s cooldown 10
 START_S = 1000.0  # the step clock's reading before the first step (never 0.0, which the detector reads as unset)
 MIB = 1 << 20
-FAST_S_PER_MIB = 0.0005  # 2 GiB/s: under the local low water mark (0.002 s/MiB, backpressure.py:249-250)
+FAST_S_PER_MIB = 0.0005  # 2 GiB/s: under the local low water mark (0.002 s/MiB, 0.33.0 backpressure.py:249-250)
 SLOW_S_PER_MIB = 0.05  # 20 MiB/s: five times the local high water mark (0.010 s/MiB)
 POLICIES = {"throttled": "ThrottledDropPolicy", "drop": "DropStorePolicy"}  # backpressure.py's, by short name
 
 
 def tier_config(par):
     """The ``backpressure`` entry of a secondary tier's config for the engine settings ``par``
-    (tiering/factory.py:73-90 resolves the short class names in tiering/backpressure.py and fills
-    the tier type's water marks, :258-273), or None: no detector."""
+    (0.33.0 tiering/factory.py:73-90 resolves the short class names in tiering/backpressure.py, and
+    the detector's ``default_config`` fills the tier type's water marks, 0.33.0 tiering/backpressure.py:
+    258-273), or None: no detector."""
     policy = par.get("tier_backpressure")
     if not policy:
         return None
@@ -51,7 +52,8 @@ class StepTime:
     clock; everything else is the real module's."""
 
     def __init__(self, module):
-        self.module, self.real, self.steps = module, module.time, 0
+        # the real module even where a run that failed to build left its clock installed
+        self.module, self.real, self.steps = module, getattr(module.time, "real", module.time), 0
 
     def monotonic(self):
         return START_S + self.steps * STEP_S
@@ -70,7 +72,7 @@ def subscribe(eng, tap):
     module = sys.modules[type(tiers[0].bp_detector).__module__]
     clock = eng.step_time = StepTime(module)
     module.time = clock  # put back by restore(), at the run's end
-    eng.stats.update(tier_stores_refused=0, tier_stores_slow=0)
+    eng.stats.update(tier_stores_dropped=0, tier_stores_slow=0)
 
     def tick(call, *context):
         out = call(*context)
@@ -79,8 +81,8 @@ def subscribe(eng, tap):
 
     tap.around(m, "on_schedule_end", tick)
     p = float(eng.par.get("tier_store_slow_p") or 0.0)
-    rng = random.Random("%r-tier-store-slow" % (eng.par.get("seed", 0),))
     for tier in tiers:
+        rng = random.Random("%r-tier-store-slow-%s" % (eng.par.get("seed", 0), tier.tier_type))
         _measure(eng, tap, tier, clock, rng, p)
         _check(eng, tap, tier)
     if eng.mutant == "backpressure_ignored":  # planted: the manager asks, then stores all the same
@@ -90,7 +92,7 @@ def subscribe(eng, tap):
 def restore(eng):
     """The backpressure module's own ``time`` again (the worker process runs the next job)."""
     clock = getattr(eng, "step_time", None)
-    if clock is not None and clock.module.time is clock:
+    if clock is not None:
         clock.module.time = clock.real
 
 
@@ -114,7 +116,7 @@ def _check(eng, tap, tier):
         if ok:
             allowed.append(num_blocks)
         else:
-            eng.stats["tier_stores_refused"] += 1
+            eng.stats["tier_stores_dropped"] += 1
         return ok
 
     def submit_store(call, job):
@@ -124,8 +126,8 @@ def _check(eng, tap, tier):
         else:
             eng.violate("store:backpressure_bypassed", job.req_context.req_id,
                         "a store of %d chunks reached the %s tier, whose backpressure detector %s (the manager"
-                        " submits a store only when should_store allows it, 0.33.0 tiering/manager.py:912-919,"
-                        " :969-975)" % (n, tier.tier_type, "allowed %d chunks" % allowed[-1] if allowed else
+                        " submits a store only when should_store allows it, 0.33.0 tiering/manager.py:916-919,"
+                        " :972-975)" % (n, tier.tier_type, "allowed %d chunks" % allowed[-1] if allowed else
                                         "refused it or was not asked"))
             del allowed[:]
         return call(job)

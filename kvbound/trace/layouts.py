@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvbound.side import tier_pressure
+
 FA, SWA, CL, MAMBA = "full_attention", "sliding_window", "chunked_local", "mamba"
 
 
@@ -47,12 +49,12 @@ _retention.__name__ = "non-negative int or dense"
 def _backpressure(v: str):
     if v == "off":  # no detector: the tier takes every store (0.33.0 v1/kv_offload/tiering/manager.py:554-556)
         return None
-    if v not in ("throttled", "drop"):  # tiering/backpressure.py ThrottledDropPolicy, DropStorePolicy
+    if v not in tier_pressure.POLICIES:  # tiering/backpressure.py ThrottledDropPolicy, DropStorePolicy
         raise ValueError(v)
     return v
 
 
-_backpressure.__name__ = "off/throttled/drop"
+_backpressure.__name__ = "/".join(("off", *tier_pressure.POLICIES))
 # the --engine help groups
 _ENGINE, _TIER, _SHADOW = "engine", "script the offload tier", "shadow KV and the store path's traffic"
 _TRAFFIC = "shape the traffic"
@@ -90,6 +92,7 @@ ENGINE_PARAMS = (
     EngineParam("prefix_burst_p", float, None, _TRAFFIC),  # workload.workload: shared-prefix bursts
     EngineParam("store_fail_p", float, None, _FAULTS),  # a store job finishes TransferResult(success=False)
     EngineParam("tier_lose_p", float, None, _FAULTS),  # the file-system tier loses a file a promotion reads
+    EngineParam("tier_store_fail_p", float, None, _FAULTS),  # the file-system tier's store jobs fail (ENOSPC)
     EngineParam("tier_lookup_late_p", float, None, _FAULTS),  # the file-system tier's lookup answers, late_steps late
     EngineParam("tier_backpressure", _backpressure, None, _TIER),  # the file tier's detector and its policy
     EngineParam("tier_store_slow_p", float, None, _FAULTS),  # the file tier's stores measured slow (congested)

@@ -31,6 +31,7 @@ import random
 from dataclasses import dataclass
 
 from kvbound.errors import UsageError
+from kvbound.side import tier_pressure
 
 from . import layouts as L
 
@@ -128,10 +129,13 @@ AXES = (
     Axis("tier_lose_p", ("0.0", "0.1"), "the file-system tier loses a file a promotion is about to read: the read"
          " fails there and vLLM keeps the blocks before it (side/tier_faults.py)", "engine",
          applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
+    Axis("tier_store_fail_p", ("0.0", "0.3"), "a store job to the file-system tier fails as a full disk fails it"
+         " (ENOSPC in the tier's I/O thread; side/tier_faults.py)", "engine", applies=_tiering_fs,
+         applies_doc=_TIERING_FS_DOC),
     Axis("tier_lookup_late_p", ("0.0", "0.5"), "the file-system tier's lookup thread answers a step's probes"
          " late_steps steps late (a slow file system; side/tier_clock.py)", "engine",
          applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
-    Axis("tier_backpressure", ("off", "throttled", "drop"), "the file-system tier's backpressure detector (vLLM's"
+    Axis("tier_backpressure", ("off", *tier_pressure.POLICIES), "the file-system tier's backpressure detector (vLLM's"
          " EMABackpressureDetector, asked before each store to the tier) with ThrottledDropPolicy or"
          " DropStorePolicy; the latency it measures is modelled on the step clock (side/tier_pressure.py)",
          "engine", applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
@@ -216,6 +220,10 @@ SWEEP = (
     # cooldown; and DropStorePolicy through its healthy path, connector resets and the stats it reports
     "full-tiering-fs@tier_backpressure=throttled,tier_store_slow_p=0.3",
     "full-tiering-fs@tier_backpressure=drop,log_stats=true,reset_p=0.02",
+    # failed stores to the file tier (a full disk): the manager's failed cascades, and from 0.33 the detector's
+    # failure threshold; the same with shadow off on 0.24.0 - 0.29.0
+    "full-tiering-fs@tier_store_fail_p=0.3,tier_backpressure=throttled",
+    "full-tiering-fs@shadow=false,tier_store_fail_p=0.3",
     "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
     "swa@load_limit_p=0.3",
     "mamba@load_limit_p=0.3",  # a load limit under partial tails
@@ -295,6 +303,8 @@ def support(name: str, version: str, overrides=None) -> str | None:
     par = dict(lay.params(), **(overrides or {}))
     if lay.offload_spec is not None and any(par.get(k) for k in L.SCRIPT_KEYS):
         return f"point {name}: the scripted tier ({', '.join(L.SCRIPT_KEYS)}) is a CPU spec, not {lay.offload_spec}"
+    if par.get("tier_store_slow_p") and not par.get("tier_backpressure"):
+        return f"point {name}: tier_store_slow_p slows what a backpressure detector measures; set tier_backpressure"
     feats = release_features(version)
     needs = lay.needs + tuple(L.PARAM_NEEDS[k] for k in L.PARAM_NEEDS if par.get(k))
     if par.get("shadow") is not False and lay.offload_spec in L.SHADOWLESS:
