@@ -246,3 +246,23 @@ def test_a_full_disk_fails_file_tier_stores_and_a_tier_that_hides_the_failure_is
 def test_slow_stores_need_a_detector():
     why = support("full-tiering-fs@tier_store_slow_p=0.3", "0.33.0")
     assert why.endswith("tier_store_slow_p slows what a backpressure detector measures; set tier_backpressure")
+
+
+FAILED_STORES = FINDINGS / "0-29-0-full-tiering-fs-shadow-false-tier-store-fail-p-0-3-liveness-stuck-request-72req.json"
+
+
+@pytest.mark.parametrize("version,over,stuck", [
+    ("0.29.0", {}, True),
+    ("0.29.0", {"tier_store_fail_p": 0.0}, False),  # the fault is needed ...
+    ("0.29.0", {"cpu_chunks": 256}, False),  # ... and a primary tier smaller than request 51's 36 chunks
+    ("0.31.0", {}, False),
+])
+def test_failed_stores_reach_the_hit_larger_livelock(version, over, stuck, workers):
+    """CI's point full-tiering-fs@shadow=false,tier_store_fail_p=0.3 on 0.29.0, shrunk to 72 requests:
+    request 51 (36 chunks, a 32-chunk primary tier) deferred for ever on its own promotions, the
+    hit-larger-than-primary livelock (docs/findings.md), reached only with the failed stores."""
+    f = TF.load(FAILED_STORES)
+    env, w = workers(version)
+    job = dict(f.segment, params=dict(f.segment["params"], **over))
+    found, _ = R.check_result(version, f.layout, job, w.job(job))
+    assert ("liveness:stuck_request" in {g.key() for g in found}) is stuck, [g.key() for g in found]
