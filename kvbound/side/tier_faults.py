@@ -68,7 +68,8 @@ def _fail_stores(eng, tap, tier, rng, p):
     job, its write tasks raise ENOSPC in the tier's I/O thread before any file of the job lands, and
     vLLM's pool reports the job failed (0.33.0 fs/thread_pool.py:173-188). The shadow KV is told: a
     key whose file is not on disk is not in the tier."""
-    failing = {}  # job id -> its keys
+    failing = {}  # job id -> its keys, until the tier enqueues the job's writes
+    failed = set()  # the jobs whose writes were made to fail
 
     def submit_store(call, job):
         if rng.random() < p:
@@ -80,6 +81,7 @@ def _fail_stores(eng, tap, tier, rng, p):
         if keys is None:
             return call(job_id, n_tasks, tasks)
         eng.stats["tier_failed_stores"] += 1
+        failed.add(job_id)
         files = getattr(None if eng.shadow is None else eng.shadow.transfers, "files", {})
         for key in keys:
             if not os.path.exists(tier.file_mapper.get_file_name(key)):
@@ -92,14 +94,6 @@ def _fail_stores(eng, tap, tier, rng, p):
         def finished(call):
             return [r for r in call() if r.success or r.job_id not in failed]
 
-        failed = set()
-
-        def record(call, job_id, n_tasks, tasks):
-            if job_id in failing:
-                failed.add(job_id)
-            return call(job_id, n_tasks, tasks)
-
-        tap.around(tier._pool, "enqueue_store", record)
         tap.around(tier, tier_clock.finished_jobs_method(tier), finished)
 
 

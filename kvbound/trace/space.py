@@ -141,7 +141,7 @@ AXES = (
          "engine", applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
     Axis("tier_store_slow_p", ("0.0", "0.3"), "a store to the file-system tier runs at 20 MiB/s instead of 2 GiB/s"
          " as the backpressure detector measures it, with this probability per store (a congested file system;"
-         " side/tier_pressure.py; nothing is measured without tier_backpressure)", "engine",
+         " side/tier_pressure.py; refused without tier_backpressure, which measures it)", "engine",
          applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
     # the CPU tier's knobs, the scheduler's, and traffic (docs/trace.md "The configuration space")
     Axis("cpu_chunks", ("256", "32", "4"), "the CPU tier's capacity in chunks, exactly (32: pool pressure, the tier evicts:"
