@@ -31,7 +31,8 @@ def test_the_kind_is_in_the_table_and_costs_no_kv():
 
 @pytest.mark.parametrize("version,point", [
     ("0.33.0", "full@log_stats=true"), ("0.33.0", "full-multi-pd@log_stats=true"),
-    ("0.29.0", "mamba@log_stats=true"), ("0.29.0", "full@log_stats=true,reset_p=0.1")])
+    ("0.29.0", "mamba@log_stats=true"), ("0.29.0", "full@log_stats=true,reset_p=0.1"),
+    ("0.21.0", "full@log_stats=true"), ("0.23.0", "full@log_stats=true")])
 def test_the_frontend_counts_every_finished_transfer(version, point, workers):
     """Real traffic: the frontend saw payloads and counted bytes both ways, and they agree."""
     env, w = workers(version)
@@ -49,6 +50,17 @@ def test_a_planted_stats_defect_is_found_and_its_clean_point_is_not(defect, work
     _, got = _run(w, defect.release, defect.layout, defect.name)
     # the lost interval is missing from both loggers' counts: the logging logger's and Prometheus's
     assert set(defect.catches) <= set(got) and got["lifecycle:transfer_stats_mismatch"] == 2, got
+
+
+def test_the_media_keyed_stats_lose_the_planted_interval(workers):
+    """Before 0.24 the worker side hands the stats over, keyed by the transfer's media; the planted
+    interval lost there is found (by the logging logger's bytes and Prometheus's), its clean point not."""
+    defect = next(d for d in DEFECTS if d.name == "stats_drop_interval")
+    env, w = workers("0.21.0")
+    res, got = _run(w, "0.21.0", defect.layout)
+    assert not got and res["stats"]["frontend_store_bytes"] > 0, (got, res["stats"])
+    _, got = _run(w, "0.21.0", defect.layout, defect.name)
+    assert got["lifecycle:transfer_stats_mismatch"] == 2, got
 
 
 def test_the_stats_are_off_where_log_stats_is(workers):

@@ -296,6 +296,10 @@ def fake_transfer_engine_class(obase):
             # 0.33.0 v1/kv_offload/base.py:650-654), as the CPU tier's worker measures it
             fields = getattr(obase.TransferResult, "__dataclass_fields__", {})
             self.reports_size = "transfer_size" in fields and "transfer_time" in fields
+            # and, before 0.25, its direction as (source medium, destination medium), which the
+            # connector's worker requires before it records a transfer's stats (0.21.0
+            # cpu/gpu_worker.py:169,355-361 sets it; offloading/worker.py:328-337 reads it)
+            self.reports_type = "transfer_type" in fields
 
         def _schedule(self, job_id, kind, delay, ok, src_spec, dst_spec, may_be_late=True):
             """Hold the job ``delay`` steps (plus a late fault's) and tell the shadow when it
@@ -335,10 +339,12 @@ def fake_transfer_engine_class(obase):
             size = self.sizes.pop(job_id, None)
             if size is None:
                 return obase.TransferResult(job_id=job_id, success=ok)
-            self.reported.setdefault(self.submitted[job_id], []).append(size[0])  # stats_logger's check
+            kind = self.submitted[job_id]
+            self.reported.setdefault(kind, []).append(size[0])  # stats_logger's check
             # the time: the steps the job was held, at a modelled millisecond each (no clock)
+            more = {"transfer_type": ("GPU", "CPU") if kind == "store" else ("CPU", "GPU")} if self.reports_type else {}
             return obase.TransferResult(job_id=job_id, success=ok, transfer_size=size[0],
-                                        transfer_time=1e-3 * (size[1] + 1))
+                                        transfer_time=1e-3 * (size[1] + 1), **more)
 
         def _tier(self):
             sh = getattr(self.eng, "shadow", None)

@@ -15,21 +15,22 @@ frontend over msgpack, where two stat loggers read it every step: the logging lo
 msgpack encoder and decoder carried it (``v1/serial_utils.py``); the Prometheus metrics register as
 vLLM's logger registers them, after unregistering the previous engine's (``unregister_vllm_metrics``).
 
-The promise checked, where the release's stats name flat transfer counters (its offloading
-``metrics._TransferMetricName``, 0.24.0 - 0.33.0): at the end of a run that drained, the bytes the
-frontend reduces as loaded and as stored, and the number of size observations of each, are those
-of the transfers the worker was told finished (the worker records each finished job's
-``transfer_size``, 0.33.0 ``offloading/worker.py`` ``get_finished``; the scheduler turns the
-worker's totals into counters and a histogram, ``offloading/scheduler.py:2234-2262``), in the
-logging logger's reduced totals and in the Prometheus logger's counters alike. A mismatch is one
-``lifecycle:transfer_stats_mismatch`` per logger and kind. Before 0.24 the loggers run and nothing is compared
-(the stats are keyed by the transfer's media, which the fake transfer engine does not report).
+The promise checked: at the end of a run that drained, the bytes the frontend reduces as loaded and
+as stored, and the number of size observations of each, are those of the transfers the worker was
+told finished (the worker records each finished job's ``transfer_size``, 0.33.0
+``offloading/worker.py`` ``get_finished``; the scheduler turns the worker's totals into counters and
+a histogram, ``offloading/scheduler.py:2234-2262``), in the logging logger's reduced totals and in
+the Prometheus logger's counters alike (``counters``: the flat names of 0.24.0 - 0.33.0, or the
+media-keyed stats of 0.21.0 - 0.23.0, whose logging logger reduces bytes only). A mismatch is one
+``lifecycle:transfer_stats_mismatch`` per logger and kind.
 
-Planted (tests only, the job's ``mutant``): ``stats_drop_interval``, the connector's scheduler
-side loses the first stats it would hand over that count transferred bytes (``get_stats`` answers
-None once).
+Planted (tests only, the job's ``mutant``): ``stats_drop_interval``, the connector loses the first
+stats it would hand over that count transferred bytes (the scheduler side's ``get_stats`` answers
+None once; before 0.24, where the worker side hands them over, its ``get_kv_connector_stats``).
 Standard library and vLLM only.
 """
+
+import collections
 
 from . import compose
 
@@ -46,15 +47,29 @@ def subscribe(eng, tap):
     return front
 
 
-def flat_counters():
-    """(load bytes, store bytes, load size, store size): the release's metric names of the
-    connector's transfer counters and histograms, or None where it has no flat names."""
+Counter = collections.namedtuple("Counter", "logged_bytes logged_count prom_bytes prom_count labels")
+
+
+def counters():
+    """kind ("load", "store") -> where the frontend counts that kind's transfers (a ``Counter``): the
+    logging logger's reduced keys (``logged_count`` None where it reduces bytes only) and the
+    Prometheus samples with their extra labels. 0.24.0 - 0.33.0 name flat counters
+    (``offloading/metrics.py`` ``_TransferMetricName``); 0.21.0 - 0.23.0 key the stats by the
+    transfer's media, "GPU_to_CPU" for a store and "CPU_to_GPU" for a load (0.21.0
+    ``offloading/metrics.py:47-63`` ``reduce``, ``:124-165`` ``observe``, the worker's
+    ``transfer_type`` joined by ``_to_``, ``:69-76``); None where the release has neither."""
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading import metrics
 
     names = getattr(metrics, "_TransferMetricName", None)
-    if names is None:
-        return None
-    return names.LOAD_BYTES, names.STORE_BYTES, names.LOAD_SIZE, names.STORE_SIZE
+    if names is not None:
+        return {kind: Counter(total, size + "_count", total + "_total", size + "_count", {})
+                for kind, total, size in (("load", names.LOAD_BYTES, names.LOAD_SIZE),
+                                          ("store", names.STORE_BYTES, names.STORE_SIZE))}
+    if hasattr(metrics, "OffloadingOperationMetrics"):
+        return {kind: Counter(media + "_total_bytes", None, "vllm:kv_offload_total_bytes_total",
+                              "vllm:kv_offload_size_count", {"transfer_type": media})
+                for kind, media in (("load", "CPU_to_GPU"), ("store", "GPU_to_CPU"))}
+    return None
 
 
 class FrontendStats:
@@ -74,7 +89,7 @@ class FrontendStats:
         prometheus.unregister_vllm_metrics()
         self.registry = prometheus.get_prometheus_registry()
         self.prom = kvm.KVConnectorProm(eng.vllm_config, list(LABELS), {0: list(LABELS.values())})
-        self.names = flat_counters()
+        self.counters = counters()
         self.payloads = 0  # the steps whose SchedulerStats carried connector stats
         self.logged = []  # the log lines the logging logger wrote
 
@@ -90,14 +105,23 @@ class FrontendStats:
         if self.eng.mutant == "stats_drop_interval":
             dropped = []
 
+            flat = hasattr(self.eng.csched, "get_stats")
+
             def get_stats(call, *a, **k):
                 stats = call(*a, **k)
-                if stats is not None and not dropped and any(stats.reduce().get(n) for n in self.names[:2]):
+                # before 0.24 only the worker's transfers are in them, as objects its reduce refuses
+                # until msgpack made them dicts (docs/findings.md)
+                if stats is not None and not dropped and (
+                        any(stats.reduce().get(c.logged_bytes) for c in self.counters.values()) if flat
+                        else not stats.is_empty()):
                     dropped.append(stats)
                     return None
                 return stats
 
-            tap.around(self.eng.csched, "get_stats", get_stats)
+            if flat:
+                tap.around(self.eng.csched, "get_stats", get_stats)
+            else:  # before 0.24 the worker side hands them over
+                tap.around(self.eng.wconn.connector_worker, "get_kv_connector_stats", get_stats)
 
     def observe(self, scheduler_stats):
         received = self.decoder.decode(self.encoder.encode(scheduler_stats))  # engine core -> frontend
@@ -116,9 +140,10 @@ class FrontendStats:
         inner = reduced.get(compose.OFFLOADING)
         return inner if isinstance(inner, dict) else reduced
 
-    def prometheus(self, name):
-        """The value of the Prometheus sample ``name`` of this engine (0 where none was recorded)."""
-        return self.registry.get_sample_value(name, LABELS) or 0
+    def prometheus(self, name, labels):
+        """The value of the Prometheus sample ``name`` of this engine with the extra ``labels`` (0
+        where none was recorded)."""
+        return self.registry.get_sample_value(name, dict(LABELS, **labels)) or 0
 
     def check(self, reported):
         """At the end of a drained run: the logging logger's totals and the Prometheus logger's
@@ -126,18 +151,20 @@ class FrontendStats:
         reported, ``fakes``); then the log interval's summary is written as the logger writes it."""
         got = self.totals()
         self.logging.log(log_fn=lambda fmt, *a: self.logged.append(fmt % a))
-        if self.names is None or any(v["check"] == "lifecycle:not_drained" for v in self.eng.violations):
+        if self.counters is None or any(v["check"] == "lifecycle:not_drained" for v in self.eng.violations):
             return
-        load_bytes, store_bytes, load_size, store_size = self.names
-        self.eng.stats.update(frontend_payloads=self.payloads, frontend_load_bytes=got.get(load_bytes, 0),
-                              frontend_store_bytes=got.get(store_bytes, 0))
-        for kind, total, count in (("load", load_bytes, load_size), ("store", store_bytes, store_size)):
+        self.eng.stats.update(frontend_payloads=self.payloads,
+                              frontend_load_bytes=got.get(self.counters["load"].logged_bytes, 0),
+                              frontend_store_bytes=got.get(self.counters["store"].logged_bytes, 0))
+        for kind, c in self.counters.items():
             sizes = reported.get(kind, ())
             want = (sum(sizes), len(sizes))
-            for logger, have in (("logging", (got.get(total, 0), got.get(count + "_count", 0))),
-                                 ("Prometheus", (self.prometheus(total + "_total"), self.prometheus(count + "_count")))):
-                if have != want:
-                    self.eng.violate(KIND, None, "the frontend's %s logger counts %d %s bytes in %d transfers; the"
+            for logger, have in (("logging", (got.get(c.logged_bytes, 0),
+                                              got.get(c.logged_count, 0) if c.logged_count else None)),
+                                 ("Prometheus", (self.prometheus(c.prom_bytes, c.labels),
+                                                 self.prometheus(c.prom_count, c.labels)))):
+                if have != want[:1] + (want[1] if have[1] is not None else None,):
+                    self.eng.violate(KIND, None, "the frontend's %s logger counts %d %s bytes in %s transfers; the"
                                      " worker was told %d bytes in %d finished %s jobs (%s, %s; %d payloads)"
-                                     % (logger, have[0], kind, have[1], want[0], want[1], kind, total, count,
-                                        self.payloads))
+                                     % (logger, have[0], kind, "?" if have[1] is None else have[1], want[0],
+                                        want[1], kind, c.logged_bytes, c.prom_count, self.payloads))
