@@ -59,8 +59,9 @@ DEFECTS = (
            "kv_events", ("store:stale_event",), "full@cpu_chunks=32,kv_events=true", "0.33.0"),
     Defect("event_drop_stored", "the CPU tier drops its first stored event (a completed store it never announces)",
            "kv_events", ("store:stale_event",), "full@cpu_chunks=32,kv_events=true", "0.33.0"),
-    Defect("stats_drop_interval", "the connector's scheduler side loses the first stats it would hand over"
-           " that count transferred bytes (get_stats answers None once)", "stats_logger",
+    Defect("stats_drop_interval", "the connector loses the first stats it would hand over that count"
+           " transferred bytes (its scheduler side's get_stats answers None once; before 0.24 its worker"
+           " side's get_kv_connector_stats)", "stats_logger",
            ("lifecycle:transfer_stats_mismatch",), "full@log_stats=true", "0.33.0"),
     Defect("lost_read_reported_ok", "the file-system tier reports a promotion whose read failed at a lost file a"
            " success (its primary chunks made ready with nothing read into them)", "tier_faults",
