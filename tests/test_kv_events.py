@@ -97,15 +97,41 @@ def _run(w, version, point, mutant=None, n=200):
 def test_a_planted_event_defect_is_found_and_its_clean_point_is_not(defect, workers):
     """full@cpu_chunks=32: the small tier evicts, so removal events flow; the clean run applies every
     one and agrees with the tier at each take; a tier that drops one removal (the view goes stale) or
-    one stored event (the view misses blocks) is caught at once."""
+    one stored event (the view misses blocks) is caught at once. The file tier with failed stores:
+    the clean run's storage medium agrees with what landed on disk; a tier that announces its failed
+    stores leaves blocks listed that no file holds."""
     env, w = workers(defect.release)
     res, got = _run(w, defect.release, defect.layout)
     assert res.get("ok", True) and not got, got
     assert res["stats"]["kv_events"] > 100 and res["stats"]["stores"] > 0
     _, got = _run(w, defect.release, defect.layout, defect.name)
     assert set(defect.catches) <= {k.split("[")[0] for k in got}, got
-    view = {"event_drop_removed": "stale", "event_drop_stored": "missing"}[defect.name]
-    assert got == {f"store:stale_event[CPU: {view}]": 1}, got  # one dropped event, reported once
+    medium, view = {"event_drop_removed": ("CPU", "stale"), "event_drop_stored": ("CPU", "missing"),
+                    "failed_store_announced": ("STORAGE", "stale")}[defect.name]
+    if medium == "CPU":
+        assert got == {f"store:stale_event[CPU: {view}]": 1}, got  # one dropped event, reported once
+    else:  # each failed store announced, reported at the take that lists it
+        assert set(got) == {f"store:stale_event[STORAGE: {view}]"} and got[f"store:stale_event[STORAGE: {view}]"] > 1, got
+        assert res["stats"]["tier_failed_stores"] > 0 and res["stats"]["kv_events_disk_keys"] > 100, res["stats"]
+
+
+@pytest.mark.parametrize("version,point,announces", [
+    ("0.25.1", "full-tiering-fs@shadow=false,kv_events=true", False),
+    ("0.29.0", "full-tiering-fs@shadow=false,kv_events=true", True),
+    ("0.33.0", "full-tiering-fs@tier_lose_p=0.1,kv_events=true", True)])
+def test_the_file_tier_announces_what_landed_on_disk(version, point, announces, workers):
+    """From 0.26 the file tier announces its stores on the storage medium when KV events are on
+    (compose asks it), and the check compares them with the files on disk: clean on real traffic,
+    lost files (tier_lose_p) included; before 0.26 the tier has no events to ask for."""
+    assert S.support(point, version) is None
+    env, w = workers(version)
+    res, got = _run(w, version, point)
+    assert not {k for k in got if k.startswith("store:stale_event")}, got
+    st = res["stats"]
+    if announces:
+        assert st["kv_events_disk_keys"] > 100 and st.get("tier_lost_files", 1) > 0, st
+    else:
+        assert "kv_events_disk_keys" not in st and st["kv_events"] > 0 and st["stores"] > 0, st
 
 
 @pytest.mark.parametrize("version,groups_named", [("0.22.1", False), ("0.33.0", True)])

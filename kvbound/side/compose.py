@@ -65,7 +65,7 @@ def tiering_config(lay, par):
     served once per step, spec.py:364-368). ``tiering-example``: the same spec with its
     in-memory example tier (``{"type": "example"}``, tiering/factory.py:56-57 from 0.22.1). The file
     tier's backpressure detector where the engine settings ``par`` ask for one
-    (``tier_pressure.tier_config``)."""
+    (``tier_pressure.tier_config``), and its KV events where they are on and it has them."""
     import tempfile
 
     spec = {"spec_name": "TieringOffloadingSpec", "tier_poll_interval_s": 0}
@@ -78,7 +78,20 @@ def tiering_config(lay, par):
     backpressure = tier_pressure.tier_config(par)
     if backpressure is not None:
         tier["backpressure"] = backpressure
+    if par.get("kv_events") and _announces_stores():
+        tier["enable_kv_events"] = True  # its stores announced as KV events (side/kv_events.py DiskTier)
     return dict(spec, secondary_tiers=[tier])
+
+
+def _announces_stores():
+    """Whether the release's file-system tier takes ``enable_kv_events`` (0.26.0 - 0.33.0
+    ``tiering/fs/manager.py``; the tier factory passes a tier's config keys to it as keywords,
+    0.33.0 ``tiering/factory.py:62-97``, so an older tier would refuse the key)."""
+    import inspect
+
+    from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+
+    return "enable_kv_events" in inspect.signature(FileSystemTierManager.__init__).parameters
 
 
 def sub_connector(conn, name):

@@ -59,6 +59,9 @@ DEFECTS = (
            "kv_events", ("store:stale_event",), "full@cpu_chunks=32,kv_events=true", "0.33.0"),
     Defect("event_drop_stored", "the CPU tier drops its first stored event (a completed store it never announces)",
            "kv_events", ("store:stale_event",), "full@cpu_chunks=32,kv_events=true", "0.33.0"),
+    Defect("failed_store_announced", "the file-system tier announces a store job that failed (a BlockStored of"
+           " the storage medium for keys whose file never landed)", "kv_events", ("store:stale_event",),
+           "full-tiering-fs@tier_store_fail_p=0.3,kv_events=true", "0.32.0"),
     Defect("stats_drop_interval", "the connector loses the first stats it would hand over that count"
            " transferred bytes (its scheduler side's get_stats answers None once; before 0.24 its worker"
            " side's get_kv_connector_stats)", "stats_logger",

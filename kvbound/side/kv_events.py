@@ -25,9 +25,22 @@ is ready (``is_ready``: a write still pending is announced when it completes). A
 holds one the consumer does not list), after which the consumer re-reads the tier, so each loss
 is reported once.
 
+A file-system secondary tier of the tiering spec announces its own stores from 0.26.0 when its
+config asks (``enable_kv_events``, 0.33.0 ``tiering/fs/manager.py:119-151``; 0.26.0 ``:113-145``;
+``compose.tiering_config`` asks where KV events are on): a ``BlockStored`` of the storage medium
+for each key of a store job it reports a success (``fs/manager.py:280-297``), and no removal (its
+files outlive the engine, and a connector reset leaves them, ``tiering/manager.py:1143-1159``). The
+promise checked on that medium, at the same moments: the blocks the consumer lists are exactly the
+keys the tier wrote (``DiskTier``: the keys of the store jobs it reported finished whose file was
+on disk then); a file lost later (the fault ``tier_lose_p``) stays listed, as the tier cannot know.
+A clear the consumer applies to the medium forgets what was written before it.
+
 Planted (tests only, the job's ``mutant``): ``event_drop_removed``, the tier drops its first
-removal event; ``event_drop_stored``, its first stored event. Standard library and vLLM only.
+removal event; ``event_drop_stored``, its first stored event; ``failed_store_announced``, the file
+tier announces a store job that failed. Standard library and vLLM only.
 """
+
+import os
 
 import collections
 
@@ -112,6 +125,54 @@ class EventView:
         return out
 
 
+def disk_tiers(mgr):
+    """The file-system secondary tiers of a tiering manager that announce their stores (events
+    enabled: ``events`` a list, 0.26.0 - 0.33.0 ``tiering/fs/manager.py``)."""
+    return [t for t in getattr(mgr, "secondary_tiers", None) or ()
+            if hasattr(t, "file_mapper") and getattr(t, "events", None) is not None]
+
+
+class DiskTier:
+    """What a file-system tier wrote, as its disk holds it: the keys of each store job it reported
+    finished whose file was there when it did."""
+
+    def __init__(self, tier, mutant, stats):
+        self.tier, self.mutant, self.stats = tier, mutant, stats
+        stats.setdefault("kv_events_disk_keys", 0)  # the keys the disk tiers wrote (what the check compared)
+        self.medium = getattr(tier.medium, "value", tier.medium)
+        self.jobs = {}  # store job id -> its keys, until the tier reports the job finished
+        self.wrote = set()  # keys written since the consumer's last clear of the medium
+
+    def subscribe(self, tap):
+        from . import tier_clock
+
+        tier = self.tier
+
+        def submit_store(call, job):
+            self.jobs[job.job_id] = list(job.keys)
+            return call(job)
+
+        def finished(call):
+            results = list(call())
+            for r in results:
+                keys = self.jobs.pop(r.job_id, None) or ()
+                landed = [k for k in keys if os.path.exists(tier.file_mapper.get_file_name(k))]
+                self.stats["kv_events_disk_keys"] += len(landed)
+                self.wrote.update(landed)
+                if keys and not r.success and self.mutant == "failed_store_announced":  # planted
+                    from vllm.v1.kv_offload.base import OffloadingEvent
+
+                    tier.events.append(OffloadingEvent(keys=keys, medium=tier.medium, removed=False))
+            return results
+
+        tap.around(tier, "submit_store", submit_store)
+        tap.around(tier, tier_clock.finished_jobs_method(tier), finished)
+
+    def held(self, ob, norm):
+        return collections.Counter({(self.medium, ob.get_offload_group_idx(k), norm(ob.get_offload_block_hash(k))): 1
+                                    for k in self.wrote})
+
+
 class KVEventCheck:
     def __init__(self, eng):
         from vllm.distributed import kv_events as ke
@@ -130,6 +191,7 @@ class KVEventCheck:
         if self.tier is None:  # a check that cannot read its tier must not pass as clean
             raise ValueError("kv_events: the connector's manager %s holds no cache policy kvbound can read"
                              % type(eng.csched.manager).__name__)
+        self.disks = [DiskTier(t, eng.mutant, eng.stats) for t in disk_tiers(eng.csched.manager)]
         self.snapshot = None  # the tier's content at the manager's last drain
         self.reset_dropped = set()  # tier keys a reset dropped, not stored since
         self.dropped = False  # planted: the one event the tier dropped
@@ -159,7 +221,8 @@ class KVEventCheck:
 
         def drain(call):
             evs = list(call())
-            self.snapshot = self.held()
+            self.snapshot = self.held() + sum((d.held(self.eng.rel.obase, self.norm) for d in self.disks),
+                                              collections.Counter())
             self.reset_dropped -= set(self.snapshot)
             return evs
 
@@ -168,7 +231,7 @@ class KVEventCheck:
             self.takes += 1
             eng.stats["kv_events"] = eng.stats.get("kv_events", 0) + len(evs)
             for ev in evs:
-                self.view.apply(ev)
+                self.apply(ev)
             if self.snapshot is not None:
                 self.check(self.snapshot)
                 self.snapshot = None
@@ -177,7 +240,7 @@ class KVEventCheck:
         def gpu_take(call, *a, **k):  # the batch's first part: the GPU pool's events (AllBlocksCleared)
             evs = call(*a, **k)
             for ev in evs or ():
-                self.view.apply(ev)
+                self.apply(ev)
             return evs
 
         def reset_cache(call, *a, **k):
@@ -194,16 +257,33 @@ class KVEventCheck:
         tap.around(eng.csched, "take_events", take_events)
         if hasattr(self.tier, "reset_cache"):
             tap.around(self.tier, "reset_cache", reset_cache)
+        for d in self.disks:
+            d.subscribe(tap)
+
+    def apply(self, ev):
+        """``ev`` applied to the view; a clear of a disk tier's medium forgets what it wrote before."""
+        self.view.apply(ev)
+        if isinstance(ev, self.view.cleared):
+            for d in self.disks:
+                if getattr(ev, "medium", None) in (None, d.medium):
+                    d.wrote.clear()
 
     def check(self, held):
-        """``held`` (the tier's medium only) against the view of that medium; other media (a
-        secondary tier's) are applied to the view and not compared."""
+        """``held`` (the primary tier's ready chunks, and each disk tier's written keys) against the
+        view of each of those media: the primary's counted, a disk tier's by presence (it announces
+        a key once per store job and never removes it); other media are applied and not compared."""
         view = self.view
         medium = getattr(self.tier.medium, "value", self.tier.medium)
-        want = view.project(held)
-        got = view.project(+collections.Counter({k: n for k, n in view.counts.items() if k[0] == medium}))
         reset = set(view.project(collections.Counter(self.reset_dropped)))
         self.reset_dropped = set()  # what a reset dropped tells the next take only
+        self._compare(medium, held, reset, count=True)
+        for d in self.disks:
+            self._compare(d.medium, held, (), count=False)
+
+    def _compare(self, medium, held, reset, count):
+        view = self.view
+        mine = lambda c: collections.Counter({k: (n if count else 1) for k, n in c.items() if k[0] == medium and n > 0})
+        want, got = view.project(mine(held)), view.project(mine(view.counts))
         if want == got:
             return
         stale = sorted((k for k in got if got[k] > want[k]), key=repr)
