@@ -29,7 +29,7 @@ A file-system secondary tier of the tiering spec announces its own stores from 0
 config asks (``enable_kv_events``, 0.33.0 ``tiering/fs/manager.py:119-151``; 0.26.0 ``:113-145``;
 ``compose.tiering_config`` asks where KV events are on): a ``BlockStored`` of the storage medium
 for each key of a store job it reports a success (``fs/manager.py:280-297``), and no removal (its
-files outlive the engine, and a connector reset leaves them, ``tiering/manager.py:1143-1159``). The
+files outlive the engine, and a connector reset leaves them, ``tiering/manager.py:1141-1159``). The
 promise checked on that medium, at the same moments: the blocks the consumer lists are exactly the
 keys the tier wrote (``DiskTier``: the keys of the store jobs it reported finished whose file was
 on disk then); a file lost later (the fault ``tier_lose_p``) stays listed, as the tier cannot know.
