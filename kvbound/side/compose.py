@@ -8,7 +8,7 @@ got (``cpu_bytes_to_use``, ``tier_capacity``), the extra config of a tiering spe
 and what outlives a run (``close``).
 """
 
-from . import adapter, kv_events, pd_connector, tier_pressure
+from . import adapter, kv_events, pd_connector, tier_faults, tier_pressure
 
 OFFLOADING = "OffloadingConnector"
 
@@ -130,6 +130,7 @@ def close(eng):
     directory (TieringOffloadingManager.shutdown, 0.33.0 v1/kv_offload/tiering/manager.py:1251),
     shut down here when the run ended before the engine's own teardown (``Engine.shutdown``)."""
     tier_pressure.restore(eng)
+    tier_faults.restore(eng)
     if getattr(eng.csched.manager, "secondary_tiers", None):
         import shutil
 

@@ -14,9 +14,12 @@ holds: no lookup claims a chunk the tier does not hold ready, no request waits f
 token reads its own prefix's KV. The shadow KV is told: a failed key's primary chunk holds
 nothing, and the lost file is gone from the tier.
 
-A store job to the file tier fails as a full disk fails it (``tier_store_fail_p``, per job): its
-write tasks raise ENOSPC in the tier's I/O thread, so no file of the job lands and vLLM's pool
-reports the job failed (0.33.0 ``fs/thread_pool.py:173-188``, ``fs/manager.py:280-322``). vLLM
+A store job to the file tier meets a full disk (``tier_store_fail_p``, per job): at a block of the
+job drawn from the seed, vLLM's own write of that block's temporary file raises ENOSPC in the tier's
+I/O thread (``DiskFull``, in place of the ``os`` its I/O module writes through: 0.33.0
+``fs/io.py:89-131`` ``_store_block``, ``os.write``; 0.24.0 ``store_block``), the blocks before it
+have landed, vLLM removes the temporary file and raises, and its pool reports the job failed
+(``fs/io.py:174-195``, ``fs/thread_pool.py:173-188``, ``fs/manager.py:280-322``). vLLM
 then unpins the primary chunks the cascade read (``tiering/manager.py:543-549`` ->
 ``complete_read``; 0.24.0 ``:218-226``) and, from 0.33, counts the failure toward the detector's
 pressure (``_update_backpressure`` :577-578, ``backpressure.py:368-384``); what it promises is
@@ -33,6 +36,7 @@ library only; vLLM's objects come in through the tap.
 import errno
 import os
 import random
+import sys
 
 from . import tier_clock
 
@@ -59,42 +63,85 @@ def subscribe(eng, tap):
         _subscribe_tier(eng, tap, tier, rng, p)
 
 
-def _no_space():
-    raise OSError(errno.ENOSPC, "No space left on device (kvbound's fault tier_store_fail_p)")
+class DiskFull:
+    """The ``os`` module as vLLM's file-tier I/O module sees it: a write to a temporary file of one of
+    ``paths`` (a block's file name) raises ENOSPC, once per open; everything else is the real module's."""
+
+    def __init__(self, module):
+        self.module, self.real = module, getattr(module.os, "real", module.os)
+        self.paths, self.fds = set(), set()
+
+    def open(self, path, flags, *a, **k):
+        fd = self.real.open(path, flags, *a, **k)
+        if path not in self.paths and any(path.startswith(p) for p in self.paths):
+            self.fds.add(fd)
+        return fd
+
+    def write(self, fd, data):
+        if fd in self.fds:
+            self.fds.discard(fd)
+            raise OSError(errno.ENOSPC, "No space left on device (kvbound's fault tier_store_fail_p)")
+        return self.real.write(fd, data)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def restore(eng):
+    """The file tier's I/O module's own ``os`` again (the worker process runs the next job)."""
+    full = getattr(eng, "disk_full", None)
+    if full is not None:
+        full.module.os = full.real
 
 
 def _fail_stores(eng, tap, tier, rng, p):
-    """A store job to the file tier that fails as a full disk fails it: with probability ``p`` per
-    job, its write tasks raise ENOSPC in the tier's I/O thread before any file of the job lands, and
-    vLLM's pool reports the job failed (0.33.0 fs/thread_pool.py:173-188). The shadow KV is told: a
-    key whose file is not on disk is not in the tier."""
-    failing = {}  # job id -> its keys, until the tier enqueues the job's writes
-    failed = set()  # the jobs whose writes were made to fail
+    """A store job to the file tier that meets a full disk: with probability ``p`` per job, vLLM's
+    write of the job's block drawn from the seed fails with ENOSPC (``DiskFull``), after the blocks
+    before it landed. The shadow KV is told, when the tier reports the job: a key whose file is not
+    on disk is not in the tier."""
+    full = getattr(eng, "disk_full", None)
+    if full is None:
+        full = eng.disk_full = DiskFull(sys.modules[_io_module(tier)])
+        full.module.os = full  # put back by restore(), at the run's end
+    at = random.Random(repr(eng.par.get("seed", 0)) + "-tier-store-fail-at")
+    failing = {}  # job id -> its keys, until the tier reports the job
+    failed = set()  # the jobs made to fail
 
     def submit_store(call, job):
-        if rng.random() < p:
-            failing[job.job_id] = list(job.keys)
+        keys = list(job.keys)
+        if keys and rng.random() < p:
+            failing[job.job_id] = keys
+            failed.add(job.job_id)
+            full.paths.add(tier.file_mapper.get_file_name(keys[at.randrange(len(keys))]))
         return call(job)
 
-    def enqueue_store(call, job_id, n_tasks, tasks):
-        keys = failing.pop(job_id, None)
-        if keys is None:
-            return call(job_id, n_tasks, tasks)
-        eng.stats["tier_failed_stores"] += 1
-        failed.add(job_id)
+    def finished(call):
+        results = call()
         files = getattr(None if eng.shadow is None else eng.shadow.transfers, "files", {})
-        for key in keys:
-            if not os.path.exists(tier.file_mapper.get_file_name(key)):
-                files.pop(key, None)
-        return call(job_id, n_tasks, [_no_space] * n_tasks)
+        for r in results:
+            keys = failing.pop(r.job_id, None)
+            if keys is None:
+                continue
+            eng.stats["tier_failed_stores"] += not r.success
+            for key in keys:
+                path = tier.file_mapper.get_file_name(key)
+                full.paths.discard(path)
+                if not os.path.exists(path):
+                    files.pop(key, None)
+        return results
 
     tap.around(tier, "submit_store", submit_store)
-    tap.around(tier._pool, "enqueue_store", enqueue_store)
+    tap.around(tier, tier_clock.finished_jobs_method(tier), finished)
     if eng.mutant == "failed_store_never_reported":  # planted: the tier drops a failed store's result
-        def finished(call):
+        def dropped(call):
             return [r for r in call() if r.success or r.job_id not in failed]
 
-        tap.around(tier, tier_clock.finished_jobs_method(tier), finished)
+        tap.around(tier, tier_clock.finished_jobs_method(tier), dropped)
+
+
+def _io_module(tier):
+    """The module of the file tier's block I/O (0.24.0 - 0.33.0 ``tiering/fs/io.py``), beside its manager's."""
+    return type(tier).__module__.rsplit(".", 1)[0] + ".io"
 
 
 def _subscribe_tier(eng, tap, tier, rng, p):
