@@ -210,7 +210,6 @@ SWEEP = (
     "full-tiering-fs@log_stats=true,reset_p=0.1,load_tiers_p=0.3",
     "full@load_tiers_p=0.3",  # tier filters on the CPU spec: 0.27.0 - 0.29.0, which run no tiering-fs
     "full-tiering-fs@tier_lose_p=0.1,kv_events=true",  # failed promotions (partial keep) and their events
-    "full-tiering-fs@shadow=false,kv_events=true",  # the file tier's own store events (0.26+) against its disk
     "full-tiering-fs@shadow=false",  # the tiering spec on 0.24.0 - 0.29.0, where shadow KV cannot follow it
     # the tiering manager behind the example tier: on 0.22.1 - 0.23.0 too, where the file tier cannot run
     "full@offload_spec=tiering-example,shadow=false,cpu_chunks=32",
@@ -222,9 +221,10 @@ SWEEP = (
     "full-tiering-fs@tier_backpressure=throttled,tier_store_slow_p=0.3",
     "full-tiering-fs@tier_backpressure=drop,log_stats=true,reset_p=0.02",
     # failed stores to the file tier (a full disk): the manager's failed cascades, and from 0.33 the detector's
-    # failure threshold; the same with shadow off on 0.24.0 - 0.29.0
+    # failure threshold; the same with shadow off on 0.24.0 - 0.29.0, the tier's own store events (0.26+)
+    # checked against its disk
     "full-tiering-fs@tier_store_fail_p=0.3,tier_backpressure=throttled",
-    "full-tiering-fs@shadow=false,tier_store_fail_p=0.3",
+    "full-tiering-fs@shadow=false,tier_store_fail_p=0.3,kv_events=true",
     "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
     "swa@load_limit_p=0.3",
     "mamba@load_limit_p=0.3",  # a load limit under partial tails
