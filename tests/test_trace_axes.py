@@ -240,7 +240,8 @@ def test_a_full_disk_fails_file_tier_stores_and_a_tier_that_hides_the_failure_is
     assert res["stats"]["tier_failed_stores"] > 0 and res["stats"]["loads"] > 0, res["stats"]
     _, kinds = _run(w, defect.release, defect.layout, defect.name, n=200)
     assert set(defect.catches) <= kinds, kinds
-    assert defect.layout in SWEEP and "full-tiering-fs@tier_store_fail_p=0.3,tier_backpressure=throttled" in SWEEP
+    assert {"full-tiering-fs@shadow=false,tier_store_fail_p=0.3,kv_events=true",
+            "full-tiering-fs@tier_store_fail_p=0.3,tier_backpressure=throttled"} <= set(SWEEP)
 
 
 def test_slow_stores_need_a_detector():
@@ -248,19 +249,20 @@ def test_slow_stores_need_a_detector():
     assert why.endswith("tier_store_slow_p slows what a backpressure detector measures; set tier_backpressure")
 
 
-FAILED_STORES = FINDINGS / "0-29-0-full-tiering-fs-shadow-false-tier-store-fail-p-0-3-liveness-stuck-request-72req.json"
+FAILED_STORES = FINDINGS / "0-29-0-full-tiering-fs-shadow-false-tier-store-fail-p-0-3-kv-events-true-liveness-stuck-request-39req.json"
 
 
 @pytest.mark.parametrize("version,over,stuck", [
     ("0.29.0", {}, True),
-    ("0.29.0", {"tier_store_fail_p": 0.0}, False),  # the fault is needed ...
-    ("0.29.0", {"cpu_chunks": 256}, False),  # ... and a primary tier smaller than request 51's 36 chunks
-    ("0.31.0", {}, False),
+    ("0.29.0", {"cpu_chunks": 256}, False),  # a primary tier larger than request 193's 36 chunks
+    ("0.33.0", {}, True),
+    ("0.25.1", {}, False),
 ])
-def test_failed_stores_reach_the_hit_larger_livelock(version, over, stuck, workers):
-    """CI's point full-tiering-fs@shadow=false,tier_store_fail_p=0.3 on 0.29.0, shrunk to 72 requests:
-    request 51 (36 chunks, a 32-chunk primary tier) deferred for ever on its own promotions, the
-    hit-larger-than-primary livelock (docs/findings.md), reached only with the failed stores."""
+def test_the_failed_store_point_reaches_the_hit_larger_livelock(version, over, stuck, workers):
+    """CI's point full-tiering-fs@shadow=false,tier_store_fail_p=0.3,kv_events=true on 0.29.0, shrunk to
+    39 requests: request 193 (36 chunks, a 32-chunk primary tier) deferred for ever on its own
+    promotions, the hit-larger-than-primary livelock (docs/findings.md): on 0.27.0 - 0.33.0, not with a
+    tier that holds the request."""
     f = TF.load(FAILED_STORES)
     env, w = workers(version)
     job = dict(f.segment, params=dict(f.segment["params"], **over))
