@@ -111,8 +111,9 @@ def test_a_planted_event_defect_is_found_and_its_clean_point_is_not(defect, work
     assert res.get("ok", True) and set(got) <= ({"store:stale_event[STORAGE: missing]"} if
                                                 defect.name == "failed_store_announced" else set()), got
     assert res["stats"]["kv_events"] > 100 and res["stats"]["stores"] > 0
-    got_clean, (_, got) = got, _run(w, defect.release, defect.layout, defect.name)
-    got = got - got_clean
+    _, got = _run(w, defect.release, defect.layout, defect.name)
+    if defect.name == "failed_store_announced":  # vLLM's own finding there stays, beside the planted one
+        got = collections.Counter({k: n for k, n in got.items() if k != "store:stale_event[STORAGE: missing]"})
     assert set(defect.catches) <= {k.split("[")[0] for k in got}, got
     medium, view = {"event_drop_removed": ("CPU", "stale"), "event_drop_stored": ("CPU", "missing"),
                     "failed_store_announced": ("STORAGE", "stale")}[defect.name]

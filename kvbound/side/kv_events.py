@@ -40,9 +40,9 @@ removal event; ``event_drop_stored``, its first stored event; ``failed_store_ann
 tier announces a store job that failed. Standard library and vLLM only.
 """
 
-import os
-
 import collections
+
+from . import tier_clock
 
 # How many keys a violation names (the rest are counted).
 SHOWN = 4
@@ -128,8 +128,12 @@ class EventView:
 def disk_tiers(mgr):
     """The file-system secondary tiers of a tiering manager that announce their stores (events
     enabled: ``events`` a list, 0.26.0 - 0.33.0 ``tiering/fs/manager.py``)."""
-    return [t for t in getattr(mgr, "secondary_tiers", None) or ()
-            if hasattr(t, "file_mapper") and getattr(t, "events", None) is not None]
+    return [t for t in tier_clock.file_tiers(mgr) if getattr(t, "events", None) is not None]
+
+
+def medium_name(medium):
+    """A tier's medium as its events carry it: the enum's value (0.27+ ``Medium``) or the string."""
+    return getattr(medium, "value", medium)
 
 
 class DiskTier:
@@ -139,13 +143,11 @@ class DiskTier:
     def __init__(self, tier, mutant, stats):
         self.tier, self.mutant, self.stats = tier, mutant, stats
         stats.setdefault("kv_events_disk_keys", 0)  # the keys the disk tiers wrote (what the check compared)
-        self.medium = getattr(tier.medium, "value", tier.medium)
+        self.medium = medium_name(tier.medium)
         self.jobs = {}  # store job id -> its keys, until the tier reports the job finished
         self.wrote = set()  # keys written since the consumer's last clear of the medium
 
     def subscribe(self, tap):
-        from . import tier_clock
-
         tier = self.tier
 
         def submit_store(call, job):
@@ -156,7 +158,7 @@ class DiskTier:
             results = list(call())
             for r in results:
                 keys = self.jobs.pop(r.job_id, None) or ()
-                landed = [k for k in keys if os.path.exists(tier.file_mapper.get_file_name(k))]
+                landed = tier_clock.on_disk(tier, keys)
                 self.stats["kv_events_disk_keys"] += len(landed)
                 self.wrote.update(landed)
                 if keys and not r.success and self.mutant == "failed_store_announced":  # planted
@@ -201,7 +203,7 @@ class KVEventCheck:
         """The tier's ready chunks, as the events name them: (medium, group, hash) -> 1."""
         ob = self.eng.rel.obase
         m = self.tier
-        medium = getattr(m.medium, "value", m.medium)
+        medium = medium_name(m.medium)
         out = collections.Counter()
         for key, chunk in policy_chunks(m._policy):
             if chunk.is_ready:
@@ -273,7 +275,7 @@ class KVEventCheck:
         view of each of those media: the primary's counted, a disk tier's by presence (it announces
         a key once per store job and never removes it); other media are applied and not compared."""
         view = self.view
-        medium = getattr(self.tier.medium, "value", self.tier.medium)
+        medium = medium_name(self.tier.medium)
         reset = set(view.project(collections.Counter(self.reset_dropped)))
         self.reset_dropped = set()  # what a reset dropped tells the next take only
         self._compare(medium, held, reset, count=True)

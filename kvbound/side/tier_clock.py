@@ -56,6 +56,20 @@ def settle_tiers(m, tap, eng=None):
         tap.around(tier, finished_jobs_method(tier), get_finished_jobs)
 
 
+def file_tiers(mgr):
+    """The file-system secondary tiers of a tiering manager (those that map keys to files,
+    ``file_mapper``: 0.24.0 - 0.33.0 ``tiering/fs/manager.py``)."""
+    return [t for t in getattr(mgr, "secondary_tiers", None) or () if hasattr(t, "file_mapper")]
+
+
+def on_disk(tier, keys):
+    """The keys among ``keys`` whose block file is on the file tier's disk (a file lands whole: vLLM
+    writes a temporary file and renames it, 0.33.0 ``fs/io.py:90-138``)."""
+    import os
+
+    return [k for k in keys if os.path.exists(tier.file_mapper.get_file_name(k))]
+
+
 def finished_jobs_method(tier):
     """The name of a secondary tier's method that reports its finished jobs: ``get_finished_jobs``,
     ``get_finished`` before 0.24 (0.22.1 tiering/base.py:143)."""

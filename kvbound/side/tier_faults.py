@@ -17,9 +17,12 @@ nothing, and the lost file is gone from the tier.
 A store job to the file tier meets a full disk (``tier_store_fail_p``, per job): at a block of the
 job drawn from the seed, vLLM's own write of that block's temporary file raises ENOSPC in the tier's
 I/O thread (``DiskFull``, in place of the ``os`` its I/O module writes through: 0.33.0
-``fs/io.py:89-131`` ``_store_block``, ``os.write``; 0.24.0 ``store_block``), the blocks before it
-have landed, vLLM removes the temporary file and raises, and its pool reports the job failed
-(``fs/io.py:174-195``, ``fs/thread_pool.py:173-188``, ``fs/manager.py:280-322``). vLLM
+``fs/io.py:90-138`` ``_store_block``, ``os.write``, its clean-up ``:133-138``), vLLM removes the
+temporary file and raises, and its pool reports the job failed (``fs/thread_pool.py:173-188``,
+``fs/manager.py:280-322``). The job's other blocks land as the release writes them: from 0.27.0 one
+task writes the job's blocks in order and stops at the first error (``fs/io.py:174-195``
+``batch_store_block``), so the blocks before the drawn one; 0.24.0 - 0.26.0 run one task per block
+(0.26.0 ``fs/manager.py:194-204``), so every other block. vLLM
 then unpins the primary chunks the cascade read (``tiering/manager.py:543-549`` ->
 ``complete_read``; 0.24.0 ``:218-226``) and, from 0.33, counts the failure toward the detector's
 pressure (``_update_backpressure`` :577-578, ``backpressure.py:368-384``); what it promises is
@@ -47,7 +50,7 @@ def subscribe(eng, tap):
     if eng.mutant == "promotion_never_reported":
         for tier in getattr(eng.csched.manager, "secondary_tiers", None) or ():
             _never_report_promotions(tier, tap)
-    tiers = [t for t in getattr(eng.csched.manager, "secondary_tiers", None) or () if hasattr(t, "file_mapper")]
+    tiers = tier_clock.file_tiers(eng.csched.manager)
     p = eng.par.get("tier_store_fail_p")
     if p and tiers:
         rng = random.Random(repr(eng.par.get("seed", 0)) + "-tier-store-fail")
@@ -73,7 +76,10 @@ class DiskFull:
 
     def open(self, path, flags, *a, **k):
         fd = self.real.open(path, flags, *a, **k)
-        if path not in self.paths and any(path.startswith(p) for p in self.paths):
+        # the I/O thread asks while the scheduler thread adds and discards paths: a membership
+        # test of the block file a temporary file is for (``<file>_<n>.tmp``, fs/io.py:104), never
+        # an iteration of the set
+        if path.endswith(".tmp") and path.rsplit("_", 1)[0] in self.paths:
             self.fds.add(fd)
         return fd
 
@@ -96,12 +102,15 @@ def restore(eng):
 
 def _fail_stores(eng, tap, tier, rng, p):
     """A store job to the file tier that meets a full disk: with probability ``p`` per job, vLLM's
-    write of the job's block drawn from the seed fails with ENOSPC (``DiskFull``), after the blocks
-    before it landed. The shadow KV is told, when the tier reports the job: a key whose file is not
-    on disk is not in the tier."""
+    write of the job's block drawn from the seed fails with ENOSPC (``DiskFull``). The shadow KV is
+    told, when the tier reports the job: a key whose file is not on disk is not in the tier."""
     full = getattr(eng, "disk_full", None)
     if full is None:
-        full = eng.disk_full = DiskFull(sys.modules[_io_module(tier)])
+        module = sys.modules[_io_module(tier)]
+        if getattr(module, "_HAS_FSIO_C", False):  # its compiled writes never reach the module's os
+            raise ValueError("tier_store_fail_p fails the file tier's Python write path (fs/io.py"
+                             " _store_block); this tree's compiled fs_io_C extension writes without it")
+        full = eng.disk_full = DiskFull(module)
         full.module.os = full  # put back by restore(), at the run's end
     at = random.Random(repr(eng.par.get("seed", 0)) + "-tier-store-fail-at")
     failing = {}  # job id -> its keys, until the tier reports the job
@@ -123,10 +132,10 @@ def _fail_stores(eng, tap, tier, rng, p):
             if keys is None:
                 continue
             eng.stats["tier_failed_stores"] += not r.success
+            landed = set(tier_clock.on_disk(tier, keys))
             for key in keys:
-                path = tier.file_mapper.get_file_name(key)
-                full.paths.discard(path)
-                if not os.path.exists(path):
+                full.paths.discard(tier.file_mapper.get_file_name(key))
+                if key not in landed:
                     files.pop(key, None)
         return results
 
