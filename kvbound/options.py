@@ -60,6 +60,11 @@ class PlanOptions:
     # most, shrinks at 0.18 and runs at twice its plan, 0.21.0 - 0.25.1 at under 0.05)
     shrink_s_per_rerun: float = 0.080
     min_requests: int = 200  # below this a layout's traffic barely evicts: not worth a cell
+    # the median round of kvbound.trace.pace's probe on the machine the rates above were measured
+    # on: a run's seconds here are its planned seconds x (the probe here / this)
+    probe_s: float = 0.0100
+    pace_runs: int = 5  # the campaigns the pace is the median of (kvbound.trace.pace)
+    pace_min_table_s: float = 60.0  # shorter campaigns are not kept for it
     coverage_rate_kept: float = 0.96
     coverage_start_factor: float = 1.55
 

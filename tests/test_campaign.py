@@ -89,6 +89,41 @@ def test_without_a_budget_every_point_runs_at_the_floor_and_the_plan_says_its_se
     assert grown[0].options.run.requests > P.min_requests
 
 
+def test_the_plan_is_said_at_this_machines_pace_and_the_requests_stay_the_tables(tmp_path, monkeypatch, capsys):
+    """The seconds a campaign is said to take are the table's x this machine's pace: what the
+    last campaigns here took over what the table planned them at (their median), a probe before
+    any; a campaign too short to say is not kept, a broken history is started again, and the
+    requests traced never move with the pace (kvbound.trace.pace)."""
+    import argparse
+
+    from kvbound.commands.campaign import at_pace, plan, register
+    from kvbound.options import CAMPAIGN_PLAN as P
+    from kvbound.trace import pace
+
+    monkeypatch.setenv("KVBOUND_CACHE", str(tmp_path))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["campaign", "--vllm", "0.33.0"])
+    before = plan(args)[1][0].options
+    first, how = pace.machine_pace(P)
+    assert first > 0 and "probe" in how
+    pace.record(P, P.pace_min_table_s / 2, 1000.0)  # too short to say: not kept
+    assert not (tmp_path / "pace.json").exists()
+    for table_s, taken_s in [(100, 300), (100, 180), (200, 400), (100, 250), (100, 190), (100, 210)]:
+        pace.record(P, table_s, taken_s)
+    assert pace.machine_pace(P) == (2.0, f"what the last {P.pace_runs} campaign(s) here took")  # 1.8 1.9 2.0 2.1 2.5
+    seconds, said = at_pace(args, 150.0)
+    assert seconds == 300.0 and said.startswith("planned at 300 s (150 s by the cost table x 2.00")
+    assert plan(args)[1][0].options == before
+    budgeted = parser.parse_args(["campaign", "--vllm", "0.33.0", "--budget", "200"])
+    at_pace(budgeted, 150.0)
+    assert "--budget 100 plans about 200 s here" in capsys.readouterr().err
+    given = parser.parse_args(["campaign", "--vllm", "0.33.0", "--pace", "1.5"])
+    assert at_pace(given, 100.0)[0] == 150.0
+    (tmp_path / "pace.json").write_text("{not json")
+    assert "probe" in pace.machine_pace(P)[1]
+
+
 def test_a_covered_campaign_is_planned_at_the_covered_rate():
     """Coverage is on by default, and a measured request costs 1/coverage_rate_kept of a plain
     one, a measuring worker's start coverage_start_factor of a plain one's (docs/benchmarks.md

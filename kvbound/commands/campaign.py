@@ -41,6 +41,10 @@ def register(sub):
                         " Implies --coverage")
     p.add_argument("--ray", metavar="ADDRESS", help="run the shards on Ray: auto (a running cluster), an"
                    " address, or local (a fresh local instance of --workers CPUs)")
+    p.add_argument("--pace", type=float, default=None, metavar="F",
+                   help="this machine's seconds per second of the cost table, for the seconds the run is said to"
+                        " take (default: measured, a 0.3-s probe of the work a worker does, kvbound.trace.pace;"
+                        " give the workers' pace on Ray); never changes the requests traced")
     p.add_argument("--out", default="campaign-findings", metavar="DIR", help="where trace files go")
     p.add_argument("--json", metavar="FILE", help="the campaign document (deterministic)")
     p.add_argument("--timings", metavar="FILE", help="wall-clock figures per shard and layout (not reproducible)")
@@ -166,6 +170,25 @@ def planned_seconds(args, shards: list, pool: int) -> float:
     return plan_options.seconds(costs, options.run.requests, options.shrink.budget, pool, then)
 
 
+def at_pace(args, table_s: float) -> tuple:
+    """What a run the cost table plans at ``table_s`` takes at this machine's pace (``--pace``, else
+    ``kvbound.trace.pace``: what campaigns here took, or a probe), said as the first line ends; and where that is past ``--budget``
+    by more than a fifth, one line on stderr with the budget that plans it here: (the seconds,
+    the words). The requests
+    stay the table's: the pace is a clock, and the traffic is planned without one."""
+    from kvbound.trace.pace import machine_pace
+
+    pace, how = (args.pace, "given") if args.pace is not None else machine_pace(CAMPAIGN_PLAN)
+    if pace <= 0:
+        raise UsageError(f"--pace {pace}: must be a positive factor (this machine's seconds per second of the table)")
+    if args.budget is not None and table_s * pace > 1.2 * args.budget:
+        print(f"kvbound {getattr(args, 'command', 'campaign')}: at this machine's pace (x{pace:.2f}) --budget"
+              f" {args.budget:.0f} takes about {table_s * pace:,.0f} s; --budget {args.budget / pace:.0f} plans"
+              f" about {args.budget:.0f} s here", file=sys.stderr)
+    return table_s * pace, (f"planned at {table_s * pace:,.0f} s ({table_s:,.0f} s by the cost table x {pace:.2f},"
+                            f" this machine's pace: {how})")
+
+
 def coverage_of(args) -> bool:
     """--coverage as given, else on for --guided (it steers by coverage) and the default
     otherwise; a UsageError for --guided with --no-coverage or a bad --guided/--explore."""
@@ -218,11 +241,13 @@ def run(args) -> int:
             print(f"kvbound campaign: vllm {sh.release} could not be prepared:\n  {e}", file=sys.stderr)
             return EXIT_INPUT
     n_cells = sum(len(s.layouts) for s in shards)
+    table_s = planned_seconds(args, shards, pool_size(args))
+    planned, said = at_pace(args, table_s)
     rounds = f", then {args.guided} guided round(s) of {args.explore} points" if args.guided else ""
     print(f"kvbound campaign: {len(columns)} column(s) x {len(shards[0].layouts)} layouts = {n_cells} cells{rounds},"
           f" {shards[0].options.run.requests} requests each, seed {args.seed},"
           f" {'Ray ' + args.ray if args.ray else f'{local_workers(args)} local worker(s)'};"
-          f" planned at {planned_seconds(args, shards, pool_size(args)):,.0f} s", file=sys.stderr, flush=True)
+          f" {said}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     out_dir = str(Path(args.out).resolve())
 
@@ -244,13 +269,17 @@ def run(args) -> int:
     doc = C.merge(columns, results, guide.rounds if args.guided else None)
     n_cells = sum(len(r["cells"]) for r in results)
     wall = time.monotonic() - t0
+    if not args.ray:  # this machine's pace for the next plan (a Ray cluster's workers run elsewhere)
+        from kvbound.trace.pace import record
+
+        record(CAMPAIGN_PLAN, table_s, wall)
     print(render(doc))
-    print(f"\n{n_cells} cells in {wall:.0f} s")
+    print(f"\n{n_cells} cells in {wall:.0f} s (planned at {planned:.0f} s)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc.to_json(), indent=1, sort_keys=True) + "\n")
     if args.timings:
-        Path(args.timings).write_text(json.dumps({"seconds": round(wall, 1), "shards": [
+        Path(args.timings).write_text(json.dumps({"seconds": round(wall, 1), "planned_seconds": round(planned, 1), "shards": [
             {"column": r["shard"]["column"], **r["timings"]} for r in results]}, indent=1) + "\n")
     if args.html:
         from kvbound.campaign_page import html_page
