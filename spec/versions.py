@@ -64,6 +64,11 @@ ARRIVALS: dict[str, tuple[str, str]] = {
     "tiering_example": ("0.22.1", "TieringOffloadingSpec with its example secondary tier, an in-memory reference tier"
                                   " that completes every job at once (0.22.1 v1/kv_offload/tiering/example/manager.py,"
                                   " registered as \"example\" in tiering/factory.py:56-57; 0.21.0 has no tiering spec)"),
+    "request_level_tier": ("0.23.0", "a secondary tier may ask for request-level offload: OffloadPolicy.REQUEST_LEVEL"
+                                     " (0.23.0 v1/kv_offload/base.py; 0.33.0 :130-141), which the tiering manager"
+                                     " cascades chunks already in the primary tier to (0.23.0"
+                                     " tiering/manager.py:433-444; 0.33.0 :862-935) and the connector answers by"
+                                     f" offering hit chunks too (0.33.0 {_S}:1467-1471); 0.22.1 has no OffloadPolicy"),
     "tiering_backpressure": ("0.31.0", "a secondary tier's backpressure detector, configured per tier"
                                        " (\"backpressure\": {\"backpressure_cls\", \"policy_cls\"}, 0.31.0"
                                        " v1/kv_offload/tiering/factory.py:73-90), asked before each store to the"

@@ -221,6 +221,7 @@ class ReleaseFeatures:
     multi_connector: bool = True  # 0.21+: MultiConnector (SupportsHMA) with an out-of-tree child connector
     tiering_fs: bool = True  # 0.30+: shadow KV follows the file-system tier's copies (jobs name their chunks)
     tiering_example: bool = True  # 0.22.1+: TieringOffloadingSpec with its example (in-memory) tier
+    request_level_tier: bool = True  # 0.23+: a secondary tier may ask for request-level offload (OffloadPolicy)
     tiering_backpressure: bool = True  # 0.31+: a secondary tier's backpressure detector (tiering/backpressure.py)
     tiering_spec: bool = True  # 0.24+: TieringOffloadingSpec's file-system tier held on the step clock
     mamba_cache_all: bool = False  # 0.21-0.31: CacheConfig.mamba_cache_mode "all" (gone in 0.32)

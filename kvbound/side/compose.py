@@ -8,7 +8,7 @@ got (``cpu_bytes_to_use``, ``tier_capacity``), the extra config of a tiering spe
 and what outlives a run (``close``).
 """
 
-from . import adapter, kv_events, pd_connector, tier_faults, tier_pressure
+from . import adapter, kv_events, pd_connector, request_tier, tier_faults, tier_lifecycle, tier_pressure
 
 OFFLOADING = "OffloadingConnector"
 
@@ -65,12 +65,15 @@ def tiering_config(lay, par):
     served once per step, spec.py:364-368). ``tiering-example``: the same spec with its
     in-memory example tier (``{"type": "example"}``, tiering/factory.py:56-57 from 0.22.1). The file
     tier's backpressure detector where the engine settings ``par`` ask for one
-    (``tier_pressure.tier_config``), and its KV events where they are on and it has them."""
+    (``tier_pressure.tier_config``), and its KV events where they are on and it has them. Either
+    with the request-level tier after it where engine setting ``request_tier_p`` asks for one
+    (``request_tier``)."""
     import tempfile
 
     spec = {"spec_name": "TieringOffloadingSpec", "tier_poll_interval_s": 0}
+    beside = [t for t in (request_tier.tier_config(par),) if t is not None]  # a request-level tier after it
     if lay["offload_spec"] == "tiering-example":  # in memory, every job done at once (tiering/example/manager.py)
-        return dict(spec, secondary_tiers=[{"type": "example"}])
+        return dict(spec, secondary_tiers=[{"type": "example"}, *beside])
     if lay["offload_spec"] != "tiering-fs":
         raise ValueError("unknown offload_spec %r" % (lay["offload_spec"],))
     root = tempfile.mkdtemp(prefix="kvbound-fs-tier-")
@@ -80,7 +83,7 @@ def tiering_config(lay, par):
         tier["backpressure"] = backpressure
     if par.get("kv_events") and _announces_stores():
         tier["enable_kv_events"] = True  # its stores announced as KV events (side/kv_events.py DiskTier)
-    return dict(spec, secondary_tiers=[tier])
+    return dict(spec, secondary_tiers=[tier, *beside])
 
 
 def _announces_stores():
@@ -92,6 +95,14 @@ def _announces_stores():
     from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
     return "enable_kv_events" in inspect.signature(FileSystemTierManager.__init__).parameters
+
+
+def subscribe_tiers(eng, tap):
+    """The secondary tiers' faults, clocks and checks, each on the tiers it acts on."""
+    tier_faults.subscribe(eng, tap)  # inside the shadow's promotions: a lost file's chunks hold nothing
+    tier_pressure.subscribe(eng, tap)  # a tier's backpressure detector on the step clock
+    request_tier.subscribe(eng, tap)  # what a request-level tier is owed at each request's finish
+    tier_lifecycle.subscribe(eng, tap)  # nothing of a request after a tier heard it finish
 
 
 def sub_connector(conn, name):

@@ -11,6 +11,8 @@ import collections
 
 Defect = collections.namedtuple("Defect", "name plants module catches layout release")
 
+REQUEST_TIER_POINT = "full-tiering-fs@prefix_burst_p=0.5,request_tier_p=0.5"
+
 DEFECTS = (
     Defect("dst_off_by_one", "every captured load's destination block ids one higher (a wrong load plan)",
            "engine", ("plan:spec_disagreement", "lifecycle:load_into_foreign_block"), "full", "0.33.0"),
@@ -82,6 +84,9 @@ DEFECTS = (
     Defect("failed_store_never_reported", "the file-system tier never reports a store job that failed: the primary"
            " chunks it reads stay pinned", "tier_faults", ("lifecycle:tier_chunks_pinned",),
            "full-tiering-fs@shadow=false,tier_store_fail_p=0.3", "0.32.0"),
+    Defect("request_cascade_drops_pending", "the tiering manager cascades to a request-level tier only the chunks"
+           " the primary holds ready, dropping those whose primary write is in flight (0.23.0 - 0.28.0, vLLM #53062)",
+           "request_tier", ("store:request_tier_incomplete",), REQUEST_TIER_POINT, "0.33.0"),
     Defect("refusal_leaks", "the tier refuses a store after allocating it: its chunks stay write-pending"
            " for ever", "fakes", ("liveness:stuck_request",), "full-faults", "0.33.0"),
 )

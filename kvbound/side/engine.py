@@ -19,7 +19,7 @@ import random
 import time
 
 from . import (adapter, capture, checks, compose, defects, fakes, kv_events, lookups, runner_calls, shadow, sidecar,
-               stats_logger, store_contract, tap, tier_clock, tier_faults, tier_pressure)
+               stats_logger, store_contract, tap, tier_clock)
 
 
 class Release:
@@ -288,8 +288,7 @@ class Engine:
             fakes.script_tier(self.csched.manager, rel.obase, self.tap)
         if getattr(self.csched.manager, "secondary_tiers", None):
             tier_clock.settle_tiers(self.csched.manager, self.tap, self)
-        tier_faults.subscribe(self, self.tap)  # inside the shadow's promotions: a lost file's chunks hold nothing
-        tier_pressure.subscribe(self, self.tap)  # a tier's backpressure detector on the step clock
+        compose.subscribe_tiers(self, self.tap)  # the tiers' faults, clocks and checks
         store_contract.record_store_calls(self, self.tap)  # eng.store_calls, with the shadow or not
         self._subscribe()
         self.checks.subscribe(self.tap)

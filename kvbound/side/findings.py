@@ -77,6 +77,14 @@ def _event_view(d, groups):
 
 # An exception's site: the function and the statement (or, without one, the error).
 SITE = Shape(("assert_site", "error"), "{kind}@{shape}", _site, _site_function)
+def _owed_why(d, groups):
+    return ", ".join(d["why"]) if d.get("why") else None
+
+
+# Why the chunks a request-level tier missed were owed to it (side/request_tier.py).
+OWED = Shape(("why",), "{kind}[{shape}]", _owed_why)
+# The call a secondary tier got after a request's finish, and the tier (side/tier_lifecycle.py).
+TIER_CALL = Shape(("call", "tier"), "{kind}[{shape}]", lambda d, groups: "%s to %s" % (d.get("call"), d.get("tier")))
 # The group kind and answer of each key a needless deferral hangs on.
 DEFERRAL = Shape(("deferred_on",), "{kind}[{shape}]", _deferral)
 # The group kind a wrong read is in, what it found there, and whether a load brought it.
@@ -132,6 +140,9 @@ _ROWS = (
                 " (missing)", EFFICIENCY, EVENT_VIEW),
     FindingKind("store:backpressure_bypassed", "a store reached a secondary tier whose backpressure detector"
                 " refused it, or one it allowed never reached the tier", EFFICIENCY),
+    FindingKind("store:request_tier_incomplete", "a secondary tier that asked for request-level offload was"
+                " told a request finished before every chunk the request offered that the primary tier held,"
+                " or stored, reached it under that request (side/request_tier.py)", EFFICIENCY, OWED),
     FindingKind("store:lost_chunk", "after drain, a chunk the policy offloads is not in the tier",
                 EFFICIENCY),
     FindingKind("lookup:spec_disagreement", "get_num_new_matched_tokens answered other than the release's"
@@ -159,6 +170,8 @@ _ROWS = (
     FindingKind("lifecycle:transfer_stats_mismatch", "after drain, the connector's transfer stats as the"
                 " frontend's logger reduces them count other bytes or transfers than the worker was told"
                 " finished (what operators read is wrong; no KV is)", EFFICIENCY),
+    FindingKind("lifecycle:tier_call_after_finish", "a secondary tier got a job of a request after it was told"
+                " the request finished (side/tier_lifecycle.py)", shape=TIER_CALL),
     FindingKind("lifecycle:not_drained", "the engine did not finish its requests (no progress, or past the"
                 " step bound)"),
     FindingKind("premise:valid-call", "the call vLLM made is no valid case (its block table breaks the case"

@@ -109,6 +109,7 @@ ENGINE_PARAMS = (
     EngineParam("offload_limit_p", float, None, _TRAFFIC),  # requests with kv_transfer_params max_offload_tokens
     EngineParam("prompt_logprobs_p", float, None, _TRAFFIC),  # requests asking prompt logprobs (skip reading)
     EngineParam("kv_events", _flag, None, _ENGINE),  # KV cache events on: the tier's checked (side/kv_events.py)
+    EngineParam("request_tier_p", float, None, _TIER),  # the share of requests a request-level tier asks for
 )
 BASE = {p.name: p.base for p in ENGINE_PARAMS if p.base is not None}
 OVERRIDES = {p.name: p for p in ENGINE_PARAMS if p.flag}
@@ -184,6 +185,8 @@ TIERING_FS = Need("tiering_fs", "shadow KV follows a file-system tier's copies b
                   " v1/kv_offload/tiering/base.py:60-67); with shadow off (<point>@shadow=false) the spec runs from 0.24")
 TIERING_EXAMPLE = Need("tiering_example", "the tiering spec's example tier arrived with the spec in 0.22.1 (0.22.1"
                        " v1/kv_offload/tiering/example/manager.py, tiering/factory.py:56-57)")
+REQUEST_LEVEL_TIER = Need("request_level_tier", "a secondary tier's request-level offload (OffloadPolicy.REQUEST_LEVEL)"
+                          " arrived in 0.23 (0.23.0 v1/kv_offload/base.py, tiering/manager.py:433-444; 0.22.1 has none)")
 TIERING_BACKPRESSURE = Need("tiering_backpressure", "a secondary tier's backpressure detector arrived in 0.31"
                            " (0.31.0 v1/kv_offload/tiering/backpressure.py, configured per tier in"
                            " tiering/factory.py:73-90)")
@@ -212,7 +215,8 @@ PARAM_NEEDS = {"fail_p": TRANSFER_FAILURES, "store_fail_p": TRANSFER_FAILURES,
                "reset_p": CONNECTOR_RESET_CACHE, "load_tiers_p": LOAD_TIER_FILTER,
                "retention_interval": RETENTION_INTERVAL, "load_limit_p": MAX_LOAD_TOKENS,
                "offload_limit_p": MAX_OFFLOAD_TOKENS,
-               "tier_backpressure": TIERING_BACKPRESSURE, "tier_store_slow_p": TIERING_BACKPRESSURE}
+               "tier_backpressure": TIERING_BACKPRESSURE, "tier_store_slow_p": TIERING_BACKPRESSURE,
+               "request_tier_p": REQUEST_LEVEL_TIER}
 # What shadow KV needs of a release beside a layout's own needs, per offload spec (engine setting
 # shadow: on unless set false; space.support adds it while shadow is on)
 SHADOW_NEEDS = {"tiering-fs": TIERING_FS}

@@ -53,6 +53,10 @@ def _tiering_fs(lay: L.Layout) -> bool:
 _TIERING_FS_DOC = "the tiering spec's file-system tier (offload_spec tiering-fs)"
 
 
+def _tiering(lay: L.Layout) -> bool:
+    return lay.offload_spec in ("tiering-fs", "tiering-example")
+
+
 def _multi_pd_one_group(lay: L.Layout) -> bool:
     return lay.composition == "multi-pd" and len(lay.groups) == 1
 
@@ -143,6 +147,10 @@ AXES = (
          " as the backpressure detector measures it, with this probability per store (a congested file system;"
          " side/tier_pressure.py; refused without tier_backpressure, which measures it)", "engine",
          applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
+    Axis("request_tier_p", ("0.0", "0.5"), "a second secondary tier, after the layout's own, that asks for"
+         " request-level offload (every chunk of a request, its hits too, as the peer-to-peer tier asks on a P/D"
+         " producer leg) on this share of requests, and is checked to get them (side/request_tier.py)", "engine",
+         applies=_tiering, applies_doc="the tiering spec (offload_spec tiering-fs or tiering-example)"),
     # the CPU tier's knobs, the scheduler's, and traffic (docs/trace.md "The configuration space")
     Axis("cpu_chunks", ("256", "32", "4"), "the CPU tier's capacity in chunks, exactly (32: pool pressure, the tier evicts:"
          " cpu/manager.py's eviction and the policies' evict paths; 4: fewer chunks than a prompt holds,"
@@ -225,6 +233,11 @@ SWEEP = (
     # checked against its disk
     "full-tiering-fs@tier_store_fail_p=0.3,tier_backpressure=throttled",
     "full-tiering-fs@shadow=false,tier_store_fail_p=0.3,kv_events=true",
+    # a request-level tier beside the layout's own (a P/D producer's peer-to-peer tier): under shared-prefix
+    # bursts a chunk is often offered while another request's write of it is in flight; 0.23.0 - 0.29.0 on the
+    # example tier, 0.30.0 - 0.33.0 on the file tier with shadow KV
+    "full@offload_spec=tiering-example,shadow=false,prefix_burst_p=0.5,request_tier_p=0.5",
+    "full-tiering-fs@prefix_burst_p=0.5,request_tier_p=0.5",
     "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
     "swa@load_limit_p=0.3",
     "mamba@load_limit_p=0.3",  # a load limit under partial tails
@@ -297,9 +310,12 @@ def support(name: str, version: str, overrides=None) -> str | None:
     from kvbound.spec import release_features
 
     base, moved = split(name)
-    for a in AXES:
-        if a.name in moved and moved[a.name] != a.value_of(L.LAYOUTS[base]) and not a.applies(L.LAYOUTS[base]):
-            return f"point {name}: {a.name} applies to {a.applies_doc}"
+    lay = L.LAYOUTS[base]
+    for a in AXES:  # each moved axis on the layout the axes before it made (offload_spec, then a tier's)
+        if a.name in moved and moved[a.name] != a.value_of(L.LAYOUTS[base]):
+            if not a.applies(lay):
+                return f"point {name}: {a.name} applies to {a.applies_doc}"
+            lay = a.apply(lay, moved[a.name])
     lay = resolve(name)
     par = dict(lay.params(), **(overrides or {}))
     if lay.offload_spec is not None and any(par.get(k) for k in L.SCRIPT_KEYS):
