@@ -25,6 +25,13 @@ _OC = "vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py"
 _NO_TOUCH = ("no caller: nothing in vLLM calls an offloading manager's touch from 0.31.0 (0.30.0"
              " offloading/scheduler.py:720-739 _touch was the last; 0.33.0 tiering/manager.py:796-798 and"
              " cpu/manager.py:245 only forward it)")
+_TM = "vllm/v1/kv_offload/tiering/manager.py"
+_SERVED = ("the facade a secondary tier serves requests from outside the engine through: handed only to"
+           " serve_external_requests (0.33.0 tiering/manager.py:421-427, :1096), which only the peer-to-peer and"
+           " KVCR tiers override (tiering/p2p/manager.py, tiering/kvcr/manager.py; the example and file tiers keep"
+           " the base's no-op, tiering/base.py:343-363)")
+_POLLED = ("the tier-poll thread, started only for a tier that sets tolerates_off_thread_polling (0.33.0"
+           " tiering/manager.py:295-301,312-316): the peer-to-peer tier alone (tiering/p2p/manager.py:230)")
 UNREACHED = (
     Unreached("vllm/v1/kv_offload/cpu/gpu_worker.py", "*", GPU_ONLY,
               "the GPU<->CPU transfer handlers: CUDA streams and events, pinned buffers, the swap kernels"
@@ -59,6 +66,10 @@ UNREACHED = (
     Unreached("vllm/v1/kv_offload/tiering/kvcr/", "*", NEEDS_EXTERNAL,
               "the KVCR tier: the external kvcr package and its service (0.33.0"
               " v1/kv_offload/tiering/kvcr/manager.py:15-41 imports kvcr)"),
+    *(Unreached(_TM, "_SecondaryTierFacingParent." + f, NEEDS_EXTERNAL, _SERVED)
+      for f in ("on_new_request", "lookup", "create_store_job", "on_request_finished")),
+    *(Unreached(_TM, "TieringOffloadingManager." + f, NEEDS_EXTERNAL, _POLLED)
+      for f in ("_start_tier_poll_thread", "_stop_tier_poll_thread", "_tier_poll_loop", "poll_tiers")),
     # the offloading manager's touch lost its one caller in 0.31.0: the connector scheduler's
     # _touch (0.30.0 offloading/scheduler.py:720-739) is gone, and a policy's recency comes from
     # on_store_miss / on_request_finished (0.31.0 cpu/policies/base.py:80-113)
