@@ -59,3 +59,14 @@ def test_the_upstream_defects_are_found_where_vllm_had_them_and_gone_where_it_fi
     assert {INCOMPLETE, AFTER_FINISH} <= found["0.23.0"], found["0.23.0"]
     assert INCOMPLETE in found["0.28.0"] and not any(k.startswith("lifecycle:") for k in found["0.28.0"]), found
     assert found["0.29.0"] == set(), found["0.29.0"]
+
+
+def test_a_tier_never_told_a_request_finished_is_caught(workers):
+    """Every request a secondary tier saw begin it hears finish by the drain (clean on 0.33.0's file
+    tier); a manager that forgets every fifth finish it owes a tier (planted) is caught."""
+    defect = BY_NAME["tier_finish_dropped"]
+    env, w = workers(defect.release)
+    _, keys = _keys(w, defect.release, defect.layout)
+    assert keys == set(), keys
+    _, keys = _keys(w, defect.release, defect.layout, defect.name)
+    assert "lifecycle:tier_request_not_finished[fs]" in keys, keys

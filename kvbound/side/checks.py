@@ -179,6 +179,7 @@ class LifecycleChecks:
             eng.violate("lifecycle:transfer_not_finished", None, "%d jobs pending" % len(eng.transfers.pending))
         if getattr(eng, "pd_worker", None) is not None and eng.pd_worker.inflight:
             eng.violate("lifecycle:transfer_not_finished", None, "%d P/D loads in flight" % len(eng.pd_worker.inflight))
+        eng.tap.publish("drained")  # the checks of what a run's end owes beside these (tier_lifecycle)
 
 
 def _empty_source(r) -> str:

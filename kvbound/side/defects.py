@@ -87,6 +87,8 @@ DEFECTS = (
     Defect("request_cascade_drops_pending", "the tiering manager cascades to a request-level tier only the chunks"
            " the primary holds ready, dropping those whose primary write is in flight (0.23.0 - 0.28.0, vLLM #53062)",
            "request_tier", ("store:request_tier_incomplete",), REQUEST_TIER_POINT, "0.33.0"),
+    Defect("tier_finish_dropped", "the tiering manager never tells a secondary tier of every fifth request it"
+           " finished", "tier_lifecycle", ("lifecycle:tier_request_not_finished",), "full-tiering-fs", "0.33.0"),
     Defect("refusal_leaks", "the tier refuses a store after allocating it: its chunks stay write-pending"
            " for ever", "fakes", ("liveness:stuck_request",), "full-faults", "0.33.0"),
 )

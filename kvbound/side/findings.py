@@ -85,6 +85,8 @@ def _owed_why(d, groups):
 OWED = Shape(("why",), "{kind}[{shape}]", _owed_why)
 # The call a secondary tier got after a request's finish, and the tier (side/tier_lifecycle.py).
 TIER_CALL = Shape(("call", "tier"), "{kind}[{shape}]", lambda d, groups: "%s to %s" % (d.get("call"), d.get("tier")))
+# The secondary tier a lifecycle finding is about.
+TIER = Shape(("tier",), "{kind}[{shape}]", lambda d, groups: d.get("tier"))
 # The group kind and answer of each key a needless deferral hangs on.
 DEFERRAL = Shape(("deferred_on",), "{kind}[{shape}]", _deferral)
 # The group kind a wrong read is in, what it found there, and whether a load brought it.
@@ -172,6 +174,8 @@ _ROWS = (
                 " finished (what operators read is wrong; no KV is)", EFFICIENCY),
     FindingKind("lifecycle:tier_call_after_finish", "a secondary tier got a job of a request after it was told"
                 " the request finished (side/tier_lifecycle.py)", shape=TIER_CALL),
+    FindingKind("lifecycle:tier_request_not_finished", "after drain, a secondary tier was never told a request it"
+                " saw begin had finished (side/tier_lifecycle.py)", shape=TIER),
     FindingKind("lifecycle:not_drained", "the engine did not finish its requests (no progress, or past the"
                 " step bound)"),
     FindingKind("premise:valid-call", "the call vLLM made is no valid case (its block table breaks the case"

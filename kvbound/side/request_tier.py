@@ -23,8 +23,8 @@ The promise, read from the connector and the tiering manager:
 
 So when the tier hears a request finished, each chunk that request offered which the primary
 held, or stored with success, has reached the tier in a job of that request, unless the primary
-no longer holds it (a key that resolved to a miss is dropped: nothing is there to read, :884-885;
-a reset clears the primary). A breach is ``store:request_tier_incomplete``: the peer waits out its
+no longer holds it (a key that resolved to a miss is dropped: nothing is there to read, :884-885),
+or a connector reset came between (it empties the primary and clears the parked keys, :1141-1181). A breach is ``store:request_tier_incomplete``: the peer waits out its
 timeout and recomputes (efficiency; no KV is wrong). A chunk sent after the finish is
 ``tier_lifecycle``'s, as for every secondary tier.
 
@@ -122,6 +122,13 @@ class Owed:
         if rid in self.legs and success:
             self.owed.setdefault(rid, {}).update((k, "stored by the request") for k in keys)
 
+    def reset(self):
+        """A connector reset empties the primary tier and drops the parked cascades with it (0.33.0
+        tiering/manager.py:1141-1181: a running request's state stays, its pending cascade keys are
+        cleared, and a finished request waiting on them is told it finished there): what was owed
+        until then had nothing left to read."""
+        self.owed.clear()
+
     def received(self, rid, keys):
         self.got.setdefault(rid, set()).update(keys)
         self.eng.stats["request_tier_keys"] += len(keys)
@@ -168,8 +175,14 @@ def subscribe(eng, tap):
         owed.stored(req_context.req_id, list(keys), success)
         return call(keys, req_context, *a, **k)
 
+    def reset_cache(call, *a, **k):
+        owed.reset()  # before: the reset itself finalizes the finished requests it drops the cascades of
+        return call(*a, **k)
+
     tap.around(m, "prepare_store", prepare_store)
     tap.around(m, "complete_store", complete_store)
+    if hasattr(m, "reset_cache"):
+        tap.around(m, "reset_cache", reset_cache)
     if eng.mutant == "request_cascade_drops_pending":
         _drop_pending(m, tap)
     return owed

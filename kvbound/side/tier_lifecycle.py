@@ -8,7 +8,11 @@ tier its lookup state, a peer-to-peer tier its session). vLLM delays the call fo
 request's stores to the primary tier complete (their cascades come from ``complete_store``,
 #45823 and #46284, 0.25.1 tiering/manager.py:589, 0.33.0 :1056-1078) and its parked request-level
 cascades drain (#53329, 0.29.0). A job of the request submitted to the tier after that call is
-``lifecycle:tier_call_after_finish``, shaped by the call and the tier.
+``lifecycle:tier_call_after_finish``, shaped by the call and the tier. And the call comes: a
+request the tier saw begin (``on_new_request``, where it may set up per-request state: the
+peer-to-peer tier its session, 0.33.0 tiering/p2p/manager.py:436-462) that it never hears finish by
+the time the engine drained is ``lifecycle:tier_request_not_finished`` (its bookkeeping is never
+released).
 
 Part of the side package (standard library; the tiers come in as the engine's objects).
 """
@@ -24,8 +28,21 @@ def subscribe(eng, tap):
 
 
 def _watch(eng, tap, tier):
-    finished = set()  # the requests this tier heard finish
+    begun, finished = [], set()  # the requests this tier saw begin, in order; those it heard finish
     name = getattr(tier, "tier_type", None) or type(tier).__name__
+
+    def on_new_request(call, req_context, *a, **k):
+        begun.append(req_context.req_id)
+        return call(req_context, *a, **k)
+
+    def drained():
+        left = [rid for rid in dict.fromkeys(begun) if rid not in finished]
+        if left:
+            eng.violations.append({
+                "check": "lifecycle:tier_request_not_finished", "step": eng.step_no, "request": left[0],
+                "tier": name, "requests": len(left), "first": left[:4],
+                "message": "after drain, the %s tier was never told %d request(s) it saw begin had finished"
+                           " (first: %s)" % (name, len(left), ", ".join(left[:4]))})
 
     def on_request_finished(call, req_context, *a, **k):
         finished.add(req_context.req_id)
@@ -44,6 +61,16 @@ def _watch(eng, tap, tier):
             return call(job_metadata, *a, **k)
         return around
 
+    tap.around(tier, "on_new_request", on_new_request)
     tap.around(tier, "on_request_finished", on_request_finished)
+    tap.subscribe("drained", drained)
+    if eng.mutant == "tier_finish_dropped":  # planted: the manager forgets every fifth finish it owes the tier
+        dropped = []
+
+        def forget(call, req_context, *a, **k):
+            dropped.append(req_context.req_id)
+            return None if len(dropped) % 5 == 0 else call(req_context, *a, **k)
+
+        tap.around(tier, "on_request_finished", forget)
     for what in CALLS:
         tap.around(tier, what, job_call(what))
