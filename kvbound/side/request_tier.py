@@ -4,9 +4,9 @@ A secondary tier of the tiering spec may ask, per request, for every chunk of it
 ones the request computed (``OffloadPolicy.REQUEST_LEVEL``, 0.33.0 v1/kv_offload/base.py:130-141,
 from 0.23.0): the peer-to-peer tier asks it on a P/D producer leg, "the peer needs every block
 of the request" (0.33.0 tiering/p2p/manager.py:451-462), and the trace cannot run that tier (it
-needs NIXL and its peers). ``REQUEST_TIER`` stands in for it, registered the way vLLM lets an
-out-of-tree tier in (``SecondaryTierFactory.register_tier``, 0.33.0 tiering/factory.py:40-48,
-from 0.22.1): an in-memory tier beside the layout's own that asks for request-level offload on
+needs NIXL and its peers). ``REQUEST_TIER`` stands in for it, loaded the way vLLM lets an
+out-of-tree tier in (its config's ``module_path`` from 0.28.0, 0.33.0 tiering/factory.py:100-143;
+``SecondaryTierFactory.register_tier`` before, :40-48): an in-memory tier beside the layout's own that asks for request-level offload on
 a drawn share of requests (engine setting ``request_tier_p``), keeps what it is sent and serves
 no lookup (a producer leg serves its peer, not this engine).
 
@@ -46,14 +46,22 @@ SHOWN = 4  # keys a finding shows
 
 
 def install():
-    """``REQUEST_TIER`` registered with vLLM's tier factory, once per process."""
+    """``REQUEST_TIER`` registered with vLLM's tier factory by name, once per process."""
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    _module()
+    if REQUEST_TIER not in SecondaryTierFactory._registry:
+        SecondaryTierFactory.register_tier(REQUEST_TIER, TIER_MODULE, REQUEST_TIER)
+
+
+def _module():
+    """``TIER_MODULE`` in ``sys.modules`` with ``REQUEST_TIER``, once per process."""
     if TIER_MODULE in sys.modules:
         return
     import types
 
     from vllm.v1.kv_offload import base
     from vllm.v1.kv_offload.tiering.example.manager import ExampleSecondaryTierManager
-    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
     miss = base.LookupResult.MISS if hasattr(base, "LookupResult") else False  # True/None/False before 0.25
 
@@ -84,13 +92,20 @@ def install():
     mod = types.ModuleType(TIER_MODULE)
     setattr(mod, REQUEST_TIER, KvboundRequestLevelTier)
     sys.modules[TIER_MODULE] = mod
-    SecondaryTierFactory.register_tier(REQUEST_TIER, TIER_MODULE, REQUEST_TIER)
 
 
 def tier_config(par):
-    """The tier's entry of ``secondary_tiers`` where engine setting ``request_tier_p`` is on, else None."""
+    """The tier's entry of ``secondary_tiers`` where engine setting ``request_tier_p`` is on, else
+    None: by ``module_path`` where the tier factory loads an out-of-tree tier from the config alone
+    (0.28.0+, ``get_tier_class``; 0.33.0 tiering/factory.py:100-143, as a user deploys one), by
+    name once ``install`` registered it before."""
     if not float(par.get("request_tier_p") or 0.0):
         return None
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    if hasattr(SecondaryTierFactory, "get_tier_class"):
+        _module()
+        return {"type": REQUEST_TIER, "module_path": TIER_MODULE}
     install()
     return {"type": REQUEST_TIER}
 

@@ -48,6 +48,11 @@ UNREACHED = (
     Unreached(_SPEC, "CPUOffloadingSpec._uses_shared_region", GPU_ONLY, _TIER_WORKER),
     Unreached(_SPEC, "CPUOffloadingSpec.create_worker", GPU_ONLY, _TIER_WORKER),
     Unreached(_SPEC, "CPUOffloadingSpec.get_worker", GPU_ONLY, _TIER_WORKER),
+    Unreached("vllm/v1/kv_offload/tiering/spec.py", "TieringOffloadingSpec.create_worker", GPU_ONLY,
+              "the tiering spec's GPU<->CPU worker, built only by the get_worker it inherits; " + _TIER_WORKER),
+    Unreached("vllm/v1/kv_offload/tiering/spec.py", "TieringOffloadingSpec._validate_canonical_refs", GPU_ONLY,
+              "checks the GPU KV tensors' canonical mappings for create_worker (0.33.0 tiering/spec.py:521-577); "
+              + _TIER_WORKER),
     Unreached(_CW, "OffloadingConnectorWorker._init_worker", GPU_ONLY, _TIER_WORKER),
     Unreached(_CW, "OffloadingConnectorWorker.register_kv_caches", GPU_ONLY,
               "binds the model runner's GPU KV tensors and builds the transfer worker (0.33.0"
