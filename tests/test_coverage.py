@@ -142,6 +142,28 @@ def test_the_touch_rows_hold_where_they_apply(version, applies, prepared):
         assert any(fn.endswith("._touch") for fn in callers), callers
 
 
+def test_nothing_in_the_release_reads_the_connectors_scheduler_property(prepared):
+    """The not-on-release row of OffloadingConnector.scheduler (0.30.0+): outside vLLM's tests, no
+    ``X.scheduler`` read has a connector for X (every one is ``self``'s, a config's or the engine
+    core's), and no getattr names it; on 0.29.0 the property is absent and the row is skipped."""
+    (row,) = [r for r in unreached.UNREACHED if r.function == "OffloadingConnector.scheduler"]
+    assert row.why == unreached.NOT_ON_RELEASE and unreached.applies(row, (0, 33, 0))
+    assert not unreached.applies(row, (0, 29, 0))
+    tree = Path(prepared("0.33.0").tree)
+    assert "OffloadingConnector.scheduler" in cover.spans((tree / row.file).read_text())
+    readers = []
+    for path in sorted((tree / "vllm").rglob("*.py")):
+        if "/tests/" in path.as_posix():
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "scheduler":
+                readers.append(ast.unparse(node.value))
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) == "getattr" and len(node.args) > 1 \
+                    and isinstance(node.args[1], ast.Constant) and node.args[1].value == "scheduler":
+                readers.append("getattr " + ast.unparse(node.args[0]))
+    assert readers and not [r for r in readers if "conn" in r.lower() or r.startswith("getattr")], readers
+
+
 def _first_line_of(path: Path, qualname: str) -> int:
     """The first statement of a method's body, past its docstring."""
     cls, fn = qualname.split(".")

@@ -75,6 +75,12 @@ UNREACHED = (
       for f in ("on_new_request", "lookup", "create_store_job", "on_request_finished")),
     *(Unreached(_TM, "TieringOffloadingManager." + f, NEEDS_EXTERNAL, _POLLED)
       for f in ("_start_tier_poll_thread", "_stop_tier_poll_thread", "_tier_poll_loop", "poll_tiers")),
+    # the connector's scheduler property (from 0.30.0): vLLM's own tests read it, nothing in the release does
+    Unreached(_OC, "OffloadingConnector.scheduler", NOT_ON_RELEASE,
+              "no caller: nothing in vLLM reads the OffloadingConnector's scheduler property (0.33.0"
+              " offloading_connector.py:68-71; 0.30.0 - 0.33.0 trees searched for a connector's .scheduler"
+              " and a getattr of \"scheduler\": none; the engine core's own scheduler is another object)",
+              (0, 30, 0)),
     # the offloading manager's touch lost its one caller in 0.31.0: the connector scheduler's
     # _touch (0.30.0 offloading/scheduler.py:720-739) is gone, and a policy's recency comes from
     # on_store_miss / on_request_finished (0.31.0 cpu/policies/base.py:80-113)
