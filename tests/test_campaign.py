@@ -96,6 +96,8 @@ def test_the_plan_is_said_at_this_machines_pace_and_the_requests_stay_the_tables
     requests traced never move with the pace (kvbound.trace.pace)."""
     import argparse
 
+    from dataclasses import replace
+
     from kvbound.commands.campaign import at_pace, plan, register
     from kvbound.options import CAMPAIGN_PLAN as P
     from kvbound.trace import pace
@@ -122,6 +124,10 @@ def test_the_plan_is_said_at_this_machines_pace_and_the_requests_stay_the_tables
     assert at_pace(given, 100.0)[0] == 150.0
     (tmp_path / "pace.json").write_text("{not json")
     assert "probe" in pace.machine_pace(P)[1]
+    one = replace(P, pace_runs=1)
+    for taken in (300, 500):
+        pace.record(one, 100, taken)
+    assert pace.machine_pace(one) == (5.0, "what the last 1 campaign(s) here took")
 
 
 def test_a_covered_campaign_is_planned_at_the_covered_rate():
@@ -178,6 +184,14 @@ def test_merge_names_each_finding_once_with_first_last_and_where_it_stops():
 def test_campaign_needs_a_release(capsys):
     assert main(["campaign"]) == 2
     assert "--vllm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pace", ["0", "-1", "nan", "inf"])
+def test_a_bad_pace_is_one_line_before_anything_runs(pace, capsys, tmp_path):
+    assert main(["campaign", "--vllm", "0.33.0", "--pace", pace, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--pace {float(pace)}: must be a positive finite factor" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def _campaign(tmp_path, tag, *extra):

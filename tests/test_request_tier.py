@@ -51,13 +51,15 @@ def test_the_latest_release_sends_a_request_level_tier_every_chunk_and_a_dropped
 
 def test_the_upstream_defects_are_found_where_vllm_had_them_and_gone_where_it_fixed_them(workers):
     """0.23.0: the tiers hear a request finish while its stores are in flight, and its cascades
-    come after (#45823, #46284); 0.28.0: a chunk whose primary write is in flight is dropped from
-    the request-level cascade (#53062); 0.29.0 (#53329): neither."""
+    come after (#45823, #46284); 0.27.0 (its tier factory loads no tier by module path: the tier is
+    registered by name) and 0.28.0 (by module path): a chunk whose primary write is in flight is
+    dropped from the request-level cascade (#53062); 0.29.0 (#53329): neither."""
     found = {}
-    for version in ("0.23.0", "0.28.0", "0.29.0"):
+    for version in ("0.23.0", "0.27.0", "0.28.0", "0.29.0"):
         _, found[version] = _keys(workers(version)[1], version, EXAMPLE_POINT)
     assert {INCOMPLETE, AFTER_FINISH} <= found["0.23.0"], found["0.23.0"]
-    assert INCOMPLETE in found["0.28.0"] and not any(k.startswith("lifecycle:") for k in found["0.28.0"]), found
+    for version in ("0.27.0", "0.28.0"):
+        assert INCOMPLETE in found[version] and not any(k.startswith(("lifecycle:", "crash:")) for k in found[version]), found
     assert found["0.29.0"] == set(), found["0.29.0"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -179,8 +180,6 @@ def at_pace(args, table_s: float) -> tuple:
     from kvbound.trace.pace import machine_pace
 
     pace, how = (args.pace, "given") if args.pace is not None else machine_pace(CAMPAIGN_PLAN)
-    if pace <= 0:
-        raise UsageError(f"--pace {pace}: must be a positive factor (this machine's seconds per second of the table)")
     if args.budget is not None and table_s * pace > 1.2 * args.budget:
         print(f"kvbound {getattr(args, 'command', 'campaign')}: at this machine's pace (x{pace:.2f}) --budget"
               f" {args.budget:.0f} takes about {table_s * pace:,.0f} s; --budget {args.budget / pace:.0f} plans"
@@ -231,6 +230,9 @@ def run(args) -> int:
     from kvbound.conform.prepare import prepare_release
     from kvbound.trace import campaign as C
 
+    if args.pace is not None and not (math.isfinite(args.pace) and args.pace > 0):
+        raise UsageError(f"--pace {args.pace}: must be a positive finite factor (this machine's seconds per"
+                         " second of the cost table)")
     columns, shards = plan(args)
     for sh in shards:  # prepare in this process, once, before the pool (cached afterwards)
         if sh.src:

@@ -6,9 +6,10 @@ from 0.23.0): the peer-to-peer tier asks it on a P/D producer leg, "the peer nee
 of the request" (0.33.0 tiering/p2p/manager.py:451-462), and the trace cannot run that tier (it
 needs NIXL and its peers). ``REQUEST_TIER`` stands in for it, loaded the way vLLM lets an
 out-of-tree tier in (its config's ``module_path`` from 0.28.0, 0.33.0 tiering/factory.py:100-143;
-``SecondaryTierFactory.register_tier`` before, :40-48): an in-memory tier beside the layout's own that asks for request-level offload on
-a drawn share of requests (engine setting ``request_tier_p``), keeps what it is sent and serves
-no lookup (a producer leg serves its peer, not this engine).
+``SecondaryTierFactory.register_tier`` before, :50-59): an in-memory tier beside the layout's own
+that asks for request-level offload on a drawn share of requests (engine setting
+``request_tier_p``), keeps what it is sent and serves no lookup (a producer leg serves its peer,
+not this engine).
 
 The promise, read from the connector and the tiering manager:
 
@@ -21,10 +22,13 @@ The promise, read from the connector and the tiering manager:
 - and tells the tier the request finished only after that (``_maybe_finalize_request``,
   :1056-1078: "once no more cascades can be submitted").
 
-So when the tier hears a request finished, each chunk that request offered which the primary
-held, or stored with success, has reached the tier in a job of that request, unless the primary
-no longer holds it (a key that resolved to a miss is dropped: nothing is there to read, :884-885),
-or a connector reset came between (it empties the primary and clears the parked keys, :1141-1181). A breach is ``store:request_tier_incomplete``: the peer waits out its
+So when the tier hears a request finished, each chunk that request offered which the primary held,
+or stored with success, has reached the tier in a job of that request, unless the primary chunk
+it was owed from left the primary before it was sent: evicted, removed by a failed write, or a
+parked key that resolved to a miss and was dropped, "nothing is there to read" (:889-892,
+:907-910); a chunk is told by its identity (the primary's ``ChunkStatus``), so one stored again
+since is another chunk. A connector reset voids the ledger (it empties the primary and clears
+the parked keys, :1141-1181). A breach is ``store:request_tier_incomplete``: the peer waits out its
 timeout and recomputes (efficiency; no KV is wrong). A chunk sent after the finish is
 ``tier_lifecycle``'s, as for every secondary tier.
 
@@ -97,17 +101,20 @@ def _module():
 def tier_config(par):
     """The tier's entry of ``secondary_tiers`` where engine setting ``request_tier_p`` is on, else
     None: by ``module_path`` where the tier factory loads an out-of-tree tier from the config alone
-    (0.28.0+, ``get_tier_class``; 0.33.0 tiering/factory.py:100-143, as a user deploys one), by
-    name once ``install`` registered it before."""
+    (0.28.0+, ``get_tier_class``; 0.33.0 tiering/factory.py:100-143, as a user deploys one), else by
+    name once ``install`` registered it."""
     if not float(par.get("request_tier_p") or 0.0):
         return None
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
-    if hasattr(SecondaryTierFactory, "get_tier_class"):
-        _module()
-        return {"type": REQUEST_TIER, "module_path": TIER_MODULE}
-    install()
-    return {"type": REQUEST_TIER}
+    _module()
+    by_path = {"type": REQUEST_TIER, "module_path": TIER_MODULE}
+    try:  # 0.25.0 - 0.27.0 have get_tier_class, reading the registry only (0.25.0 tiering/factory.py:45-54)
+        SecondaryTierFactory.get_tier_class(by_path)
+        return by_path
+    except (AttributeError, ValueError):
+        install()
+        return {"type": REQUEST_TIER}
 
 
 class Owed:
@@ -122,20 +129,27 @@ class Owed:
         self.legs = set()
 
     def producer_leg(self, rid):
-        if random.Random("%r-request-tier-%s" % (self.seed, rid)).random() < self.p:
+        if rid not in self.legs and random.Random("%r-request-tier-%s" % (self.seed, rid)).random() < self.p:
             self.legs.add(rid)
             self.eng.stats["request_level_requests"] += 1
         return rid in self.legs
 
+    def _chunks(self):
+        """The primary tier's chunk status object per key, read without touching its policy."""
+        return dict(kv_events.policy_chunks(kv_events.cpu_tier(self.manager)._policy))
+
+    def _owe(self, rid, keys, why):
+        chunks = self._chunks()
+        self.owed.setdefault(rid, {}).update((k, (why, chunks.get(k))) for k in keys)
+
     def offered(self, rid, keys, out):
-        if rid not in self.legs or out is None:
-            return
-        new = set(out.keys_to_store)
-        self.owed.setdefault(rid, {}).update((k, "held by the primary when offered") for k in keys if k not in new)
+        if rid in self.legs and out is not None:
+            new = set(out.keys_to_store)
+            self._owe(rid, [k for k in keys if k not in new], "held by the primary when offered")
 
     def stored(self, rid, keys, success):
         if rid in self.legs and success:
-            self.owed.setdefault(rid, {}).update((k, "stored by the request") for k in keys)
+            self._owe(rid, keys, "stored by the request")
 
     def reset(self):
         """A connector reset empties the primary tier and drops the parked cascades with it (0.33.0
@@ -154,10 +168,10 @@ class Owed:
         missing = [k for k in owed if k not in got]
         if not missing:
             return
-        primary = kv_events.cpu_tier(self.manager)
-        held = {k for k, _ in kv_events.policy_chunks(primary._policy)}
-        # a key the primary no longer holds is dropped by design
-        self._violate(rid, {k: owed[k] for k in missing if k in held}, len(owed), len(got))
+        chunks = self._chunks()
+        # owed while the chunk it was owed from is still the primary's: one that left is dropped by design
+        self._violate(rid, {k: owed[k][0] for k in missing if owed[k][1] is not None and chunks.get(k) is owed[k][1]},
+                      len(owed), len(got))
 
     def _violate(self, rid, missing, owed, sent):
         if not missing:

@@ -33,9 +33,12 @@ def _watch(eng, tap, tier):
 
     def on_new_request(call, req_context, *a, **k):
         begun.append(req_context.req_id)
+        finished.discard(req_context.req_id)  # an id vLLM takes again after its finish is a new request
         return call(req_context, *a, **k)
 
     def drained():
+        if any(v["check"] == "lifecycle:not_drained" for v in eng.violations):
+            return  # requests still in the scheduler: that finding says it
         left = [rid for rid in dict.fromkeys(begun) if rid not in finished]
         if left:
             eng.violations.append({

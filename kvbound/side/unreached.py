@@ -31,7 +31,9 @@ _SERVED = ("the facade a secondary tier serves requests from outside the engine 
            " KVCR tiers override (tiering/p2p/manager.py, tiering/kvcr/manager.py; the example and file tiers keep"
            " the base's no-op, tiering/base.py:343-363)")
 _POLLED = ("the tier-poll thread, started only for a tier that sets tolerates_off_thread_polling (0.33.0"
-           " tiering/manager.py:295-301,312-316): the peer-to-peer tier alone (tiering/p2p/manager.py:230)")
+           " tiering/manager.py:295-301,312-316): the peer-to-peer tier alone (tiering/p2p/manager.py:230);"
+           " every run starts and stops none through the early returns of _start_tier_poll_thread and"
+           " _stop_tier_poll_thread (counted run), and their lines past those returns are this tier's")
 UNREACHED = (
     Unreached("vllm/v1/kv_offload/cpu/gpu_worker.py", "*", GPU_ONLY,
               "the GPU<->CPU transfer handlers: CUDA streams and events, pinned buffers, the swap kernels"

@@ -85,7 +85,7 @@ def record(plan, table_s: float, taken_s: float) -> None:
     swing it), the last ``plan.pace_runs``."""
     if table_s < plan.pace_min_table_s:
         return
-    runs = _history()[-(plan.pace_runs - 1):] + [{"table_s": round(table_s, 1), "taken_s": round(taken_s, 1)}]
+    runs = (_history() + [{"table_s": round(table_s, 1), "taken_s": round(taken_s, 1)}])[-plan.pace_runs:]
     path = _history_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
