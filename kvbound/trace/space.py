@@ -219,6 +219,7 @@ SWEEP = (
     "full@load_tiers_p=0.3",  # tier filters on the CPU spec: 0.27.0 - 0.29.0, which run no tiering-fs
     "full-tiering-fs@tier_lose_p=0.1,kv_events=true",  # failed promotions (partial keep) and their events
     "full-tiering-fs@shadow=false",  # the tiering spec on 0.24.0 - 0.29.0, where shadow KV cannot follow it
+    "full-tiering-fs@shadow=false,log_stats=true",  # ... its metric definitions and stats there (0.29.0 spec.py:101-252)
     # the tiering manager behind the example tier: on 0.22.1 - 0.23.0 too, where the file tier cannot run
     "full@offload_spec=tiering-example,shadow=false,cpu_chunks=32",
     "full-tiering-fs@tier_lookup_late_p=0.5",  # the file tier's lookup answers late, shadow KV judging the data
