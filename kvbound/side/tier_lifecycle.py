@@ -28,6 +28,8 @@ def subscribe(eng, tap):
 
 
 def _watch(eng, tap, tier):
+    if not (hasattr(tier, "on_request_finished") and hasattr(tier, "on_new_request")):
+        return  # 0.22.1's tiers hear of no request (tiering/base.py: lookup, submit_*, touch, shutdown)
     begun, finished = [], set()  # the requests this tier saw begin, in order; those it heard finish
     name = getattr(tier, "tier_type", None) or type(tier).__name__
 
