@@ -172,11 +172,11 @@ def planned_seconds(args, shards: list, pool: int) -> float:
 
 
 def at_pace(args, table_s: float) -> tuple:
-    """What a run the cost table plans at ``table_s`` takes at this machine's pace (``--pace``, else
-    ``kvbound.trace.pace``: what campaigns here took, or a probe), said as the first line ends; and where that is past ``--budget``
-    by more than a fifth, one line on stderr with the budget that plans it here: (the seconds,
-    the words). The requests
-    stay the table's: the pace is a clock, and the traffic is planned without one."""
+    """(the seconds, the words): what a run the cost table plans at ``table_s`` takes at this
+    machine's pace (``--pace``, else ``kvbound.trace.pace``: what campaigns here took, or a probe),
+    said as the first line ends; where that is past ``--budget`` by more than a fifth, one line on
+    stderr with the budget that plans it here. The requests stay the table's: the pace is a
+    clock, and the traffic is planned without one."""
     from kvbound.trace.pace import machine_pace
 
     pace, how = (args.pace, "given") if args.pace is not None else machine_pace(CAMPAIGN_PLAN)

@@ -30,18 +30,18 @@ def subscribe(eng, tap):
 def _watch(eng, tap, tier):
     if not (hasattr(tier, "on_request_finished") and hasattr(tier, "on_new_request")):
         return  # 0.22.1's tiers hear of no request (tiering/base.py: lookup, submit_*, touch, shutdown)
-    begun, finished = [], set()  # the requests this tier saw begin, in order; those it heard finish
+    begun, finished = {}, set()  # the requests this tier saw begin (in order, as keys); those it heard finish
     name = getattr(tier, "tier_type", None) or type(tier).__name__
 
     def on_new_request(call, req_context, *a, **k):
-        begun.append(req_context.req_id)
+        begun[req_context.req_id] = None
         finished.discard(req_context.req_id)  # an id vLLM takes again after its finish is a new request
         return call(req_context, *a, **k)
 
     def drained():
         if any(v["check"] == "lifecycle:not_drained" for v in eng.violations):
             return  # requests still in the scheduler: that finding says it
-        left = [rid for rid in dict.fromkeys(begun) if rid not in finished]
+        left = [rid for rid in begun if rid not in finished]
         if left:
             eng.violations.append({
                 "check": "lifecycle:tier_request_not_finished", "step": eng.step_no, "request": left[0],

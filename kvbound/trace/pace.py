@@ -72,7 +72,7 @@ def _history() -> list:
 def machine_pace(plan) -> tuple:
     """(the pace: this machine's seconds per second of the cost table ``plan``, 2 decimals; how
     it was found, in words)."""
-    runs = _history()
+    runs = _history()[-plan.pace_runs:]
     if runs:
         pace = statistics.median(r["taken_s"] / r["table_s"] for r in runs)
         return round(pace, 2), f"what the last {len(runs)} campaign(s) here took"
