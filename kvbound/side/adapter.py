@@ -12,7 +12,9 @@ model or the Hugging Face hub.
 - ``kv_cache_config``: the ``KVCacheConfig`` of those specs, built by hand as vLLM's own
   tests build it;
 - ``fields`` / ``build`` / ``first_attr``: a release's dataclass from the fields it has, and a
-  field under whichever name the release gives it.
+  field under whichever name the release gives it;
+- ``secondary_tier``: the ``secondary_tiers`` entry of a tier class the trace defines, loaded as
+  the release lets an out-of-tree tier in.
 
 Standard library only at import (vLLM and torch are imported where they are used); part
 of the side package (``kvbound/side/``), loaded by path where kvbound is not installed.
@@ -201,3 +203,25 @@ def build(cls, **kw):
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in kw.items() if k in names}
     return cls(**kw)
+
+
+def secondary_tier(name, module_name, make_class):
+    """The tiering spec's ``secondary_tiers`` entry of an out-of-tree tier: class ``name`` of module
+    ``module_name``, which ``make_class()`` defines (once per process, in ``sys.modules``). By
+    ``module_path`` where the tier factory loads an out-of-tree tier from the config alone (0.28.0+,
+    ``get_tier_class``; 0.33.0 tiering/factory.py:100-143, as a user deploys one), else by name once
+    registered (``register_tier``, 0.22.1 tiering/factory.py:17-25)."""
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    if module_name not in sys.modules:
+        mod = types.ModuleType(module_name)
+        setattr(mod, name, make_class())
+        sys.modules[module_name] = mod
+    by_path = {"type": name, "module_path": module_name}
+    try:  # 0.25.0 - 0.27.0 have get_tier_class, reading the registry only (0.25.0 tiering/factory.py:45-54)
+        SecondaryTierFactory.get_tier_class(by_path)
+        return by_path
+    except (AttributeError, ValueError):
+        if name not in SecondaryTierFactory._registry:
+            SecondaryTierFactory.register_tier(name, module_name, name)
+        return {"type": name}

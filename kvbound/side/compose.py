@@ -8,7 +8,7 @@ got (``cpu_bytes_to_use``, ``tier_capacity``), the extra config of a tiering spe
 and what outlives a run (``close``).
 """
 
-from . import adapter, kv_events, pd_connector, request_tier, tier_faults, tier_lifecycle, tier_pressure
+from . import adapter, failed_start, kv_events, pd_connector, request_tier, tier_faults, tier_lifecycle, tier_pressure
 
 OFFLOADING = "OffloadingConnector"
 
@@ -67,11 +67,13 @@ def tiering_config(lay, par):
     tier's backpressure detector where the engine settings ``par`` ask for one
     (``tier_pressure.tier_config``), and its KV events where they are on and it has them. Either
     with the request-level tier after it where engine setting ``request_tier_p`` asks for one
-    (``request_tier``)."""
+    (``request_tier``), and a tier that cannot start where the harness starts it to fail
+    (``failed_start``)."""
     import tempfile
 
     spec = {"spec_name": "TieringOffloadingSpec", "tier_poll_interval_s": 0}
-    beside = [t for t in (request_tier.tier_config(par),) if t is not None]  # a request-level tier after it
+    # after it: a request-level tier, and a tier that fails to start (side/failed_start.py)
+    beside = [t for t in (request_tier.tier_config(par), failed_start.tier_config(par)) if t is not None]
     if lay["offload_spec"] == "tiering-example":  # in memory, every job done at once (tiering/example/manager.py)
         return dict(spec, secondary_tiers=[{"type": "example"}, *beside])
     if lay["offload_spec"] != "tiering-fs":

@@ -40,30 +40,16 @@ Part of the side package (standard library; vLLM's classes are imported when a r
 """
 
 import random
-import sys
 
-from . import kv_events
+from . import adapter, kv_events
 
 TIER_MODULE = "kvbound_trace_request_tier"
 REQUEST_TIER = "KvboundRequestLevelTier"
 SHOWN = 4  # keys a finding shows
 
 
-def install():
-    """``REQUEST_TIER`` registered with vLLM's tier factory by name, once per process."""
-    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
-
-    _module()
-    if REQUEST_TIER not in SecondaryTierFactory._registry:
-        SecondaryTierFactory.register_tier(REQUEST_TIER, TIER_MODULE, REQUEST_TIER)
-
-
-def _module():
-    """``TIER_MODULE`` in ``sys.modules`` with ``REQUEST_TIER``, once per process."""
-    if TIER_MODULE in sys.modules:
-        return
-    import types
-
+def _tier_class():
+    """``REQUEST_TIER``: vLLM's example tier (in memory), asking for request-level offload."""
     from vllm.v1.kv_offload import base
     from vllm.v1.kv_offload.tiering.example.manager import ExampleSecondaryTierManager
 
@@ -93,28 +79,15 @@ def _module():
                 self.owed.finished(req_context.req_id)
             return super().on_request_finished(req_context)
 
-    mod = types.ModuleType(TIER_MODULE)
-    setattr(mod, REQUEST_TIER, KvboundRequestLevelTier)
-    sys.modules[TIER_MODULE] = mod
+    return KvboundRequestLevelTier
 
 
 def tier_config(par):
     """The tier's entry of ``secondary_tiers`` where engine setting ``request_tier_p`` is on, else
-    None: by ``module_path`` where the tier factory loads an out-of-tree tier from the config alone
-    (0.28.0+, ``get_tier_class``; 0.33.0 tiering/factory.py:100-143, as a user deploys one), else by
-    name once ``install`` registered it."""
+    None (loaded as a user loads an out-of-tree tier, ``adapter.secondary_tier``)."""
     if not float(par.get("request_tier_p") or 0.0):
         return None
-    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
-
-    _module()
-    by_path = {"type": REQUEST_TIER, "module_path": TIER_MODULE}
-    try:  # 0.25.0 - 0.27.0 have get_tier_class, reading the registry only (0.25.0 tiering/factory.py:45-54)
-        SecondaryTierFactory.get_tier_class(by_path)
-        return by_path
-    except (AttributeError, ValueError):
-        install()
-        return {"type": REQUEST_TIER}
+    return adapter.secondary_tier(REQUEST_TIER, TIER_MODULE, _tier_class)
 
 
 class Owed:

@@ -18,7 +18,7 @@ process CPU seconds since the job began, at the start of each step (the host's t
 
 import time
 
-from . import compose, cover, findings, runner_calls, sidecar
+from . import compose, cover, failed_start, findings, runner_calls, sidecar
 
 
 def run_job(rel, job):
@@ -41,7 +41,11 @@ def run_job(rel, job):
 
 
 def _run(rel, job, t0, c0):
+    left = failed_start.attempt(rel, job["layout"], job["params"])  # engine setting tier_start_fail
     eng = rel.build(job["layout"], job["params"])
+    if left is not None:
+        eng.stats["failed_start_left"] = len(left)
+        eng.violations.extend(left)
     res = {"ok": True}
     try:
         eng.run(job["requests"], job.get("max_steps", 200000))

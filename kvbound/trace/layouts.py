@@ -110,6 +110,7 @@ ENGINE_PARAMS = (
     EngineParam("prompt_logprobs_p", float, None, _TRAFFIC),  # requests asking prompt logprobs (skip reading)
     EngineParam("kv_events", _flag, None, _ENGINE),  # KV cache events on: the tier's checked (side/kv_events.py)
     EngineParam("request_tier_p", float, None, _TIER),  # the share of requests a request-level tier asks for
+    EngineParam("tier_start_fail", _flag, None, _FAULTS),  # the engine first started with a tier that cannot start
 )
 BASE = {p.name: p.base for p in ENGINE_PARAMS if p.base is not None}
 OVERRIDES = {p.name: p for p in ENGINE_PARAMS if p.flag}

@@ -151,6 +151,10 @@ AXES = (
          " request-level offload (every chunk of a request, its hits too, as the peer-to-peer tier asks on a P/D"
          " producer leg) on this share of requests, and is checked to get them (side/request_tier.py)", "engine",
          applies=_tiering, applies_doc="the tiering spec (offload_spec tiering-fs or tiering-example)"),
+    Axis("tier_start_fail", ("false", "true"), "the run's engine is first started with a secondary tier that"
+         " cannot start after the layout's own, and what that failed start left behind is checked (its tiers"
+         " shut down, its shared region's file gone from /dev/shm; side/failed_start.py)", "engine",
+         applies=_tiering, applies_doc="the tiering spec (offload_spec tiering-fs or tiering-example)"),
     # the CPU tier's knobs, the scheduler's, and traffic (docs/trace.md "The configuration space")
     Axis("cpu_chunks", ("256", "32", "4"), "the CPU tier's capacity in chunks, exactly (32: pool pressure, the tier evicts:"
          " cpu/manager.py's eviction and the policies' evict paths; 4: fewer chunks than a prompt holds,"
@@ -239,6 +243,8 @@ SWEEP = (
     # example tier, 0.30.0 - 0.33.0 on the file tier with shadow KV
     "full@offload_spec=tiering-example,shadow=false,prefix_burst_p=0.5,request_tier_p=0.5",
     "full-tiering-fs@prefix_burst_p=0.5,request_tier_p=0.5",
+    # a secondary tier that cannot start after the file tier: what the failed start leaves (0.24.0 - 0.33.0)
+    "full-tiering-fs@shadow=false,tier_start_fail=true",
     "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
     "swa@load_limit_p=0.3",
     "mamba@load_limit_p=0.3",  # a load limit under partial tails

@@ -1,0 +1,158 @@
+"""A secondary tier that fails to start, and what the tiering spec promises then (engine setting
+``tier_start_fail``).
+
+A deployment's secondary tier can fail to start: a root directory the engine may not create, an
+out-of-tree tier's bad config, a service it cannot reach. The tiering spec builds its tiers when
+the connector's scheduler side first asks for its manager: the scheduler's shared region in
+``/dev/shm`` (sized to the whole CPU tier), the CPU primary tier over it, then each secondary tier
+in configuration order (0.33.0 v1/kv_offload/tiering/spec.py:386-430), and a tier's constructor
+that raises ends the engine's start.
+
+The promise (vLLM #51227, from 0.28.0; 0.33.0 tiering/spec.py:431-458): the secondary tiers
+already started are shut down, in reverse order, then the primary tier (which cleans its region
+up) or, without one, the region itself; and the start's own error reaches the caller. Before it
+(0.22.1 - 0.27.0, 0.27.0 tiering/spec.py:171-214) nothing is released: the region's file stays in
+``/dev/shm`` holding the CPU tier's bytes, and the started tiers' threads run on.
+
+With ``tier_start_fail`` on, the harness first starts the run's engine with ``FAILING_TIER`` after
+the layout's tiers (its constructor raises ``TierStartFailed``, as a tier that cannot start does),
+expects that error, and reports what the failed start left behind, each a
+``lifecycle:failed_start_unclean``: a secondary tier it started and did not shut down, its shared
+region's file still in ``/dev/shm``, or another error in place of the start's own. The harness
+then releases what was left (the run must not leak it) and the run's engine is started as the
+layout says: the deployment restarted with its config mended.
+
+Part of the side package (standard library; vLLM's classes are imported when a run installs it).
+"""
+
+import contextlib
+import os
+import shutil
+import sys
+
+from . import adapter, sidecar
+
+TIER_MODULE = "kvbound_trace_failing_tier"
+FAILING_TIER = "KvboundFailingTier"
+
+
+class TierStartFailed(RuntimeError):
+    """What ``FAILING_TIER``'s constructor raises: the error a failed start must end with."""
+
+
+def _tier_class():
+    """``FAILING_TIER``: a secondary tier whose constructor notes the shared region of the spec it
+    is built for and raises ``TierStartFailed``."""
+    from vllm.v1.kv_offload.tiering.example.manager import ExampleSecondaryTierManager
+
+    class KvboundFailingTier(ExampleSecondaryTierManager):  # a concrete tier: its constructor is the one that fails
+        regions = []  # the spec's shared region at each attempt, newest last (``attempt`` reads, clears)
+
+        def __init__(self, *a, **k):
+            spec = k.get("offloading_spec") or next((x for x in a if hasattr(x, "_scheduler_mmap")), None)
+            type(self).regions.append(getattr(spec, "_scheduler_mmap", None))  # 0.28+ clears it at the failure
+            raise TierStartFailed("kvbound's failing tier: this secondary tier cannot start")
+
+    return KvboundFailingTier
+
+
+def tier_config(par):
+    """``FAILING_TIER``'s ``secondary_tiers`` entry for the failed start (``attempt``), else None."""
+    if not par.get("_failing_tier"):
+        return None
+    return adapter.secondary_tier(FAILING_TIER, TIER_MODULE, _tier_class)
+
+
+@contextlib.contextmanager
+def _watched_tiers():
+    """[tier, shut, root directory] of every secondary tier the tier factory builds in the block:
+    ``shut`` set once its ``shutdown`` ran (the factory's classmethod restored after)."""
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    kept = SecondaryTierFactory.__dict__["create_secondary_tier"]
+    create, built = SecondaryTierFactory.create_secondary_tier, []
+
+    def watched(*a, **k):
+        tier = create(*a, **k)
+        config = a[0] if a and isinstance(a[0], dict) else k.get("tier_config") or {}
+        built.append([tier, False, config.get("root_dir")])
+        entry, shutdown = built[-1], tier.shutdown
+
+        def shut(*sa, **sk):
+            entry[1] = True
+            return shutdown(*sa, **sk)
+
+        tier.shutdown = shut
+        return tier
+
+    SecondaryTierFactory.create_secondary_tier = staticmethod(watched)
+    try:
+        yield built
+    finally:
+        SecondaryTierFactory.create_secondary_tier = kept
+
+
+def attempt(rel, lay, par):
+    """Where engine setting ``tier_start_fail`` is on: the run's engine started once with
+    ``FAILING_TIER`` after its tiers, and the violations of what that failed start left behind;
+    None where the setting is off. Raises ``RuntimeError`` (a harness fault) where the failing tier
+    was never built."""
+    if not par.get("tier_start_fail"):
+        return None
+    adapter.secondary_tier(FAILING_TIER, TIER_MODULE, _tier_class)
+    cls = getattr(sys.modules[TIER_MODULE], FAILING_TIER)
+    cls.regions.clear()
+    left, error, eng = [], None, None
+    with _watched_tiers() as built, _planted(par.get("mutant")):
+        try:
+            eng = rel.build(lay, dict(par, tier_start_fail=False, _failing_tier=True))
+        except Exception as e:  # noqa: BLE001 - the start is meant to fail; how is the check
+            error = e
+    if eng is not None:  # vLLM started the engine all the same: what it holds is released as a run's is
+        from . import compose
+
+        compose.close(eng)
+    if not cls.regions:
+        raise RuntimeError("engine setting tier_start_fail: the failing tier was never started (%s)"
+                           % ("the engine started" if error is None else "%s: %s" % (type(error).__name__, error)))
+    if error is not None and not isinstance(error, TierStartFailed) and sidecar.raised_in_harness(error):
+        raise error
+    region = cls.regions[-1]
+    path = getattr(region, "mmap_path", None)
+    if error is None:
+        left.append(("a start that did not fail", "the engine started without the tier that could not start"))
+    elif not isinstance(error, TierStartFailed):
+        left.append(("the start's error replaced by %s" % type(error).__name__, "%s: %s" % (type(error).__name__, error)))
+    for tier, shut, root in built:
+        if not shut:
+            left.append(("tier %s not shut down" % tier.tier_type, "the %s tier it started runs on" % tier.tier_type))
+            tier.shutdown()  # the harness releases it: the run must not leak it
+        if root:
+            shutil.rmtree(root, ignore_errors=True)
+    if path is not None and os.path.exists(path):
+        left.append(("its shared region left in /dev/shm", "%s (%d bytes) is still on /dev/shm"
+                     % (os.path.basename(path), os.path.getsize(path))))
+        if hasattr(region, "cleanup"):
+            region.cleanup()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return [{"check": "lifecycle:failed_start_unclean", "step": 0, "what": what,
+             "message": "a secondary tier failed to start and the tiering spec left this behind: %s" % why}
+            for what, why in left]
+
+
+@contextlib.contextmanager
+def _planted(mutant):
+    """Planted (tests only, ``failed_start_keeps_region``): the CPU primary tier's shutdown during
+    the failed start leaves its shared region as it is."""
+    if mutant != "failed_start_keeps_region":
+        yield
+        return
+    from vllm.v1.kv_offload.tiering.manager import CPUPrimaryTierOffloadingManager
+
+    kept = CPUPrimaryTierOffloadingManager.__dict__["shutdown"]
+    CPUPrimaryTierOffloadingManager.shutdown = lambda self: None
+    try:
+        yield
+    finally:
+        CPUPrimaryTierOffloadingManager.shutdown = kept
