@@ -54,9 +54,14 @@ def test_the_upstream_defects_are_found_where_vllm_had_them_and_gone_where_it_fi
     come after (#45823, #46284); 0.27.0 (its tier factory loads no tier by module path: the tier is
     registered by name) and 0.28.0 (by module path): a chunk whose primary write is in flight is
     dropped from the request-level cascade (#53062); 0.29.0 (#53329): neither."""
-    found = {}
+    found, res = {}, {}
     for version in ("0.23.0", "0.27.0", "0.28.0", "0.29.0"):
-        _, found[version] = _keys(workers(version)[1], version, EXAMPLE_POINT)
+        res[version], found[version] = _keys(workers(version)[1], version, EXAMPLE_POINT)
+    # a second run in the same worker, where the tier is registered by name already (a shrink's
+    # reruns): the same run (once, the tier's config kept module_path, which 0.25.0 - 0.27.0 hand
+    # to the tier's constructor, and every rerun failed to start)
+    again, keys = _keys(workers("0.27.0")[1], "0.27.0", EXAMPLE_POINT)
+    assert again["ok"] and keys == found["0.27.0"] and again["stats"] == res["0.27.0"]["stats"], again.get("setup_error")
     assert {INCOMPLETE, AFTER_FINISH} <= found["0.23.0"], found["0.23.0"]
     for version in ("0.27.0", "0.28.0"):
         assert INCOMPLETE in found[version] and not any(k.startswith(("lifecycle:", "crash:")) for k in found[version]), found

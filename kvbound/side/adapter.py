@@ -217,11 +217,13 @@ def secondary_tier(name, module_name, make_class):
         mod = types.ModuleType(module_name)
         setattr(mod, name, make_class())
         sys.modules[module_name] = mod
-    by_path = {"type": name, "module_path": module_name}
-    try:  # 0.25.0 - 0.27.0 have get_tier_class, reading the registry only (0.25.0 tiering/factory.py:45-54)
+    by_name, by_path = {"type": name}, {"type": name, "module_path": module_name}
+    if name in SecondaryTierFactory._registry:  # registered by an earlier run of this process
+        return by_name
+    try:  # 0.25.0 - 0.27.0 have get_tier_class, reading the registry only (0.25.0 tiering/factory.py:45-54),
+        # and pass every other key of the config to the tier's constructor, module_path too (:28-41)
         SecondaryTierFactory.get_tier_class(by_path)
         return by_path
     except (AttributeError, ValueError):
-        if name not in SecondaryTierFactory._registry:
-            SecondaryTierFactory.register_tier(name, module_name, name)
-        return {"type": name}
+        SecondaryTierFactory.register_tier(name, module_name, name)
+        return by_name
