@@ -365,7 +365,7 @@ def test_chunk_size_reaches_every_release():
     """The chunk size goes in the extra-config key every release reads (``block_size``,
     tokens per chunk); ``blocks_per_chunk`` only where the groups' block sizes differ (a
     key only 0.26+ reads); nothing for one block per chunk (every release's default)."""
-    from kvbound.side.engine import chunk_size_config
+    from kvbound.side.compose import chunk_size_config
 
     assert chunk_size_config(LAYOUTS["bpc2"].job_layout()) == {"block_size": 32}
     assert chunk_size_config(LAYOUTS["full"].job_layout()) == {}

@@ -3,9 +3,9 @@ axes "composition" and "offload spec and tier").
 
 Part of the side package (standard library; vLLM's objects come in as arguments): the
 ``KVTransferConfig`` fields of a layout (``composed``), the CPU tier's bytes and the capacity it
-got (``cpu_bytes_to_use``, ``tier_capacity``), the extra config of a tiering spec
-(``tiering_config``), the sub-connectors of a ``MultiConnector`` (``sub_connector``, ``pd_sides``),
-and what outlives a run (``close``).
+got (``cpu_bytes_to_use``, ``tier_capacity``), a chunk's blocks (``chunk_size_config``), the
+extra config of a tiering spec (``tiering_config``), the sub-connectors of a ``MultiConnector``
+(``sub_connector``, ``pd_sides``), and what outlives a run (``close``).
 """
 
 from . import adapter, failed_start, kv_events, pd_connector, request_tier, tier_faults, tier_lifecycle, tier_pressure
@@ -46,6 +46,23 @@ def cpu_bytes_to_use(cpu_chunks, page_bytes, blocks_per_chunk, align):
     ``blocks_per_chunk``. ``engine.Engine`` checks the tier it got."""
     per_chunk = sum(page_bytes) * blocks_per_chunk
     return cpu_chunks * (-(-per_chunk // align) * align)
+
+
+def chunk_size_config(lay):
+    """The ``kv_connector_extra_config`` entry that makes a chunk ``blocks_per_chunk`` GPU
+    blocks. Every release reads ``block_size``, the tokens of one offloaded chunk, when
+    all groups share one block size (0.24.0 ``v1/kv_offload/base.py:503-515``; 0.26.0
+    ``offloading/config.py:61,75-88``; 0.33.0 ``offloading/config.py:123``); only 0.26 and
+    later read ``blocks_per_chunk`` (0.26.0 ``offloading/config.py:60``): before 0.26 that
+    key is ignored and a chunk is one block. One chunk per block is every release's
+    default: no entry."""
+    bpc = lay.get("blocks_per_chunk", 1)
+    if bpc == 1:
+        return {}
+    sizes = {g["tokens_per_block"] for g in lay["groups"]}
+    if len(sizes) == 1:
+        return {"block_size": sizes.pop() * bpc}
+    return {"blocks_per_chunk": bpc}
 
 
 def tier_capacity(manager):

@@ -85,7 +85,7 @@ class Release:
         align = getattr(spec_cls, "BLOCK_SIZE_ALIGNMENT", 1)
         extra = {"cpu_bytes_to_use": compose.cpu_bytes_to_use(par["cpu_chunks"], page_bytes,
                                                               lay.get("blocks_per_chunk", 1), align)}
-        extra.update(chunk_size_config(lay))
+        extra.update(compose.chunk_size_config(lay))
         if par.get("sync_load_budget_bytes"):
             extra["sync_load_budget_bytes"] = par["sync_load_budget_bytes"]
         if "offload_prompt_only" in par:  # OffloadingSpec reads it (0.29 v1/kv_offload/base.py:598-600)
@@ -161,9 +161,7 @@ class Release:
         runner_calls.kv_cache_layout(vllm_config)
         if mutant == "allocate_past_lookahead":  # planted: the allocator reserves past the lookahead
             _allocate_past_lookahead(sched.kv_cache_manager, lay)
-        eng = Engine(self, lay, par, vllm_config, kv_cache_config, sched, wconn, hbs or bs)
-        eng.kv_events = kv_events.subscribe(eng, eng.tap)  # the tier's KV events (engine setting kv_events)
-        return eng
+        return Engine(self, lay, par, vllm_config, kv_cache_config, sched, wconn, hbs or bs)
 
     def _tag_retained_tokens(self, kv_cache_config, vllm_config):
         """What the release's planner does after merging the workers' specs: every sliding-window
@@ -195,23 +193,6 @@ class Release:
         return bs, hbs
 
 
-def chunk_size_config(lay):
-    """The ``kv_connector_extra_config`` entry that makes a chunk ``blocks_per_chunk`` GPU
-    blocks. Every release reads ``block_size``, the tokens of one offloaded chunk, when
-    all groups share one block size (0.24.0 ``v1/kv_offload/base.py:503-515``; 0.26.0
-    ``offloading/config.py:61,75-88``; 0.33.0 ``offloading/config.py:123``); only 0.26 and
-    later read ``blocks_per_chunk`` (0.26.0 ``offloading/config.py:60``): before 0.26 that
-    key is ignored and a chunk is one block. One chunk per block is every release's
-    default: no entry."""
-    bpc = lay.get("blocks_per_chunk", 1)
-    if bpc == 1:
-        return {}
-    sizes = {g["tokens_per_block"] for g in lay["groups"]}
-    if len(sizes) == 1:
-        return {"block_size": sizes.pop() * bpc}
-    return {"blocks_per_chunk": bpc}
-
-
 def _structured(vllm_config):
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -238,8 +219,17 @@ class Engine:
     def __init__(self, rel, lay, par, vllm_config, kv_cache_config, sched, wconn, hash_block_size):
         self.rel, self.lay, self.par = rel, lay, par
         self.vllm_config, self.kv_cache_config = vllm_config, kv_cache_config
-        self.sched, self.wconn = sched, wconn
+        self.sched, self.wconn, self.shut_down = sched, wconn, False
         self.csched = compose.sub_connector(sched.connector, compose.OFFLOADING).connector_scheduler
+        try:
+            self._set_up(hash_block_size)
+        except BaseException:  # a fault while it is set up: what vLLM started and the trace installed, released
+            compose.close(self)
+            raise
+
+    def _set_up(self, hash_block_size):
+        rel, lay, par, sched = self.rel, self.lay, self.par, self.sched
+        vllm_config, kv_cache_config, wconn = self.vllm_config, self.kv_cache_config, self.wconn
         self.pd_sched, self.pd_worker = compose.pd_sides(self)  # composition: the P/D consumer beside it
         # The shadow and the store checks map chunks with the layout's blocks_per_chunk: the
         # connector must run with it (a release that ignored the setting once ran bpc2 with
@@ -268,7 +258,6 @@ class Engine:
         self.accept_p = sp.get("accept_p", 0.7) if sp else 0.0
         self.model_runner = fakes.FakeModelRunner(self, self.num_spec, self.accept_p)
         self.attention_layers = runner_calls.attention_layers(rel, kv_cache_config)
-        self.shut_down = False
         self.checks = checks.LifecycleChecks(self)
         self.lookup_capture = lookups.LookupCapture(self)
         self.last_lookup = {}
@@ -296,6 +285,7 @@ class Engine:
         if self.shadow is not None:
             self.shadow.subscribe(self.tap)
         self.frontend = stats_logger.subscribe(self, self.tap)  # the frontend's stat loggers (log_stats)
+        self.kv_events = kv_events.subscribe(self, self.tap)  # the tier's KV events (engine setting kv_events)
 
     # -- connector calls seen -----------------------------------------------------------
     def _subscribe(self):
