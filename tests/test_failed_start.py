@@ -52,7 +52,58 @@ def test_the_latest_release_releases_a_failed_start_and_a_kept_region_is_caught(
 def test_the_leak_is_found_where_vllm_had_it_and_gone_where_it_fixed_it(workers):
     """0.27.0 leaves the file tier running and the region's file in /dev/shm after a failed start;
     0.28.0 (#51227) leaves neither."""
-    _, keys = _run(workers("0.27.0")[1], "0.27.0")
+    res, keys = _run(workers("0.27.0")[1], "0.27.0")
+    assert res["ok"] and res["stats"]["failed_start_left"] == 2, res.get("setup_error") or res.get("error")
     assert keys == {REGION, KIND + "[tier fs not shut down]"}, keys
-    _, keys = _run(workers("0.28.0")[1], "0.28.0")
+    res, keys = _run(workers("0.28.0")[1], "0.28.0")
+    assert res["ok"] and res["stats"]["failed_start_left"] == 0 and res["stats"]["steps"] > 0, res.get("setup_error")
     assert keys == set(), keys
+
+
+SET_UP_FAULT = r'''
+import json, os, sys, threading
+sys.path.insert(0, sys.argv[1])
+import worker  # the side package, as a worker loads it
+from kvbound_side import compose, engine
+from vllm.v1.kv_offload.cpu import shared_offload_region as sor
+job, made = json.loads(sys.argv[2]), []
+real_init, real_subscribe = sor.SharedOffloadRegion.__init__, compose.subscribe_tiers
+def init(self, *a, **k):
+    real_init(self, *a, **k)
+    made.append(self.mmap_path)
+def subscribe_then_fail(eng, tap):
+    real_subscribe(eng, tap)
+    raise RuntimeError("a planted fault of the harness")
+sor.SharedOffloadRegion.__init__, compose.subscribe_tiers = init, subscribe_then_fail
+rel = engine.Release()
+threads = threading.active_count()
+try:
+    rel.build(job["layout"], job["params"])
+except RuntimeError as e:
+    raised = str(e)
+bp = sys.modules["vllm.v1.kv_offload.tiering.backpressure"]
+print(json.dumps({"raised": raised, "regions": made, "left": [p for p in made if os.path.exists(p)],
+                  "threads": threading.active_count() - threads, "clock": type(bp.time).__name__}))
+'''
+
+
+def test_a_fault_while_the_engine_is_set_up_releases_what_vllm_started(workers, tmp_path):
+    """A harness fault after the file tier, its backpressure clock and the region exist (planted in
+    the side package, in the release's venv): the fault is raised as it was, and the tiering manager's
+    threads, its /dev/shm region and the patched clock are released (before, all three leaked for the
+    life of the worker, the region past it)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    env, _ = workers("0.33.0")
+    job = R.make_job("full-tiering-fs@shadow=false,tier_backpressure=throttled", (7, "set-up"), 1, 0, "sync")
+    script = tmp_path / "set_up_fault.py"
+    script.write_text(SET_UP_FAULT)
+    side = str(Path(R.__file__).resolve().parents[1] / "side")
+    out = subprocess.run([env.python, "-P", str(script), side, json.dumps(job)], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=env.tree or ""), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["raised"] == "a planted fault of the harness" and len(got["regions"]) == 1, got
+    assert got["left"] == [] and got["threads"] == 0 and got["clock"] == "module", got

@@ -157,11 +157,7 @@ class Release:
                     structured_output_manager=_structured(vllm_config), block_size=bs,
                     log_stats=bool(par.get("log_stats")),  # the engine core's (not disable_log_stats)
                     **({"hash_block_size": hbs} if hbs is not None else {}))
-        wconn = type(sched.connector)(vllm_config, self.KVConnectorRole.WORKER, kv_cache_config)
-        runner_calls.kv_cache_layout(vllm_config)
-        if mutant == "allocate_past_lookahead":  # planted: the allocator reserves past the lookahead
-            _allocate_past_lookahead(sched.kv_cache_manager, lay)
-        return Engine(self, lay, par, vllm_config, kv_cache_config, sched, wconn, hbs or bs)
+        return Engine(self, lay, par, vllm_config, kv_cache_config, sched, hbs or bs)
 
     def _tag_retained_tokens(self, kv_cache_config, vllm_config):
         """What the release's planner does after merging the workers' specs: every sliding-window
@@ -216,20 +212,27 @@ def _allocate_past_lookahead(kvm, lay):
 
 
 class Engine:
-    def __init__(self, rel, lay, par, vllm_config, kv_cache_config, sched, wconn, hash_block_size):
+    def __init__(self, rel, lay, par, vllm_config, kv_cache_config, sched, hash_block_size):
         self.rel, self.lay, self.par = rel, lay, par
         self.vllm_config, self.kv_cache_config = vllm_config, kv_cache_config
-        self.sched, self.wconn, self.shut_down = sched, wconn, False
+        self.sched, self.shut_down = sched, False
         self.csched = compose.sub_connector(sched.connector, compose.OFFLOADING).connector_scheduler
         try:
             self._set_up(hash_block_size)
-        except BaseException:  # a fault while it is set up: what vLLM started and the trace installed, released
-            compose.close(self)
+        except BaseException as e:  # a fault in the set-up: what vLLM started and the trace installed, released
+            try:
+                compose.close(self)
+            except Exception as c:  # noqa: BLE001 - the set-up's own error is the one raised
+                e.add_note("and releasing the engine raised %s: %s" % (type(c).__name__, c))
             raise
 
     def _set_up(self, hash_block_size):
         rel, lay, par, sched = self.rel, self.lay, self.par, self.sched
-        vllm_config, kv_cache_config, wconn = self.vllm_config, self.kv_cache_config, self.wconn
+        vllm_config, kv_cache_config = self.vllm_config, self.kv_cache_config
+        self.wconn = wconn = type(sched.connector)(vllm_config, rel.KVConnectorRole.WORKER, kv_cache_config)
+        runner_calls.kv_cache_layout(vllm_config)
+        if par.get("mutant") == "allocate_past_lookahead":  # planted: the allocator reserves past the lookahead
+            _allocate_past_lookahead(sched.kv_cache_manager, lay)
         self.pd_sched, self.pd_worker = compose.pd_sides(self)  # composition: the P/D consumer beside it
         # The shadow and the store checks map chunks with the layout's blocks_per_chunk: the
         # connector must run with it (a release that ignored the setting once ran bpc2 with

@@ -8,10 +8,10 @@ the connector's scheduler side first asks for its manager: the scheduler's share
 in configuration order (0.33.0 v1/kv_offload/tiering/spec.py:386-430), and a tier's constructor
 that raises ends the engine's start.
 
-The promise (vLLM #51227, from 0.28.0; 0.33.0 tiering/spec.py:431-458): the secondary tiers
+The promise (vLLM #51227, from 0.28.0; 0.33.0 tiering/spec.py:431-457): the secondary tiers
 already started are shut down, in reverse order, then the primary tier (which cleans its region
 up) or, without one, the region itself; and the start's own error reaches the caller. Before it
-(0.22.1 - 0.27.0, 0.27.0 tiering/spec.py:171-214) nothing is released: the region's file stays in
+(0.22.1 - 0.27.0, 0.27.0 tiering/spec.py:171-211) nothing is released: the region's file stays in
 ``/dev/shm`` holding the CPU tier's bytes, and the started tiers' threads run on.
 
 With ``tier_start_fail`` on, the harness first starts the run's engine with ``FAILING_TIER`` after
@@ -96,49 +96,79 @@ def attempt(rel, lay, par):
     """Where engine setting ``tier_start_fail`` is on: the run's engine started once with
     ``FAILING_TIER`` after its tiers, and the violations of what that failed start left behind;
     None where the setting is off. Raises ``RuntimeError`` (a harness fault) where the failing tier
-    was never built."""
+    was never built or found no shared region. What the start left is released in every case."""
     if not par.get("tier_start_fail"):
         return None
     adapter.secondary_tier(FAILING_TIER, TIER_MODULE, _tier_class)
     cls = getattr(sys.modules[TIER_MODULE], FAILING_TIER)
     cls.regions.clear()
-    left, error, eng = [], None, None
+    error, eng = None, None
     with _watched_tiers() as built, _planted(par.get("mutant")):
         try:
             eng = rel.build(lay, dict(par, tier_start_fail=False, _failing_tier=True))
         except Exception as e:  # noqa: BLE001 - the start is meant to fail; how is the check
             error = e
-    if eng is not None:  # vLLM started the engine all the same: what it holds is released as a run's is
-        from . import compose
+    region = cls.regions[-1] if cls.regions else None
+    try:
+        return _left(cls, built, region, error)
+    finally:
+        _release(eng, built, region)
+        cls.regions.clear()
 
-        compose.close(eng)
+
+def _left(cls, built, region, error):
+    """The violations: what the failed start left behind, judged before the harness releases it."""
     if not cls.regions:
         raise RuntimeError("engine setting tier_start_fail: the failing tier was never started (%s)"
                            % ("the engine started" if error is None else "%s: %s" % (type(error).__name__, error)))
     if error is not None and not isinstance(error, TierStartFailed) and sidecar.raised_in_harness(error):
         raise error
-    region = cls.regions[-1]
-    path = getattr(region, "mmap_path", None)
+    if region is None:
+        raise RuntimeError("engine setting tier_start_fail: the tiering spec had no shared region when its"
+                           " tiers were built (_scheduler_mmap): this release is not one the check reads")
+    left = []
     if error is None:
         left.append(("a start that did not fail", "the engine started without the tier that could not start"))
     elif not isinstance(error, TierStartFailed):
-        left.append(("the start's error replaced by %s" % type(error).__name__, "%s: %s" % (type(error).__name__, error)))
-    for tier, shut, root in built:
+        raised = type(error).__name__
+        left.append(("the start's error replaced by %s" % raised, "%s: %s" % (raised, error)))
+    for tier, shut, _ in built:
+        name = getattr(tier, "tier_type", type(tier).__name__)
         if not shut:
-            left.append(("tier %s not shut down" % tier.tier_type, "the %s tier it started runs on" % tier.tier_type))
-            tier.shutdown()  # the harness releases it: the run must not leak it
-        if root:
-            shutil.rmtree(root, ignore_errors=True)
-    if path is not None and os.path.exists(path):
+            left.append(("tier %s not shut down" % name, "the %s tier it started runs on" % name))
+    files = [f for f in _files(region) if os.path.exists(f)]
+    if files:
         left.append(("its shared region left in /dev/shm", "%s (%d bytes) is still on /dev/shm"
-                     % (os.path.basename(path), os.path.getsize(path))))
-        if hasattr(region, "cleanup"):
-            region.cleanup()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+                     % (", ".join(os.path.basename(f) for f in files), sum(os.path.getsize(f) for f in files))))
     return [{"check": "lifecycle:failed_start_unclean", "step": 0, "what": what,
              "message": "a secondary tier failed to start and the tiering spec left this behind: %s" % why}
             for what, why in left]
+
+
+def _files(region):
+    """The region's files: one, or its segments' (0.33.0 cpu/shared_offload_region.py:128-136)."""
+    segments = getattr(region, "_segments", None)
+    return [seg[0] for seg in segments] if segments else [getattr(region, "mmap_path", None)] if region else []
+
+
+def _release(eng, built, region):
+    """The harness releases what the failed start left (the run must not leak it): an engine vLLM
+    started all the same, the tiers it did not shut down, their directories, the region's files."""
+    if eng is not None:
+        from . import compose
+
+        compose.close(eng)
+    for tier, shut, root in built:
+        if not shut:
+            tier.shutdown()
+        if root:
+            shutil.rmtree(root, ignore_errors=True)
+    files = [f for f in _files(region) if f and os.path.exists(f)]
+    if files and hasattr(region, "cleanup"):
+        region.cleanup()
+    for f in files:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f)
 
 
 @contextlib.contextmanager
