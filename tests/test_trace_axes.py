@@ -130,6 +130,24 @@ def test_a_lost_tier_file_fails_its_promotion_and_vllm_keeps_every_promise(worke
     assert "tier_lose_p applies to the tiering spec" in support("full@tier_lose_p=0.1", "0.33.0")
 
 
+def test_a_torn_tier_file_is_removed_at_its_short_read_and_one_kept_is_caught(workers):
+    """tier_torn_p: a file a promotion is about to read is cut to half its bytes; vLLM's read comes up
+    short, it removes the file and fails the read there (0.33.0 tiering/fs/io.py:148-160), and every check
+    finds the run clean, the same job twice the same; a tier that kept the short file (planted
+    torn_file_kept) is caught as store:torn_file_kept."""
+    defect = BY_NAME["torn_file_kept"]
+    env, w = workers(defect.release)
+    res, kinds = _run(w, defect.release, defect.layout, n=200)
+    assert kinds == set(), kinds
+    st = res["stats"]
+    assert st["tier_torn_files"] > 5 and st["tier_failed_reads"] == st["tier_torn_files"], st
+    assert _run(w, defect.release, defect.layout, n=200)[0]["stats"] == st
+    _, kinds = _run(w, defect.release, defect.layout, defect.name, n=200)
+    assert set(defect.catches) == kinds, kinds
+    assert defect.layout in SWEEP and support(defect.layout, "0.30.0") is None
+    assert "tier_torn_p applies to the tiering spec" in support("full@tier_torn_p=0.1", "0.33.0")
+
+
 LATE_LOOKUP = FINDINGS / ("0-29-0-full-tiering-fs-shadow-false-prefix-burst-p-0-5-abort-p-0-2-tier-lookup-late-p-0-5-"
                           "crash-exception-drain-results-3req.json")
 

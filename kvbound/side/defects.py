@@ -71,6 +71,9 @@ DEFECTS = (
     Defect("lost_read_reported_ok", "the file-system tier reports a promotion whose read failed at a lost file a"
            " success (its primary chunks made ready with nothing read into them)", "tier_faults",
            ("data:wrong_kv",), "full-tiering-fs@tier_lose_p=0.1", "0.33.0"),
+    Defect("torn_file_kept", "the file-system tier's read leaves a file it found short in place (vLLM removes a"
+           " short-read file, 0.33.0 tiering/fs/io.py:152-160): the tier goes on answering its key held",
+           "tier_faults", ("store:torn_file_kept",), "full-tiering-fs@tier_torn_p=0.1", "0.33.0"),
     Defect("stale_lookup_applied", "the file-system tier's lookup cache as 0.24-0.29 kept it (0.28-0.29 assert on"
            " it): a request's cleanup drops a key's state while its probe is in flight, and answers apply by key alone,"
            " so a late answer lands on the state a later lookup of the key made", "tier_clock", ("crash:exception",),

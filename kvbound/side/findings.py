@@ -136,6 +136,9 @@ _ROWS = (
                 " the store spec (spec/store.py) does not"),
     FindingKind("store:unwritten_source", "a store copies a slot that was never computed"),
     FindingKind("store:foreign_source", "a store copies a slot holding another request's prefix"),
+    FindingKind("store:torn_file_kept", "the file-system tier reported a promotion whose read came up short"
+                " and kept the short file: its lookup goes on answering the key held and each promotion of it"
+                " fails (side/tier_faults.py, engine setting tier_torn_p)", EFFICIENCY),
     FindingKind("store:wrong_key", "a store's CPU key is not the chunk hash of the block it copies"),
     FindingKind("store:null_source", "a store reads the null block"),
     FindingKind("store:source_rewritten", "a block is rewritten while a store not yet copied reads it"),

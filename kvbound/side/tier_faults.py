@@ -1,5 +1,5 @@
-"""Failed reads and writes of the file-system tier (engine settings ``tier_lose_p`` and
-``tier_store_fail_p``, layouts with the tiering spec; docs/trace.md "Faults").
+"""Failed reads and writes of the file-system tier (engine settings ``tier_lose_p``, ``tier_torn_p``
+and ``tier_store_fail_p``, layouts with the tiering spec; docs/trace.md "Faults").
 
 A file a promotion is about to read is gone (a disk error, another host's cleanup of a shared
 directory): with probability ``tier_lose_p`` per promotion job, one of its keys' files is removed
@@ -31,7 +31,8 @@ chunk pinned (``lifecycle:tier_chunks_pinned``).
 
 Planted (tests only, the job's ``mutant``): ``failed_store_never_reported``, the tier drops the
 result of a store job that failed (its primary chunks stay pinned); ``lost_read_reported_ok``, the tier reports a failed
-promotion a success (its chunks made ready with nothing read into them); ``promotion_never_reported``,
+promotion a success (its chunks made ready with nothing read into them); ``torn_file_kept``, the tier's read
+leaves a short file in place instead of removing it; ``promotion_never_reported``,
 a secondary tier (any: the file tier, the example tier) never reports a promotion finished. Standard
 library only; vLLM's objects come in through the tap.
 """
@@ -57,22 +58,28 @@ def subscribe(eng, tap):
         eng.stats.update(tier_failed_stores=0)
         for tier in tiers:
             _fail_stores(eng, tap, tier, rng, p)
-    p = eng.par.get("tier_lose_p")
-    if not p or not tiers:
-        return
-    rng = random.Random(repr(eng.par.get("seed", 0)) + "-tier-lose")
-    eng.stats.update(tier_lost_files=0, tier_failed_reads=0)
-    for tier in tiers:
-        _subscribe_tier(eng, tap, tier, rng, p)
+    for how, setting in (("lost", "tier_lose_p"), ("torn", "tier_torn_p")):
+        p = eng.par.get(setting)
+        if p and tiers:
+            rng = random.Random(repr(eng.par.get("seed", 0)) + "-tier-" + ("lose" if how == "lost" else how))
+            eng.stats.update({"tier_%s_files" % how: 0, "tier_failed_reads": 0})
+            for tier in tiers:
+                _subscribe_tier(eng, tap, tier, rng, p, how)
 
 
 class DiskFull:
     """The ``os`` module as vLLM's file-tier I/O module sees it: a write to a temporary file of one of
-    ``paths`` (a block's file name) raises ENOSPC, once per open; everything else is the real module's."""
+    ``paths`` (a block's file name) raises ENOSPC, once per open; a removal of one of ``kept`` does
+    nothing (planted, ``torn_file_kept``); everything else is the real module's."""
 
     def __init__(self, module):
         self.module, self.real = module, getattr(module.os, "real", module.os)
-        self.paths, self.fds = set(), set()
+        self.paths, self.fds, self.kept = set(), set(), set()
+
+    def remove(self, path, *a, **k):
+        if path in self.kept:
+            return None
+        return self.real.remove(path, *a, **k)
 
     def open(self, path, flags, *a, **k):
         fd = self.real.open(path, flags, *a, **k)
@@ -104,14 +111,7 @@ def _fail_stores(eng, tap, tier, rng, p):
     """A store job to the file tier that meets a full disk: with probability ``p`` per job, vLLM's
     write of the job's block drawn from the seed fails with ENOSPC (``DiskFull``). The shadow KV is
     told, when the tier reports the job: a key whose file is not on disk is not in the tier."""
-    full = getattr(eng, "disk_full", None)
-    if full is None:
-        module = sys.modules[_io_module(tier)]
-        if getattr(module, "_HAS_FSIO_C", False):  # its compiled writes never reach the module's os
-            raise ValueError("tier_store_fail_p fails the file tier's Python write path (fs/io.py"
-                             " _store_block); this tree's compiled fs_io_C extension writes without it")
-        full = eng.disk_full = DiskFull(module)
-        full.module.os = full  # put back by restore(), at the run's end
+    full = _disk(eng, tier, "tier_store_fail_p fails the file tier's Python write path (fs/io.py _store_block)")
     at = random.Random(repr(eng.par.get("seed", 0)) + "-tier-store-fail-at")
     failing = {}  # job id -> its keys, until the tier reports the job
     failed = set()  # the jobs made to fail
@@ -148,33 +148,72 @@ def _fail_stores(eng, tap, tier, rng, p):
         tap.around(tier, tier_clock.finished_jobs_method(tier), dropped)
 
 
+def _disk(eng, tier, what):
+    """The engine's ``DiskFull`` in place of the ``os`` of the file tier's I/O module, once (put back by
+    ``restore`` at the run's end); ``what`` says which fault needs the module's Python path."""
+    full = getattr(eng, "disk_full", None)
+    if full is None:
+        module = sys.modules[_io_module(tier)]
+        if getattr(module, "_HAS_FSIO_C", False):  # its compiled I/O never reaches the module's os
+            raise ValueError(what + "; this tree's compiled fs_io_C extension does its I/O without it")
+        full = eng.disk_full = DiskFull(module)
+        full.module.os = full
+    return full
+
+
 def _io_module(tier):
     """The module of the file tier's block I/O (0.24.0 - 0.33.0 ``tiering/fs/io.py``), beside its manager's."""
     return type(tier).__module__.rsplit(".", 1)[0] + ".io"
 
 
-def _subscribe_tier(eng, tap, tier, rng, p):
+def _subscribe_tier(eng, tap, tier, rng, p, how):
+    """A promotion's file ``how``: "lost" (removed) or "torn" (cut to half its bytes, as a torn write
+    or a bad disk leaves it: the read comes up short, 0.33.0 fs/io.py:140-168, and vLLM removes the
+    file, "a too-short file is genuine corruption"; 0.24.0 - 0.27.0 remove it on any read error)."""
+    torn = {}  # job id -> the file it found torn, until the tier reports the job
+
     def submit_load(call, job):
         keys = list(job.keys)
         if not keys or rng.random() >= p:
             return call(job)
-        i = rng.randrange(len(keys))
+        # a lost file is any of the job's; a torn one its first, so the read comes to it (a batched read
+        # stops at its first failure, 0.33.0 fs/io.py:213-226, and removes only what it read short)
+        i = rng.randrange(len(keys)) if how == "lost" else 0
         path = tier.file_mapper.get_file_name(keys[i])
         if os.path.exists(path):
-            os.unlink(path)
-            eng.stats["tier_lost_files"] += 1
+            if how == "lost":
+                os.unlink(path)
+            else:
+                whole = os.path.getsize(path)
+                os.truncate(path, whole // 2)
+                for other in [j for j, (p2, _) in torn.items() if p2 == path]:
+                    del torn[other]  # a file stored again and torn again: the file is this job's now
+                torn[job.job_id] = (path, whole)
+                if eng.mutant == "torn_file_kept":  # planted: vLLM's removal of the short-read file skipped
+                    _disk(eng, tier, "torn_file_kept keeps a file the tier's Python read path removes").kept.add(path)
+            eng.stats["tier_%s_files" % how] += 1
         out = call(job)
         sh = None if eng.shadow is None else eng.shadow.transfers  # the shadow's tier (side/tier.py)
-        if sh is not None:  # the read stops at the lost file: its chunk and the ones after hold nothing
-            getattr(sh, "files", {}).pop(keys[i], None)
+        if sh is not None:  # the read stops at the file: its chunk and the ones after hold nothing
+            getattr(sh, "files", {}).pop(keys[i], None)  # lost, or removed by vLLM on the short read
             for cid in list(job.chunk_ids)[i:]:
                 sh.cpu[int(cid)] = None
-                sh.cpu_via[int(cid)] = "a promotion whose read failed at a lost file"
+                sh.cpu_via[int(cid)] = "a promotion whose read failed at a %s file" % how
         return out
 
     def get_finished_jobs(call):  # the promotions vLLM's tier reports failed
         results = call()
         eng.stats["tier_failed_reads"] += sum(1 for r in results if not r.success)
+        for r in results:  # a torn file is gone once its read is reported (0.33.0 fs/io.py:148-160): one
+            # there now is short still, or a store wrote the key again since (whole)
+            path, whole = torn.pop(r.job_id, (None, 0))
+            if path is not None and os.path.exists(path) and os.path.getsize(path) < whole:
+                eng.violations.append({
+                    "check": "store:torn_file_kept", "step": eng.step_no, "file": os.path.basename(path),
+                    "bytes": [os.path.getsize(path), whole],
+                    "message": "the file-system tier reported promotion %s (success=%s) and kept the file it read"
+                               " short, %s: its lookup goes on answering the key held, and every promotion of it"
+                               " fails" % (r.job_id, r.success, os.path.basename(path))})
         return results
 
     tap.around(tier, "submit_load", submit_load)

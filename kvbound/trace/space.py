@@ -133,6 +133,9 @@ AXES = (
     Axis("tier_lose_p", ("0.0", "0.1"), "the file-system tier loses a file a promotion is about to read: the read"
          " fails there and vLLM keeps the blocks before it (side/tier_faults.py)", "engine",
          applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
+    Axis("tier_torn_p", ("0.0", "0.1"), "a file a promotion is about to read is cut to half its bytes (a torn"
+         " write, a bad disk): the read comes up short and vLLM removes the file (side/tier_faults.py)", "engine",
+         applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
     Axis("tier_store_fail_p", ("0.0", "0.3"), "a store job to the file-system tier fails as a full disk fails it"
          " (ENOSPC in the tier's I/O thread; side/tier_faults.py)", "engine", applies=_tiering_fs,
          applies_doc=_TIERING_FS_DOC),
@@ -222,6 +225,7 @@ SWEEP = (
     "full-tiering-fs@log_stats=true,reset_p=0.1,load_tiers_p=0.3",
     "full@load_tiers_p=0.3",  # tier filters on the CPU spec: 0.27.0 - 0.29.0, which run no tiering-fs
     "full-tiering-fs@tier_lose_p=0.1,kv_events=true",  # failed promotions (partial keep) and their events
+    "full-tiering-fs@tier_torn_p=0.1",  # promotions that read a torn file: vLLM removes it (0.33.0 fs/io.py:152-160)
     "full-tiering-fs@shadow=false",  # the tiering spec on 0.24.0 - 0.29.0, where shadow KV cannot follow it
     "full-tiering-fs@shadow=false,log_stats=true",  # ... its metric definitions and stats there (0.29.0 spec.py:101-252)
     # the tiering manager behind the example tier: on 0.22.1 - 0.23.0 too, where the file tier cannot run
