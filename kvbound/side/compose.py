@@ -3,7 +3,7 @@ axes "composition" and "offload spec and tier").
 
 Part of the side package (standard library; vLLM's objects come in as arguments): the
 ``KVTransferConfig`` fields of a layout (``composed``), the CPU tier's bytes and the capacity it
-got (``cpu_bytes_to_use``, ``tier_capacity``), a chunk's blocks (``chunk_size_config``), the
+got (``cpu_bytes_to_use``, ``tier_capacity``, ``as_asked``), a chunk's blocks (``chunk_size_config``), the
 extra config of a tiering spec (``tiering_config``), the sub-connectors of a ``MultiConnector``
 (``sub_connector``, ``pd_sides``), and what outlives a run (``close``).
 """
@@ -71,6 +71,23 @@ def tier_capacity(manager):
     found (``kv_events.cpu_tier``)."""
     tier = kv_events.cpu_tier(manager)
     return None if tier is None else adapter.first_attr(tier, "_num_chunks", "_num_blocks")
+
+
+def as_asked(csched, lay, par, version):
+    """The CPU tier's capacity (``tier_capacity``), once the connector's scheduler side ``csched`` is
+    found to run as the layout asked (``ValueError`` naming what differs). The shadow and the store
+    checks map chunks with the layout's blocks_per_chunk (a release that ignored the setting once ran
+    bpc2 with one block per chunk, and the shadow's mapping reported its stores as wrong); cpu_chunks is
+    the tier's capacity, on every release."""
+    real_bpc = adapter.first_attr(csched.config, "blocks_per_chunk", "block_size_factor")
+    if real_bpc != lay.get("blocks_per_chunk", 1):
+        raise ValueError("layout %s asks for %d blocks per chunk, vllm %s's connector runs with %s"
+                         % (lay.get("name"), lay.get("blocks_per_chunk", 1), version, real_bpc))
+    got = tier_capacity(csched.manager)
+    if got is not None and got != par["cpu_chunks"]:
+        raise ValueError("layout %s asks for a CPU tier of %d chunks, vllm %s's holds %d (cpu_bytes_to_use)"
+                         % (lay.get("name"), par["cpu_chunks"], version, got))
+    return got
 
 
 def tiering_config(lay, par):

@@ -234,17 +234,7 @@ class Engine:
         if par.get("mutant") == "allocate_past_lookahead":  # planted: the allocator reserves past the lookahead
             _allocate_past_lookahead(sched.kv_cache_manager, lay)
         self.pd_sched, self.pd_worker = compose.pd_sides(self)  # composition: the P/D consumer beside it
-        # The shadow and the store checks map chunks with the layout's blocks_per_chunk: the
-        # connector must run with it (a release that ignored the setting once ran bpc2 with
-        # one block per chunk, and the shadow's mapping reported its stores as wrong).
-        real_bpc = adapter.first_attr(self.csched.config, "blocks_per_chunk", "block_size_factor")
-        if real_bpc != lay.get("blocks_per_chunk", 1):
-            raise ValueError("layout %s asks for %d blocks per chunk, vllm %s's connector runs with %s"
-                             % (lay.get("name"), lay.get("blocks_per_chunk", 1), rel.version, real_bpc))
-        got = compose.tier_capacity(self.csched.manager)  # cpu_chunks is the tier's capacity, on every release
-        if got is not None and got != par["cpu_chunks"]:
-            raise ValueError("layout %s asks for a CPU tier of %d chunks, vllm %s's holds %d (cpu_bytes_to_use)"
-                             % (lay.get("name"), par["cpu_chunks"], rel.version, got))
+        got = compose.as_asked(self.csched, lay, par, rel.version)  # the chunks and the tier the layout asked for
         self.rng = random.Random(par.get("seed", 0))
         self.mutant = par.get("mutant")  # tests only: a planted defect the checks must report (defects.py)
         cls = fakes.fake_transfer_engine_class(rel.obase)
