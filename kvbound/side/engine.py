@@ -231,6 +231,7 @@ class Engine:
         vllm_config, kv_cache_config = self.vllm_config, self.kv_cache_config
         self.wconn = wconn = type(sched.connector)(vllm_config, rel.KVConnectorRole.WORKER, kv_cache_config)
         runner_calls.kv_cache_layout(vllm_config)
+        runner_calls.cross_layer_question(wconn)
         if par.get("mutant") == "allocate_past_lookahead":  # planted: the allocator reserves past the lookahead
             _allocate_past_lookahead(sched.kv_cache_manager, lay)
         self.pd_sched, self.pd_worker = compose.pd_sides(self)  # composition: the P/D consumer beside it

@@ -1,5 +1,6 @@
 """The calls the model runner and the engine core make into the connector beside the scheduler's:
-each step's worker-side sequence, the attention backend's layout question, and the teardown.
+each step's worker-side sequence, the attention backend's layout question, the model runner's cross-layer
+question, and the teardown.
 
 Part of the side package (standard library and vLLM only), used by ``engine.py`` and
 ``trace_worker.py``. The order is the release's model runner's (0.33.0
@@ -97,6 +98,15 @@ def kv_cache_layout(vllm_config):
     else:
         with set_current_vllm_config(vllm_config):
             ask()
+
+
+def cross_layer_question(wconn):
+    """The question the GPU model runner asks the worker's connector before it lays the KV cache out
+    (0.21.0 - 0.28.0 ``v1/worker/kv_connector_model_runner_mixin.py`` ``use_uniform_kv_cache``,
+    0.21.0 :157, 0.28.0 :148: ``get_kv_transfer_group().prefer_cross_layer_blocks``; a MultiConnector
+    asks each child, 0.28.0 ``multi_connector.py:213-216``; the mixin asks none from 0.29.0). The trace
+    lays out no KV tensors: the answer only has to come back."""
+    return getattr(wconn, "prefer_cross_layer_blocks", None)
 
 
 def shutdown(eng):
