@@ -106,7 +106,7 @@ def cross_layer_question(wconn):
     0.21.0 :157, 0.28.0 :148: ``get_kv_transfer_group().prefer_cross_layer_blocks``; a MultiConnector
     asks each child, 0.28.0 ``multi_connector.py:213-216``; the mixin asks none from 0.29.0). The trace
     lays out no KV tensors: the answer only has to come back."""
-    return getattr(wconn, "prefer_cross_layer_blocks", None)
+    return wconn.prefer_cross_layer_blocks if hasattr(type(wconn), "prefer_cross_layer_blocks") else None
 
 
 def shutdown(eng):

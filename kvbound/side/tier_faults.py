@@ -37,6 +37,7 @@ a secondary tier (any: the file tier, the example tier) never reports a promotio
 library only; vLLM's objects come in through the tap.
 """
 
+import contextlib
 import errno
 import os
 import random
@@ -58,13 +59,15 @@ def subscribe(eng, tap):
         eng.stats.update(tier_failed_stores=0)
         for tier in tiers:
             _fail_stores(eng, tap, tier, rng, p)
+    counted = False  # the failed reads are counted by the first read fault on
     for how, setting in (("lost", "tier_lose_p"), ("torn", "tier_torn_p")):
         p = eng.par.get(setting)
         if p and tiers:
             rng = random.Random(repr(eng.par.get("seed", 0)) + "-tier-" + ("lose" if how == "lost" else how))
             eng.stats.update({"tier_%s_files" % how: 0, "tier_failed_reads": 0})
             for tier in tiers:
-                _subscribe_tier(eng, tap, tier, rng, p, how)
+                _subscribe_tier(eng, tap, tier, rng, p, how, not counted)
+            counted = True
 
 
 class DiskFull:
@@ -166,10 +169,22 @@ def _io_module(tier):
     return type(tier).__module__.rsplit(".", 1)[0] + ".io"
 
 
-def _subscribe_tier(eng, tap, tier, rng, p, how):
+def _size(path):
+    """The bytes of ``path``, or None where it is gone (the tier's I/O threads remove files meanwhile)."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
+def _subscribe_tier(eng, tap, tier, rng, p, how, count_reads):
     """A promotion's file ``how``: "lost" (removed) or "torn" (cut to half its bytes, as a torn write
     or a bad disk leaves it: the read comes up short, 0.33.0 fs/io.py:140-168, and vLLM removes the
-    file, "a too-short file is genuine corruption"; 0.24.0 - 0.27.0 remove it on any read error)."""
+    file, "a too-short file is genuine corruption"; 0.24.0 - 0.27.0 remove it on any read error).
+    ``count_reads``: this subscription counts the failed reads (one of the read faults does)."""
+    if how == "torn" and getattr(sys.modules[_io_module(tier)], "_HAS_FSIO_C", False):
+        raise ValueError("tier_torn_p tears a file the tier's Python read path reads (fs/io.py _load_block); this"
+                         " tree's compiled fs_io_C extension reads and removes without it")
     torn = {}  # job id -> the file it found torn, until the tier reports the job
 
     def submit_load(call, job):
@@ -180,11 +195,12 @@ def _subscribe_tier(eng, tap, tier, rng, p, how):
         # stops at its first failure, 0.33.0 fs/io.py:213-226, and removes only what it read short)
         i = rng.randrange(len(keys)) if how == "lost" else 0
         path = tier.file_mapper.get_file_name(keys[i])
-        if os.path.exists(path):
+        whole = _size(path)
+        if whole is not None:
             if how == "lost":
-                os.unlink(path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             else:
-                whole = os.path.getsize(path)
                 os.truncate(path, whole // 2)
                 for other in [j for j, (p2, _) in torn.items() if p2 == path]:
                     del torn[other]  # a file stored again and torn again: the file is this job's now
@@ -203,14 +219,16 @@ def _subscribe_tier(eng, tap, tier, rng, p, how):
 
     def get_finished_jobs(call):  # the promotions vLLM's tier reports failed
         results = call()
-        eng.stats["tier_failed_reads"] += sum(1 for r in results if not r.success)
+        if count_reads:
+            eng.stats["tier_failed_reads"] += sum(1 for r in results if not r.success)
         for r in results:  # a torn file is gone once its read is reported (0.33.0 fs/io.py:148-160): one
             # there now is short still, or a store wrote the key again since (whole)
             path, whole = torn.pop(r.job_id, (None, 0))
-            if path is not None and os.path.exists(path) and os.path.getsize(path) < whole:
+            size = None if path is None else _size(path)
+            if size is not None and size < whole:
                 eng.violations.append({
                     "check": "store:torn_file_kept", "step": eng.step_no, "file": os.path.basename(path),
-                    "bytes": [os.path.getsize(path), whole],
+                    "bytes": [size, whole],
                     "message": "the file-system tier reported promotion %s (success=%s) and kept the file it read"
                                " short, %s: its lookup goes on answering the key held, and every promotion of it"
                                " fails" % (r.job_id, r.success, os.path.basename(path))})
