@@ -92,11 +92,12 @@ def _watched_tiers():
         SecondaryTierFactory.create_secondary_tier = kept
 
 
-def attempt(rel, lay, par):
+def attempt(rel, lay, par, close):
     """Where engine setting ``tier_start_fail`` is on: the run's engine started once with
     ``FAILING_TIER`` after its tiers, and the violations of what that failed start left behind;
     None where the setting is off. Raises ``RuntimeError`` (a harness fault) where the failing tier
-    was never built or found no shared region. What the start left is released in every case."""
+    was never built or found no shared region. What the start left is released in every case; an
+    engine vLLM started all the same, by ``close`` (the worker's ``compose.close``)."""
     if not par.get("tier_start_fail"):
         return None
     adapter.secondary_tier(FAILING_TIER, TIER_MODULE, _tier_class)
@@ -112,7 +113,7 @@ def attempt(rel, lay, par):
     try:
         return _left(cls, built, region, error)
     finally:
-        _release(eng, built, region)
+        _release(eng, built, region, close)
         cls.regions.clear()
 
 
@@ -151,13 +152,11 @@ def _files(region):
     return [seg[0] for seg in segments] if segments else [getattr(region, "mmap_path", None)] if region else []
 
 
-def _release(eng, built, region):
+def _release(eng, built, region, close):
     """The harness releases what the failed start left (the run must not leak it): an engine vLLM
     started all the same, the tiers it did not shut down, their directories, the region's files."""
     if eng is not None:
-        from . import compose
-
-        compose.close(eng)
+        close(eng)
     for tier, shut, root in built:
         if not shut:
             tier.shutdown()

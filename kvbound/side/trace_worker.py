@@ -41,7 +41,7 @@ def run_job(rel, job):
 
 
 def _run(rel, job, t0, c0):
-    left = failed_start.attempt(rel, job["layout"], job["params"])  # engine setting tier_start_fail
+    left = failed_start.attempt(rel, job["layout"], job["params"], compose.close)  # engine setting tier_start_fail
     eng = rel.build(job["layout"], job["params"])
     if left is not None:
         eng.stats["failed_start_left"] = len(left)
