@@ -149,7 +149,8 @@ def _left(cls, built, region, error):
 def _files(region):
     """The region's files: one, or its segments' (0.33.0 cpu/shared_offload_region.py:128-136)."""
     segments = getattr(region, "_segments", None)
-    return [seg[0] for seg in segments] if segments else [getattr(region, "mmap_path", None)] if region else []
+    files = [seg[0] for seg in segments] if segments else [getattr(region, "mmap_path", None)]
+    return [f for f in files if f]
 
 
 def _release(eng, built, region, close):
@@ -162,7 +163,7 @@ def _release(eng, built, region, close):
             tier.shutdown()
         if root:
             shutil.rmtree(root, ignore_errors=True)
-    files = [f for f in _files(region) if f and os.path.exists(f)]
+    files = [f for f in _files(region) if os.path.exists(f)]
     if files and hasattr(region, "cleanup"):
         region.cleanup()
     for f in files:

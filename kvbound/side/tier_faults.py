@@ -156,17 +156,19 @@ def _disk(eng, tier, what):
     ``restore`` at the run's end); ``what`` says which fault needs the module's Python path."""
     full = getattr(eng, "disk_full", None)
     if full is None:
-        module = sys.modules[_io_module(tier)]
-        if getattr(module, "_HAS_FSIO_C", False):  # its compiled I/O never reaches the module's os
-            raise ValueError(what + "; this tree's compiled fs_io_C extension does its I/O without it")
-        full = eng.disk_full = DiskFull(module)
+        full = eng.disk_full = DiskFull(_python_io(tier, what))
         full.module.os = full
     return full
 
 
-def _io_module(tier):
-    """The module of the file tier's block I/O (0.24.0 - 0.33.0 ``tiering/fs/io.py``), beside its manager's."""
-    return type(tier).__module__.rsplit(".", 1)[0] + ".io"
+def _python_io(tier, what):
+    """The module of the file tier's block I/O (0.24.0 - 0.33.0 ``tiering/fs/io.py``, beside its
+    manager's), where its Python path does the I/O; ``ValueError`` saying ``what`` needs that path
+    where the tree's compiled ``fs_io_C`` extension does it instead."""
+    module = sys.modules[type(tier).__module__.rsplit(".", 1)[0] + ".io"]
+    if getattr(module, "_HAS_FSIO_C", False):
+        raise ValueError(what + "; this tree's compiled fs_io_C extension does its I/O without it")
+    return module
 
 
 def _size(path):
@@ -182,9 +184,9 @@ def _subscribe_tier(eng, tap, tier, rng, p, how, count_reads):
     or a bad disk leaves it: the read comes up short, 0.33.0 fs/io.py:140-168, and vLLM removes the
     file, "a too-short file is genuine corruption"; 0.24.0 - 0.27.0 remove it on any read error).
     ``count_reads``: this subscription counts the failed reads (one of the read faults does)."""
-    if how == "torn" and getattr(sys.modules[_io_module(tier)], "_HAS_FSIO_C", False):
-        raise ValueError("tier_torn_p tears a file the tier's Python read path reads (fs/io.py _load_block); this"
-                         " tree's compiled fs_io_C extension reads and removes without it")
+    if how == "torn":
+        _python_io(tier, "tier_torn_p tears a file the tier's Python read path reads and removes"
+                         " (fs/io.py _load_block)")
     torn = {}  # job id -> the file it found torn, until the tier reports the job
 
     def submit_load(call, job):
