@@ -1,7 +1,8 @@
-"""A secondary tier that cannot start (engine setting tier_start_fail, side/failed_start.py): where
-the table runs it, clean on the releases whose tiering spec releases what a failed start took (vLLM
-#51227, from 0.28.0), the leak found where it did not (0.27.0), a planted one caught on the latest
-release, and nothing the failed start left outliving the run."""
+"""A secondary tier that cannot start or stop (engine settings tier_start_fail and tier_stop_fail,
+side/failed_start.py): where the table runs them, clean on the releases whose tiering spec releases
+what a failed start took (vLLM #51227, from 0.28.0) and gives every tier its shutdown (#52290, from
+0.30.0), the leak found where it did not (0.27.0, 0.29.0), a planted one caught on the latest release,
+and nothing the failed start left outliving the run."""
 
 from __future__ import annotations
 
@@ -15,18 +16,20 @@ from kvbound.trace.space import SWEEP, support
 POINT = "full-tiering-fs@shadow=false,tier_start_fail=true"
 KIND = "lifecycle:failed_start_unclean"
 REGION = KIND + "[its shared region left in /dev/shm]"
+STOP_POINT = "full-tiering-fs@shadow=false,tier_stop_fail=true"
+STOP_KIND = "lifecycle:failed_stop_unclean"
 
 
-def _run(w, version, mutant=None):
-    job = R.make_job(POINT, (7, "failed-start"), 20, 0, "sync", {"mutant": mutant} if mutant else None)
+def _run(w, version, mutant=None, point=POINT, kind=KIND):
+    job = R.make_job(point, (7, "failed-start"), 20, 0, "sync", {"mutant": mutant} if mutant else None)
     res = w.job(job)
-    found, _ = R.check_result(version, POINT, job, res)
-    left = [v for v in res.get("violations", ()) if v["check"] == KIND]
+    found, _ = R.check_result(version, point, job, res)
+    left = [v for v in res.get("violations", ()) if v["check"] == kind]
     # what the failed start left, the harness released: no region it names is still in /dev/shm
     for v in left:
         name = re.match(r".*?: (vllm_offload_\S+\.mmap) ", v["message"])
         assert name is None or not os.path.exists(os.path.join("/dev/shm", name.group(1))), v
-    return res, {f.key() for f in found if f.key().startswith(KIND)}
+    return res, {f.key() for f in found if f.key().startswith(kind)}
 
 
 def test_a_failed_start_runs_where_the_table_says():
@@ -34,6 +37,9 @@ def test_a_failed_start_runs_where_the_table_says():
     assert support(POINT, "0.24.0") is None and support(POINT, "0.33.0") is None
     assert "drain_jobs" in support(POINT, "0.23.0")
     assert "tier_start_fail applies to the tiering spec" in support("full@tier_start_fail=true", "0.33.0")
+    assert STOP_POINT in SWEEP and support(STOP_POINT, "0.24.0") is None
+    assert support("full@offload_spec=tiering-example,shadow=false,tier_stop_fail=true", "0.22.1") is None
+    assert "tier_stop_fail applies to the tiering spec" in support("full@tier_stop_fail=true", "0.33.0")
 
 
 def test_the_latest_release_releases_a_failed_start_and_a_kept_region_is_caught(workers):
@@ -57,6 +63,31 @@ def test_the_leak_is_found_where_vllm_had_it_and_gone_where_it_fixed_it(workers)
     assert keys == {REGION, KIND + "[tier fs not shut down]"}, keys
     res, keys = _run(workers("0.28.0")[1], "0.28.0")
     assert res["ok"] and res["stats"]["failed_start_left"] == 0 and res["stats"]["steps"] > 0, res.get("setup_error")
+    assert keys == set(), keys
+
+
+def test_a_failed_stop_gives_every_tier_its_shutdown_and_one_that_does_not_is_caught(workers):
+    """0.33.0: a secondary tier whose shutdown fails before the file tier; the teardown raises its
+    error and still shuts the file tier down; a manager that stops at the failure (planted, as before
+    vLLM #52290) is caught."""
+    defect = BY_NAME["failed_stop_ends_early"]
+    assert defect.layout == STOP_POINT
+    env, w = workers(defect.release)
+    res, keys = _run(w, defect.release, point=STOP_POINT, kind=STOP_KIND)
+    assert res["ok"] and res["stats"]["failed_stop_left"] == 0 and keys == set(), (res.get("error"), keys)
+    assert res["stats"]["steps"] > 0
+    res, keys = _run(w, defect.release, defect.name, STOP_POINT, STOP_KIND)
+    assert keys == {STOP_KIND + "[tier fs not shut down]"}, keys
+
+
+def test_a_failed_stop_leaves_the_later_tiers_running_where_vllm_did_and_not_where_it_fixed_it(workers):
+    """0.29.0 ends its teardown at the first tier that fails: the file tier after it is never shut
+    down; 0.30.0 (#52290) shuts it down."""
+    res, keys = _run(workers("0.29.0")[1], "0.29.0", point=STOP_POINT, kind=STOP_KIND)
+    assert res["ok"] and res["stats"]["failed_stop_left"] == 1, res.get("setup_error") or res.get("error")
+    assert keys == {STOP_KIND + "[tier fs not shut down]"}, keys
+    res, keys = _run(workers("0.30.0")[1], "0.30.0", point=STOP_POINT, kind=STOP_KIND)
+    assert res["ok"] and res["stats"]["failed_stop_left"] == 0 and res["stats"]["steps"] > 0, res.get("error")
     assert keys == set(), keys
 
 

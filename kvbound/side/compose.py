@@ -101,15 +101,17 @@ def tiering_config(lay, par):
     tier's backpressure detector where the engine settings ``par`` ask for one
     (``tier_pressure.tier_config``), and its KV events where they are on and it has them. Either
     with the request-level tier after it where engine setting ``request_tier_p`` asks for one
-    (``request_tier``), and a tier that cannot start where the harness starts it to fail
-    (``failed_start``)."""
+    (``request_tier``), a tier that cannot start where the harness starts it to fail, and one
+    that cannot stop before them where the harness stops it to fail (``failed_start``)."""
     import tempfile
 
     spec = {"spec_name": "TieringOffloadingSpec", "tier_poll_interval_s": 0}
-    # after it: a request-level tier, and a tier that fails to start (side/failed_start.py)
+    # after it: a request-level tier, and a tier that fails to start; before it, one that fails to stop
+    # (side/failed_start.py)
     beside = [t for t in (request_tier.tier_config(par), failed_start.tier_config(par)) if t is not None]
+    before = [t for t in (failed_start.tier_before(par),) if t is not None]
     if lay["offload_spec"] == "tiering-example":  # in memory, every job done at once (tiering/example/manager.py)
-        return dict(spec, secondary_tiers=[{"type": "example"}, *beside])
+        return dict(spec, secondary_tiers=[*before, {"type": "example"}, *beside])
     if lay["offload_spec"] != "tiering-fs":
         raise ValueError("unknown offload_spec %r" % (lay["offload_spec"],))
     root = tempfile.mkdtemp(prefix="kvbound-fs-tier-")
@@ -119,7 +121,7 @@ def tiering_config(lay, par):
         tier["backpressure"] = backpressure
     if par.get("kv_events") and _announces_stores():
         tier["enable_kv_events"] = True  # its stores announced as KV events (side/kv_events.py DiskTier)
-    return dict(spec, secondary_tiers=[tier, *beside])
+    return dict(spec, secondary_tiers=[*before, tier, *beside])
 
 
 def _announces_stores():

@@ -95,6 +95,9 @@ DEFECTS = (
     Defect("failed_start_keeps_region", "the CPU primary tier's shutdown leaves its shared region mapped and its"
            " file in /dev/shm (a failed start's clean-up releases the tiers, not the region)", "failed_start",
            ("lifecycle:failed_start_unclean",), "full-tiering-fs@shadow=false,tier_start_fail=true", "0.33.0"),
+    Defect("failed_stop_ends_early", "the tiering manager's teardown stops at the first secondary tier whose"
+           " shutdown fails: the tiers after it run on (vLLM before #52290)", "failed_start",
+           ("lifecycle:failed_stop_unclean",), "full-tiering-fs@shadow=false,tier_stop_fail=true", "0.33.0"),
     Defect("refusal_leaks", "the tier refuses a store after allocating it: its chunks stay write-pending"
            " for ever", "fakes", ("liveness:stuck_request",), "full-faults", "0.33.0"),
 )

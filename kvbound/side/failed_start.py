@@ -1,5 +1,5 @@
-"""A secondary tier that fails to start, and what the tiering spec promises then (engine setting
-``tier_start_fail``).
+"""A secondary tier that fails to start or to stop, and what the tiering spec promises then (engine
+settings ``tier_start_fail`` and ``tier_stop_fail``).
 
 A deployment's secondary tier can fail to start: a root directory the engine may not create, an
 out-of-tree tier's bad config, a service it cannot reach. The tiering spec builds its tiers when
@@ -22,6 +22,17 @@ region's file still in ``/dev/shm``, or another error in place of the start's ow
 then releases what was left (the run must not leak it) and the run's engine is started as the
 layout says: the deployment restarted with its config mended.
 
+A secondary tier can fail to stop as well (a file system gone read-only, a tier's service gone). The
+promise (vLLM #52290, from 0.30.0; 0.33.0 v1/kv_offload/tiering/manager.py:1266-1270 and
+``_shutdown_tiers`` :1286-1303): every secondary tier is given a shutdown attempt, the failure
+reaches the caller, and the primary tier is kept (a failed tier may still read its region). Before
+it (0.24.0 - 0.29.0 ``TieringOffloadingManager.shutdown``) the first tier that fails ends the loop:
+every tier after it runs on. With ``tier_stop_fail`` on, the harness first starts the run's engine
+with ``STUCK_TIER`` before the layout's tiers (its shutdown raises ``TierStopFailed``), tears the
+engine down as the engine core does, and reports each ``lifecycle:failed_stop_unclean``: a tier
+that was not given its shutdown, or the failure lost or replaced. It then releases the tiers left
+and the primary tier, and the run goes on as above.
+
 Part of the side package (standard library; vLLM's classes are imported when a run installs it).
 """
 
@@ -34,10 +45,16 @@ from . import adapter, sidecar
 
 TIER_MODULE = "kvbound_trace_failing_tier"
 FAILING_TIER = "KvboundFailingTier"
+STUCK_MODULE = "kvbound_trace_stuck_tier"
+STUCK_TIER = "KvboundStuckTier"
 
 
 class TierStartFailed(RuntimeError):
     """What ``FAILING_TIER``'s constructor raises: the error a failed start must end with."""
+
+
+class TierStopFailed(RuntimeError):
+    """What ``STUCK_TIER``'s first shutdown raises: the error a failed stop must end with."""
 
 
 def _tier_class():
@@ -56,11 +73,34 @@ def _tier_class():
     return KvboundFailingTier
 
 
+def _stuck_class():
+    """``STUCK_TIER``: a secondary tier whose first shutdown raises ``TierStopFailed`` (a later one, the
+    harness's release, succeeds)."""
+    from vllm.v1.kv_offload.tiering.example.manager import ExampleSecondaryTierManager
+
+    class KvboundStuckTier(ExampleSecondaryTierManager):
+        def shutdown(self):
+            if not getattr(self, "_kvbound_failed", False):
+                self._kvbound_failed = True
+                raise TierStopFailed("kvbound's stuck tier: this secondary tier cannot shut down")
+            return super().shutdown()
+
+    return KvboundStuckTier
+
+
 def tier_config(par):
     """``FAILING_TIER``'s ``secondary_tiers`` entry for the failed start (``attempt``), else None."""
     if not par.get("_failing_tier"):
         return None
     return adapter.secondary_tier(FAILING_TIER, TIER_MODULE, _tier_class)
+
+
+def tier_before(par):
+    """``STUCK_TIER``'s ``secondary_tiers`` entry, first of all, for the failed stop (``attempt_stop``),
+    else None."""
+    if not par.get("_stuck_tier"):
+        return None
+    return adapter.secondary_tier(STUCK_TIER, STUCK_MODULE, _stuck_class)
 
 
 @contextlib.contextmanager
@@ -115,6 +155,53 @@ def attempt(rel, lay, par, close):
     finally:
         _release(eng, built, region, close)
         cls.regions.clear()
+
+
+def attempt_stop(rel, lay, par, close, stop):
+    """Where engine setting ``tier_stop_fail`` is on: the run's engine started with ``STUCK_TIER`` before
+    its tiers and torn down by ``stop`` (the worker's ``runner_calls.shutdown``, the engine core's
+    teardown), and the violations of that failed stop; None where the setting is off. What the stop
+    left is released in every case: the tiers not shut down, the primary tier, then ``close``."""
+    if not par.get("tier_stop_fail"):
+        return None
+    with _watched_tiers() as built, _planted(par.get("mutant")):
+        eng = rel.build(lay, dict(par, tier_stop_fail=False, _stuck_tier=True))
+        error = None
+        try:
+            stop(eng)
+        except Exception as e:  # noqa: BLE001 - the stop is meant to fail; how is the check
+            error = e
+    try:
+        return _left_stop(built, error)
+    finally:
+        for tier, shut, _ in built:
+            if not shut:
+                tier.shutdown()
+        if not eng.shut_down:  # the primary a failed stop keeps (0.30.0+) or never reached (before)
+            eng.csched.manager.primary_tier.shutdown()
+            eng.shut_down = True
+        close(eng)
+
+
+def _left_stop(built, error):
+    """The violations of a failed stop: a tier not given its shutdown, the stop's error lost or replaced."""
+    if not any(type(tier).__name__ == STUCK_TIER for tier, _, _ in built):
+        raise RuntimeError("engine setting tier_stop_fail: the stuck tier was never started")
+    if error is not None and not isinstance(error, TierStopFailed) and sidecar.raised_in_harness(error):
+        raise error
+    left = []
+    if error is None:
+        left.append(("the shutdown's error lost", "the engine's teardown returned as if every tier had stopped"))
+    elif not isinstance(error, TierStopFailed):
+        raised = type(error).__name__
+        left.append(("the shutdown's error replaced by %s" % raised, "%s: %s" % (raised, error)))
+    for tier, shut, _ in built:
+        name = getattr(tier, "tier_type", type(tier).__name__)
+        if not shut:
+            left.append(("tier %s not shut down" % name, "the %s tier was never asked to shut down and runs on" % name))
+    return [{"check": "lifecycle:failed_stop_unclean", "step": 0, "what": what,
+             "message": "a secondary tier failed to shut down and the tiering manager left this: %s" % why}
+            for what, why in left]
 
 
 def _left(cls, built, region, error):
@@ -173,16 +260,30 @@ def _release(eng, built, region, close):
 
 @contextlib.contextmanager
 def _planted(mutant):
-    """Planted (tests only, ``failed_start_keeps_region``): the CPU primary tier's shutdown during
-    the failed start leaves its shared region as it is."""
-    if mutant != "failed_start_keeps_region":
+    """Planted (tests only): ``failed_start_keeps_region``, the CPU primary tier's shutdown during the
+    failed start leaves its shared region as it is; ``failed_stop_ends_early``, the tiering manager's
+    teardown of its secondary tiers stops at the first that fails, as before vLLM #52290 (0.29.0
+    v1/kv_offload/tiering/manager.py ``shutdown``)."""
+    from vllm.v1.kv_offload.tiering import manager
+
+    if mutant == "failed_start_keeps_region":
+        cls, name = manager.CPUPrimaryTierOffloadingManager, "shutdown"
+
+        def planted(self):
+            return None
+    elif mutant == "failed_stop_ends_early":
+        cls, name = manager.TieringOffloadingManager, "_shutdown_tiers"
+
+        def planted(self):
+            for tier in self.secondary_tiers:
+                tier.shutdown()
+            self.primary_tier.shutdown()
+    else:
         yield
         return
-    from vllm.v1.kv_offload.tiering.manager import CPUPrimaryTierOffloadingManager
-
-    kept = CPUPrimaryTierOffloadingManager.__dict__["shutdown"]
-    CPUPrimaryTierOffloadingManager.shutdown = lambda self: None
+    kept = cls.__dict__[name]
+    setattr(cls, name, planted)
     try:
         yield
     finally:
-        CPUPrimaryTierOffloadingManager.shutdown = kept
+        setattr(cls, name, kept)

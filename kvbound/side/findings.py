@@ -85,7 +85,7 @@ def _owed_why(d, groups):
 OWED = Shape(("why",), "{kind}[{shape}]", _owed_why)
 # The call a secondary tier got after a request's finish, and the tier (side/tier_lifecycle.py).
 TIER_CALL = Shape(("call", "tier"), "{kind}[{shape}]", lambda d, groups: "%s to %s" % (d.get("call"), d.get("tier")))
-# What a failed start of the tiering spec left behind (side/failed_start.py).
+# What a failed start or stop of the tiering spec left behind (side/failed_start.py).
 WHAT = Shape(("what",), "{kind}[{shape}]", lambda d, groups: d.get("what"))
 # The secondary tier a lifecycle finding is about.
 TIER = Shape(("tier",), "{kind}[{shape}]", lambda d, groups: d.get("tier"))
@@ -185,6 +185,9 @@ _ROWS = (
                 " release what it had started (a tier not shut down, its shared region's file left in /dev/shm,"
                 " holding the CPU tier's bytes until removed) or replaced the start's error"
                 " (side/failed_start.py)", shape=WHAT),
+    FindingKind("lifecycle:failed_stop_unclean", "a secondary tier failed to shut down and the tiering manager"
+                " did not give every other tier its shutdown (a tier left running, its threads and files with"
+                " it) or lost or replaced the failure (side/failed_start.py)", shape=WHAT),
     FindingKind("lifecycle:not_drained", "the engine did not finish its requests (no progress, or past the"
                 " step bound)"),
     FindingKind("premise:valid-call", "the call vLLM made is no valid case (its block table breaks the case"

@@ -42,10 +42,13 @@ def run_job(rel, job):
 
 def _run(rel, job, t0, c0):
     left = failed_start.attempt(rel, job["layout"], job["params"], compose.close)  # engine setting tier_start_fail
+    # engine setting tier_stop_fail
+    left_stop = failed_start.attempt_stop(rel, job["layout"], job["params"], compose.close, runner_calls.shutdown)
     eng = rel.build(job["layout"], job["params"])
-    if left is not None:
-        eng.stats["failed_start_left"] = len(left)
-        eng.violations.extend(left)
+    for stat, found in (("failed_start_left", left), ("failed_stop_left", left_stop)):
+        if found is not None:
+            eng.stats[stat] = len(found)
+            eng.violations.extend(found)
     res = {"ok": True}
     try:
         eng.run(job["requests"], job.get("max_steps", 200000))

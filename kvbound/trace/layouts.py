@@ -112,6 +112,8 @@ ENGINE_PARAMS = (
     EngineParam("kv_events", _flag, None, _ENGINE),  # KV cache events on: the tier's checked (side/kv_events.py)
     EngineParam("request_tier_p", float, None, _TIER),  # the share of requests a request-level tier asks for
     EngineParam("tier_start_fail", _flag, None, _FAULTS),  # the engine first started with a tier that cannot start
+    EngineParam("tier_stop_fail", _flag, None, _FAULTS),  # the engine first started and stopped with a tier that
+    # cannot stop
 )
 BASE = {p.name: p.base for p in ENGINE_PARAMS if p.base is not None}
 OVERRIDES = {p.name: p for p in ENGINE_PARAMS if p.flag}

@@ -158,6 +158,10 @@ AXES = (
          " cannot start after the layout's own, and what that failed start left behind is checked (its tiers"
          " shut down, its shared region's file gone from /dev/shm; side/failed_start.py)", "engine",
          applies=_tiering, applies_doc="the tiering spec (offload_spec tiering-fs or tiering-example)"),
+    Axis("tier_stop_fail", ("false", "true"), "the run's engine is first started with a secondary tier that"
+         " cannot shut down before the layout's own and torn down, and the teardown is checked (every other tier"
+         " given its shutdown, the failure reaching the caller; side/failed_start.py)", "engine",
+         applies=_tiering, applies_doc="the tiering spec (offload_spec tiering-fs or tiering-example)"),
     # the CPU tier's knobs, the scheduler's, and traffic (docs/trace.md "The configuration space")
     Axis("cpu_chunks", ("256", "32", "4"), "the CPU tier's capacity in chunks, exactly (32: pool pressure, the tier evicts:"
          " cpu/manager.py's eviction and the policies' evict paths; 4: fewer chunks than a prompt holds,"
@@ -249,6 +253,7 @@ SWEEP = (
     "full-tiering-fs@prefix_burst_p=0.5,request_tier_p=0.5",
     # a secondary tier that cannot start after the file tier: what the failed start leaves (0.24.0 - 0.33.0)
     "full-tiering-fs@shadow=false,tier_start_fail=true",
+    "full-tiering-fs@shadow=false,tier_stop_fail=true",
     "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
     "swa@load_limit_p=0.3",
     "mamba@load_limit_p=0.3",  # a load limit under partial tails
