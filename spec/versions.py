@@ -69,6 +69,14 @@ ARRIVALS: dict[str, tuple[str, str]] = {
                                      " cascades chunks already in the primary tier to (0.23.0"
                                      " tiering/manager.py:433-444; 0.33.0 :862-935) and the connector answers by"
                                      f" offering hit chunks too (0.33.0 {_S}:1467-1471); 0.22.1 has no OffloadPolicy"),
+    "hisparse": ("0.30.0", "HiSparse beside the OffloadingConnector: a MultiConnector of HiSparseConnector"
+                           " (0.30.0 kv_connector/v1/hisparse/connector.py) and the connector, which offloads the"
+                           " indexer group alone and bounds each load by the groups it does not offload"
+                           " (0.30.0 offloading_connector.py:54-61,168-185 _max_loadable_tokens); vLLM's builder"
+                           " v1/hisparse/layout.py; 0.29.0 has no v1/hisparse"),
+    "hisparse_mla_only": ("0.31.0", "vLLM's builder lays HiSparse out for a model of sparse-MLA layers alone (0.31.0"
+                                    " v1/hisparse/layout.py:70 `if not mla_specs`); 0.30.0's only beside another"
+                                    " attention layer (0.30.0 :64 `if not mla_specs or not other_specs: return None`)"),
     "tiering_backpressure": ("0.31.0", "a secondary tier's backpressure detector, configured per tier"
                                        " (\"backpressure\": {\"backpressure_cls\", \"policy_cls\"}, 0.31.0"
                                        " v1/kv_offload/tiering/factory.py:73-90), asked before each store to the"

@@ -223,6 +223,8 @@ class ReleaseFeatures:
     tiering_example: bool = True  # 0.22.1+: TieringOffloadingSpec with its example (in-memory) tier
     request_level_tier: bool = True  # 0.23+: a secondary tier may ask for request-level offload (OffloadPolicy)
     tiering_backpressure: bool = True  # 0.31+: a secondary tier's backpressure detector (tiering/backpressure.py)
+    hisparse: bool = True  # 0.30+: HiSparse beside the OffloadingConnector (a MultiConnector; _max_loadable_tokens)
+    hisparse_mla_only: bool = True  # 0.31+: HiSparse laid out for sparse-MLA layers alone
     tiering_spec: bool = True  # 0.24+: TieringOffloadingSpec's file-system tier held on the step clock
     mamba_cache_all: bool = False  # 0.21-0.31: CacheConfig.mamba_cache_mode "all" (gone in 0.32)
     transfer_failures: bool = False  # no release yet: the worker asserts every transfer succeeded

@@ -88,11 +88,15 @@ class LifecycleChecks:
     def _subscribe_reservation(self, tap):
         """Every allocation takes no more blocks from the pool than the admission check
         reserved (get_num_blocks_to_allocate): else a request admitted with exactly that
-        many free blocks crashes get_new_blocks."""
+        many free blocks crashes get_new_blocks. What the allocation takes to admit the request:
+        up to its ``cache_blocks``, which caches what it computed once admitted, and where
+        HiSparse's resident pages adopt spare copies of host pages after the admission (0.31.0
+        v1/hisparse/coordinator.py:200-202, 244-266: a ``touch`` of a free, evictable block, which
+        cannot fail; from 0.32.0 in the connector's ``build_connector_meta``)."""
         eng = self.eng
         kvm = eng.sched.kv_cache_manager
         coord = kvm.coordinator
-        counted = []
+        counted, admitted = [], []  # the reservations of this allocation; the free blocks at its cache_blocks
 
         def get_num_blocks_to_allocate(call, *a, **k):
             n = call(*a, **k)
@@ -100,11 +104,16 @@ class LifecycleChecks:
                 counted.append(n)
             return n
 
+        def cache_blocks(call, *a, **k):
+            if not admitted:
+                admitted.append(kvm.block_pool.get_num_free_blocks())
+            return call(*a, **k)
+
         def allocate_slots(call, request, *a, **k):
-            del counted[:]
+            del counted[:], admitted[:]
             free = kvm.block_pool.get_num_free_blocks()
             out = call(request, *a, **k)
-            taken = free - kvm.block_pool.get_num_free_blocks()
+            taken = free - (admitted[0] if admitted else kvm.block_pool.get_num_free_blocks())
             if out is not None and counted and taken > counted[-1]:
                 eng.violate("lifecycle:allocation_exceeds_reservation", request.request_id,
                             "allocate_slots took %d blocks from the pool, get_num_blocks_to_allocate"
@@ -115,6 +124,7 @@ class LifecycleChecks:
 
         tap.around(kvm, "allocate_slots", allocate_slots)
         tap.around(coord, "get_num_blocks_to_allocate", get_num_blocks_to_allocate)
+        tap.around(coord, "cache_blocks", cache_blocks)
 
     # -- loads land in the request's own blocks ---------------------------------------------
     def owned_block_ids(self, request_id):
@@ -134,6 +144,37 @@ class LifecycleChecks:
             elif bid not in owned:
                 self.eng.violate("lifecycle:load_into_foreign_block", request.request_id,
                                  "load destination block %d is not one of the request's blocks" % bid)
+
+    # -- a load stays within what the groups the connector does not fill hold ----------------
+    def check_load_bound(self, request, blocks, num_computed_tokens, num_external_tokens):
+        """``data:load_past_unfilled_group``: a load makes the request's first ``num_computed_tokens +
+        num_external_tokens`` tokens computed in every group, and the connector fills only the groups
+        it offloads; a full-attention group it does not offload holds those tokens only through
+        prefix-cache hits, so each of its blocks under them is a cached block (``block_hash`` set).
+        The promise: 0.33.0 offloading_connector.py:164-181 ``_max_loadable_tokens`` ("bounded by the
+        deepest prefix the groups this connector does not offload already hold, since nothing refills
+        them beyond it"; the groups, ``_bounding_group_ids`` :54-66). Windowed groups are not checked
+        (their out-of-window blocks are null by design)."""
+        eng = self.eng
+        offloaded = {getattr(g, "group_idx", i) for i, g in enumerate(eng.csched.config.kv_group_configs)}
+        end = num_computed_tokens + num_external_tokens
+        for gi, group in enumerate(eng.kv_cache_config.kv_cache_groups):
+            spec = group.kv_cache_spec
+            if gi in offloaded or not getattr(spec, "prefix_cacheable", True) \
+                    or "FullAttentionSpec" not in {c.__name__ for c in type(spec).__mro__}:
+                continue
+            size = spec.block_size
+            table = blocks.blocks[gi]
+            held = next((i for i, b in enumerate(table[:-(-end // size)]) if getattr(b, "block_hash", None) is None),
+                        None)
+            if held is not None or len(table) * size < end:
+                held = min(held if held is not None else len(table), len(table))
+                eng.violate("data:load_past_unfilled_group", request.request_id,
+                            "a load of %d tokens after %d computed makes tokens [0, %d) computed, but group %d,"
+                            " which the connector does not offload, holds only %d of them (its block %d is no"
+                            " cache hit): nothing fills its KV for tokens [%d, %d)"
+                            % (num_external_tokens, num_computed_tokens, end, gi, held * size, held,
+                               held * size, end))
 
     # -- a block copy carries computed KV -----------------------------------------------
     def check_block_copies(self, so):

@@ -8,7 +8,8 @@ extra config of a tiering spec (``tiering_config``), the sub-connectors of a ``M
 (``sub_connector``, ``pd_sides``), and what outlives a run (``close``).
 """
 
-from . import adapter, failed_start, kv_events, pd_connector, request_tier, tier_faults, tier_lifecycle, tier_pressure
+from . import (adapter, failed_start, hisparse, kv_events, pd_connector, request_tier, tier_faults, tier_lifecycle,
+               tier_pressure)
 
 OFFLOADING = "OffloadingConnector"
 
@@ -21,8 +22,8 @@ def composed(lay, par, extra, mutant):
     0.33.0 kv_connector/v1/multi_connector.py:451-470; every connector stores and gets every
     request's blocks, :484-494; 0.21.0 - 0.25.1 an empty block list, 0.25.1 :406-413)."""
     offload = dict(kv_connector=OFFLOADING, kv_role="kv_both", kv_connector_extra_config=extra)
-    if lay.get("composition") is None:
-        return offload
+    if lay.get("composition") is None or lay["composition"] == hisparse.COMPOSITION:
+        return offload  # HiSparse's is set on the config vLLM builds without it (side/hisparse.py configure)
     if lay["composition"] != "multi-pd":
         raise ValueError("unknown composition %r" % (lay["composition"],))
     pd_connector.install()

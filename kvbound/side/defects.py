@@ -98,6 +98,9 @@ DEFECTS = (
     Defect("failed_stop_ends_early", "the tiering manager's teardown stops at the first secondary tier whose"
            " shutdown fails: the tiers after it run on (vLLM before #52290)", "failed_start",
            ("lifecycle:failed_stop_unclean",), "full-tiering-fs@shadow=false,tier_stop_fail=true", "0.33.0"),
+    Defect("unbounded_load", "the OffloadingConnector beside HiSparse loads as far as its tier hits, past the source"
+           " pages the host pool still holds (_max_loadable_tokens unbounded)", "hisparse",
+           ("data:load_past_unfilled_group",), "hisparse", "0.33.0"),
     Defect("refusal_leaks", "the tier refuses a store after allocating it: its chunks stay write-pending"
            " for ever", "fakes", ("liveness:stuck_request",), "full-faults", "0.33.0"),
 )

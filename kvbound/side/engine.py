@@ -18,8 +18,8 @@ import dataclasses
 import random
 import time
 
-from . import (adapter, capture, checks, compose, defects, fakes, kv_events, lookups, runner_calls, shadow, sidecar,
-               stats_logger, store_contract, tap, tier_clock)
+from . import (adapter, capture, checks, compose, defects, fakes, hisparse, kv_events, lookups, runner_calls, shadow,
+               sidecar, stats_logger, store_contract, tap, tier_clock)
 
 
 class Release:
@@ -61,17 +61,22 @@ class Release:
         from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
         mutant = defects.planted(par.get("mutant"))  # tests only: a row of defects.DEFECTS
-        mamba_mode = lay.get("mamba_cache_mode", "align")  # CacheConfig.mamba_cache_mode of a Mamba layout
-        specs = [adapter.kv_cache_spec(dict(g, mamba_cache_mode=mamba_mode) if g["kind"] == "mamba" else g,
-                                       head_size=8, state_size=g.get("state", 64)) for g in lay["groups"]]
-        eagle = {gi for gi, g in enumerate(lay["groups"]) if g.get("eagle")}
-        # the drafter's layers: vLLM's planner tags them (kv_cache_planning)
-        if eagle and "is_eagle_group" not in adapter.fields(self.kci.KVCacheGroupSpec):
-            raise ValueError("vllm %s has no KVCacheGroupSpec.is_eagle_group (EAGLE layouts"
-                             " need 0.33 or later)" % self.version)
-        page_bytes = [s.page_size_bytes for s in specs]
         nb = par["num_gpu_blocks"]
-        kv_cache_config = adapter.kv_cache_config(specs, nb, eagle=eagle, tensors=True)
+        hs = lay.get("composition") == hisparse.COMPOSITION  # vLLM's builder lays the groups out, below
+        if hs:
+            layer_specs = hisparse.layer_specs(lay)
+            page_bytes = hisparse.offloaded_page_bytes(layer_specs)
+        else:
+            mamba_mode = lay.get("mamba_cache_mode", "align")  # CacheConfig.mamba_cache_mode of a Mamba layout
+            specs = [adapter.kv_cache_spec(dict(g, mamba_cache_mode=mamba_mode) if g["kind"] == "mamba" else g,
+                                           head_size=8, state_size=g.get("state", 64)) for g in lay["groups"]]
+            eagle = {gi for gi, g in enumerate(lay["groups"]) if g.get("eagle")}
+            # the drafter's layers: vLLM's planner tags them (kv_cache_planning)
+            if eagle and "is_eagle_group" not in adapter.fields(self.kci.KVCacheGroupSpec):
+                raise ValueError("vllm %s has no KVCacheGroupSpec.is_eagle_group (EAGLE layouts"
+                                 " need 0.33 or later)" % self.version)
+            page_bytes = [s.page_size_bytes for s in specs]
+            kv_cache_config = adapter.kv_cache_config(specs, nb, eagle=eagle, tensors=True)
         # the engine core sets the cache's block size to the smallest group's before it builds the
         # scheduler (0.21.0 v1/engine/core.py:276-278; 0.33.0 :342-351, of the prefix-cacheable groups)
         block_size = min(g["tokens_per_block"] for g in lay["groups"])
@@ -108,12 +113,13 @@ class Release:
             fakes.install_scripted_tier(self.obase)
             extra.update(spec_name="KvboundScriptedSpec", spec_module_path=fakes.TIER_MODULE,
                          kvbound_script=dict(script, seed=par.get("seed", 0)))
-        model_config = ModelConfig(model=self.model_dir, tokenizer=self.model_dir, skip_tokenizer_init=True,
+        model = hisparse.model_dir() if hs else self.model_dir
+        model_config = ModelConfig(model=model, tokenizer=model, skip_tokenizer_init=True,
                                    max_model_len=par.get("max_model_len", 8192), dtype="float32",
                                    enforce_eager=True)
         cc = {"block_size": block_size, "enable_prefix_caching": True}
         if any(g["kind"] == "mamba" for g in lay["groups"]):
-            cc["mamba_cache_mode"] = mamba_mode
+            cc["mamba_cache_mode"] = lay.get("mamba_cache_mode", "align")
         if lay.get("prefix_match_unit"):
             cc["prefix_match_unit"] = lay["prefix_match_unit"]
         if par.get("retention_interval") is not None:  # 0.33.0 vllm/config/cache.py:275 (0: the default)
@@ -143,12 +149,16 @@ class Release:
             sc.method = sp["method"]
             spec_kw["speculative_config"] = sc
         spec_kw.update(kv_events.config(par))  # engine setting kv_events: KV cache events on
+        transfer = compose.composed(lay, par, extra, mutant)
         vllm_config = VllmConfig(
             **spec_kw,
             model_config=model_config, cache_config=cache_config, scheduler_config=sched_cfg,
             parallel_config=ParallelConfig(), device_config=DeviceConfig(device="cpu"),
-            kv_transfer_config=KVTransferConfig(**compose.composed(lay, par, extra, mutant)),
+            kv_transfer_config=KVTransferConfig(**transfer),
         )
+        if hs:  # HiSparse set on the config vLLM built without it (side/hisparse.py)
+            hisparse.configure(vllm_config, KVTransferConfig(**hisparse.connector_config(transfer, par, layer_specs)))
+            kv_cache_config = hisparse.kv_cache_config(vllm_config, layer_specs, nb)
         cache_config.num_gpu_blocks = nb
         self._tag_retained_tokens(kv_cache_config, vllm_config)
         bs, hbs = self._block_sizes(kv_cache_config, vllm_config)
@@ -230,6 +240,8 @@ class Engine:
         rel, lay, par, sched = self.rel, self.lay, self.par, self.sched
         vllm_config, kv_cache_config = self.vllm_config, self.kv_cache_config
         self.wconn = wconn = type(sched.connector)(vllm_config, rel.KVConnectorRole.WORKER, kv_cache_config)
+        hisparse.stand_in(wconn, compose.sub_connector)  # composition multi-hisparse: its worker's page transfers
+        hisparse.plant(sched.connector, compose.sub_connector, par.get("mutant"))
         runner_calls.kv_cache_layout(vllm_config)
         runner_calls.cross_layer_question(wconn)
         if par.get("mutant") == "allocate_past_lookahead":  # planted: the allocator reserves past the lookahead
@@ -294,7 +306,10 @@ class Engine:
 
         def update_state_after_alloc(call, request, blocks, num_external_tokens):
             case = None
-            if num_external_tokens:
+            if num_external_tokens:  # a load: within what the groups the connector does not fill hold
+                eng.checks.check_load_bound(request, blocks, eng.last_lookup.get(request.request_id, (0,))[0] or 0,
+                                            num_external_tokens)
+            if num_external_tokens and eng.lay.get("composition") != hisparse.COMPOSITION:  # hisparse.NO_CASE
                 ctx = eng.call_context(request)  # before the call: it clears partial_tail_boundary
                 try:
                     case = capture.case_of_call(
@@ -315,20 +330,17 @@ class Engine:
                         "assertion_error" if isinstance(e, AssertionError) else "exception"),
                         error="%s: %s" % (type(e).__name__, e), assert_site=sidecar.assert_site(e)))
                 raise
+            load = capture.load_job_fields(cs, jobs_before) if num_external_tokens else None
+            if load is not None:
+                if eng.mutant == "dst_off_by_one":  # planted defect: tests show the checks see it
+                    load["dst_block_ids"] = [i + 1 for i in load["dst_block_ids"]]
+                eng.stats["loads"] += 1
+                eng.checks.check_load_dst(request, load["dst_block_ids"])
             if case is not None:
                 res = dict(ctx, case=case, outcome="ok")
                 keys = eng.loaded_keys[nkeys:]
                 res["keys"] = eng.describe_keys(request, keys[-1]) if keys else []
-                load = capture.load_job_fields(cs, jobs_before)
-                if load is not None:
-                    ids = load["dst_block_ids"]
-                    if eng.mutant == "dst_off_by_one":  # planted defect: tests show the checks see it
-                        ids = load["dst_block_ids"] = [i + 1 for i in ids]
-                    res.update(load)
-                    eng.stats["loads"] += 1
-                    eng.checks.check_load_dst(request, ids)
-                else:
-                    res.update(dst_block_ids=[], group_sizes=[], block_indices=[])
+                res.update(load or dict(dst_block_ids=[], group_sizes=[], block_indices=[]))
                 if case["num_locally_computed_tokens"] > 0:
                     eng.stats["partial_hits"] += 1
                 if ctx["partial_tail_boundary"] is not None:

@@ -130,6 +130,9 @@ _ROWS = (
                 " release's spec (conform.compare.judge)"),
     FindingKind("data:wrong_kv", "before a forward, a slot the model reads holds another prefix's KV, or"
                 " none", shape=READ),
+    FindingKind("data:load_past_unfilled_group", "a load made tokens computed that a group the connector does not"
+                " offload holds no KV for (its block under them is no cache hit, and nothing fills it): the model"
+                " reads none there (side/checks.py check_load_bound)"),
     FindingKind("data:copy_of_uncomputed_tokens", "a block copy (kv_cache_block_copies) carries tokens no"
                 " holder of the source had computed before the step"),
     FindingKind("store:spec_disagreement", "a _build_store_jobs call advanced next_stored_chunk_idx where"

@@ -112,6 +112,7 @@ ENGINE_PARAMS = (
     EngineParam("kv_events", _flag, None, _ENGINE),  # KV cache events on: the tier's checked (side/kv_events.py)
     EngineParam("request_tier_p", float, None, _TIER),  # the share of requests a request-level tier asks for
     EngineParam("tier_start_fail", _flag, None, _FAULTS),  # the engine first started with a tier that cannot start
+    EngineParam("hisparse_host_blocks", int, None),  # composition multi-hisparse: the host pool's source pages
     EngineParam("tier_stop_fail", _flag, None, _FAULTS),  # the engine first started and stopped with a tier that
     # cannot stop
 )
@@ -178,6 +179,12 @@ SYNC_LOADS = Need("sync_loads", "sync loads (kv_connector_extra_config sync_load
 MAMBA_CACHE_ALL = Need("mamba_cache_all", "CacheConfig.mamba_cache_mode \"all\" (a Mamba state cached at every"
                        " block boundary) is gone from 0.32 (0.32.0 vllm/config/cache.py:63 MambaCacheMode ="
                        " Literal[\"align\", \"none\"])")
+HISPARSE = Need("hisparse", "HiSparse beside the OffloadingConnector (a MultiConnector of HiSparseConnector and"
+                " the connector, which bounds each load by the groups it does not offload) arrived in 0.30 (0.30.0"
+                " offloading_connector.py:168-185 _max_loadable_tokens, v1/hisparse/layout.py)")
+HISPARSE_MLA_ONLY = Need("hisparse_mla_only", "vLLM's builder lays HiSparse out for sparse-MLA layers alone from 0.31"
+                         " (0.31.0 v1/hisparse/layout.py:70; 0.30.0 :64 needs another attention layer beside:"
+                         " layout hisparse-swa)")
 MULTI_CONNECTOR = Need("multi_connector", "the OffloadingConnector inside vLLM's MultiConnector beside an"
                        " out-of-tree HMA connector needs MultiConnector(SupportsHMA) and kv_connector_module_path"
                        " (0.21.0 kv_connector/v1/multi_connector.py:128, vllm/config/kv_transfer.py:63)")
@@ -224,8 +231,12 @@ PARAM_NEEDS = {"fail_p": TRANSFER_FAILURES, "store_fail_p": TRANSFER_FAILURES,
 # What shadow KV needs of a release beside a layout's own needs, per offload spec (engine setting
 # shadow: on unless set false; space.support adds it while shadow is on)
 SHADOW_NEEDS = {"tiering-fs": TIERING_FS}
-# ... and the offload specs shadow KV cannot follow on any release: why, in one line (space.support)
-SHADOWLESS = {"tiering-example": "shadow KV cannot follow the example tier, which keeps a flag per key and moves no"
+# ... and the offload specs and compositions shadow KV cannot follow on any release: why, in one line
+# (space.support)
+SHADOWLESS = {"multi-hisparse": "shadow KV cannot follow HiSparse's host-resident source group, whose pages the"
+                                " HiSparse coordinator moves between its host pool and the GPU's resident and hot"
+                                " pages (0.33.0 v1/hisparse/coordinator.py); run it with shadow=false",
+              "tiering-example": "shadow KV cannot follow the example tier, which keeps a flag per key and moves no"
                                  " bytes (0.33.0 v1/kv_offload/tiering/example/manager.py:124-179: a store sets"
                                  " chunks[key] = True, a promotion completes with nothing read); run it with"
                                  " shadow=false"}
@@ -245,7 +256,7 @@ class Layout:
     speculative: dict | None = None
     mamba_cache_mode: str | None = None  # CacheConfig.mamba_cache_mode of a Mamba layout; None: "align"
     composition: str | None = None  # None: the OffloadingConnector alone; "multi-pd": in a MultiConnector
-    # after a P/D consumer (side/pd_connector.py)
+    # after a P/D consumer (side/pd_connector.py); "multi-hisparse": after HiSparseConnector (side/hisparse.py)
     offload_spec: str | None = None  # None: CPUOffloadingSpec; "tiering-fs": TieringOffloadingSpec with its
     # file-system tier on a temporary directory; "tiering-example": with its in-memory example tier
     scheduler: str | None = None  # None: the run's (--scheduler; a campaign alternates sync and async per
@@ -283,6 +294,7 @@ def _g(kind, b, **kw):
 _EAGLE2 = {"method": "eagle", "num_speculative_tokens": 2}
 _SCRIPTED = dict(pending_p=0.05, retry_p=0.02, evict_p=0.1)
 _MAMBA_ENGINE = dict(num_gpu_blocks=40, max_num_batched_tokens=512)
+_HISPARSE = dict(shadow=False, hisparse_host_blocks=96, max_model_len=448)  # host pool: 96 pages of 16 tokens
 _STORE_ALL = dict(offload_prompt_only=False, aligned_decode_p=0.3)
 # the faults every supporting release takes: refused stores, late completions, evictions of confirmed
 # chunks (stalled writes are full-stalled's: a request waiting on one for ever is stuck by design)
@@ -364,6 +376,20 @@ _ROWS = (
            composition="multi-pd"),
     Layout("swa-multi-pd", "The same composition beside a sliding window of 4 chunks.",
            (_g(FA, 16), _g(SWA, 16, sliding_window=64)), dict(pd_p=0.3), (MULTI_CONNECTOR,), composition="multi-pd"),
+    Layout("hisparse", "A sparse-MLA model under HiSparse (DeepSeek V3.2 style): its MLA cache host-resident in a"
+           " pool of 96 pages, its indexer on the GPU; the OffloadingConnector beside HiSparseConnector in vLLM's"
+           " MultiConnector offloads the indexer alone and bounds each load by the source pages the host still"
+           " holds (offloading_connector.py _max_loadable_tokens). vLLM's own builder lays the groups out"
+           " (side/hisparse.py): the MLA cache, the indexer, then HiSparse's resident and hot pages, which no"
+           " connector offloads. Shadow KV off: it cannot follow the host pool.",
+           (_g(FA, 16, hisparse="source"), _g(FA, 16, hisparse="indexer")), _HISPARSE, (HISPARSE, HISPARSE_MLA_ONLY),
+           composition="multi-hisparse"),
+    Layout("hisparse-swa", "The same with a sliding-window layer beside (window 64 tokens; its group after HiSparse's"
+           " four): vLLM's builder lays it out as it does every layer not sparse MLA, the connector leaves it to"
+           " the GPU prefix cache (it offloads the indexer alone), so it bounds loads too; 0.30.0's builder takes"
+           " HiSparse only with such a layer.",
+           (_g(FA, 16, hisparse="source"), _g(FA, 16, hisparse="indexer"), _g(SWA, 16, sliding_window=64)),
+           _HISPARSE, (HISPARSE,), composition="multi-hisparse"),
     Layout("full-tiering-fs", "Offload spec and tier: vLLM's TieringOffloadingSpec (a CPU primary tier of 32 chunks)"
            " with its real file-system secondary tier on a temporary directory: stores cascade to files, lookups of"
            " keys the primary evicted answer RETRY while the tier promotes them back (tiering/manager.py:590-740).",

@@ -342,6 +342,8 @@ def support(name: str, version: str, overrides=None) -> str | None:
     needs = lay.needs + tuple(L.PARAM_NEEDS[k] for k in L.PARAM_NEEDS if par.get(k))
     if par.get("shadow") is not False and lay.offload_spec in L.SHADOWLESS:
         return f"point {name}: {L.SHADOWLESS[lay.offload_spec]}"
+    if par.get("shadow") is not False and lay.composition in L.SHADOWLESS:
+        return f"point {name}: {L.SHADOWLESS[lay.composition]}"
     if par.get("shadow") is not False and lay.offload_spec in L.SHADOW_NEEDS:
         needs += (L.SHADOW_NEEDS[lay.offload_spec],)
     missing = list(dict.fromkeys(need.why for need in needs if not getattr(feats, need.column)))

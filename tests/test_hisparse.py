@@ -1,0 +1,53 @@
+"""HiSparse beside the OffloadingConnector (layouts hisparse, hisparse-swa; side/hisparse.py): where
+the release table runs them, vLLM's builder and HiSparse connector on CPU, the connector's loads
+bounded by what its unoffloaded groups hold (data:load_past_unfilled_group, side/checks.py), a
+connector that does not bound them (planted) caught on the latest release."""
+
+from __future__ import annotations
+
+from kvbound.side.defects import BY_NAME
+from kvbound.trace import runner as R
+from kvbound.trace.space import support
+
+KIND = "data:load_past_unfilled_group"
+
+
+def _run(w, version, point, mutant=None, n=200):
+    job = R.make_job(point, (7, "hisparse"), n, 0, "sync", {"mutant": mutant} if mutant else None)
+    res = w.job(job)
+    found, _ = R.check_result(version, point, job, res)
+    return res, {f.key() for f in found}
+
+
+def test_hisparse_runs_where_the_table_says():
+    assert support("hisparse", "0.31.0") is None and support("hisparse-swa", "0.30.0") is None
+    assert "0.30.0 :64 needs another attention layer" in support("hisparse", "0.30.0")
+    assert "arrived in 0.30" in support("hisparse-swa", "0.29.0")
+    assert "shadow KV cannot follow HiSparse" in support("hisparse@shadow=true", "0.33.0")
+
+
+def test_the_latest_release_bounds_its_loads_and_an_unbounded_connector_is_caught(workers):
+    """0.33.0: the connector loads the indexer group (loads > 0) and never past the source pages the
+    host pool still holds; with its bound gone (planted, as where every group is offloaded) a load
+    runs past them and is caught, with the group and the tokens it has no KV for."""
+    defect = BY_NAME["unbounded_load"]
+    assert defect.layout == "hisparse"
+    env, w = workers(defect.release)
+    res, keys = _run(w, defect.release, "hisparse")
+    assert res["ok"] and res["stats"]["loads"] > 0 and keys == set(), (res.get("error"), keys)
+    res, keys = _run(w, defect.release, "hisparse", defect.name)
+    assert res["ok"] and keys == {KIND}, (res.get("error"), keys)
+    past = [v for v in res["violations"] if v["check"] == KIND]
+    assert all("group 0, which the connector does not offload" in v["message"] for v in past), past[:2]
+
+
+def test_the_admission_that_pins_free_copies_is_found_where_vllm_had_it(workers):
+    """0.30.0 (hisparse-swa): a host-prefix hit re-pins free GPU copies of its pages while the
+    allocation admits it (0.30.0 v1/hisparse/coordinator.py:196, 259), which its reservation never
+    counted, so a request admitted by the count crashes get_new_blocks; 0.31.0 adopts the copies only
+    after the admission (its cache_blocks; 0.31.0 coordinator.py:200-202) and runs clean."""
+    res, keys = _run(workers("0.30.0")[1], "0.30.0", "hisparse-swa")
+    assert not res["ok"] and "Cannot get" in res["error"], res.get("error")
+    assert "lifecycle:allocation_exceeds_reservation" in keys, keys
+    res, keys = _run(workers("0.31.0")[1], "0.31.0", "hisparse-swa")
+    assert res["ok"] and keys == set(), (res.get("error"), keys)
