@@ -51,3 +51,26 @@ def test_the_admission_that_pins_free_copies_is_found_where_vllm_had_it(workers)
     assert "lifecycle:allocation_exceeds_reservation" in keys, keys
     res, keys = _run(workers("0.31.0")[1], "0.31.0", "hisparse-swa")
     assert res["ok"] and keys == set(), (res.get("error"), keys)
+
+
+def _alone(w, version, prompt_tokens):
+    """One request of ``prompt_tokens`` unique tokens and 4 to decode, alone on hisparse-swa."""
+    job = R.make_job("hisparse-swa", (7, "alone"), 1, 0, "sync", {"abort_p": 0.0})
+    job["requests"] = [{"id": 1, "arrive": 0, "prompt": [["uniq", 5, prompt_tokens]], "max_tokens": 4,
+                        "abort_after": None}]
+    res = w.job(job)
+    found, _ = R.check_result(version, "hisparse-swa", job, res)
+    return res, {f.key() for f in found}
+
+
+def test_one_request_within_max_model_len_is_served_or_the_livelock_is_caught(workers):
+    """0.33.0 takes max_model_len 448 for 72 GPU blocks (its start check, side/hisparse.py), serves a
+    400-token prompt, and preempts a 430-token one forever: its second chunk needs the hot pages and
+    the first chunk's resident pages, still pinned until their host writes end, together
+    (liveness:no_progress; docs/findings.md)."""
+    env, w = workers("0.33.0")
+    res, keys = _alone(w, "0.33.0", 400)
+    assert res["ok"] and keys == set(), (res.get("error"), keys)
+    res, keys = _alone(w, "0.33.0", 430)
+    assert res["ok"] and "liveness:no_progress" in keys, (res.get("error"), keys)
+    assert res["stats"]["preemptions"] >= 999, res["stats"]

@@ -206,6 +206,7 @@ def _structured(vllm_config):
 
 
 STALL_STEPS = 2000  # idle steps after which a run that cannot change any more is not drained
+PROGRESS_STEPS = 1000  # steps that schedule tokens with none sampled since, after which the engine is livelocked
 
 
 def _allocate_past_lookahead(kvm, lay):
@@ -380,7 +381,7 @@ class Engine:
         rel = self.rel
         req = rel.Request(
             request_id=str(r["id"]), prompt_token_ids=fakes.prompt_tokens(r["prompt"]),
-            sampling_params=rel.SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, **_request_params(r)),
+            sampling_params=rel.SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, **fakes.request_params(r)),
             pooling_params=None, block_hasher=self.hasher)
         return req
 
@@ -398,6 +399,7 @@ class Engine:
         is_async = bool(self.par.get("async"))
         queue = []  # (scheduler_output, model_output), oldest last
         stalled = 0  # consecutive steps that scheduled nothing with nothing in flight or to come
+        idle = 0  # steps that scheduled tokens since one sampled a token
         reset_rng = random.Random(repr(self.par.get("seed", 0)) + "-reset") if self.par.get("reset_p") else None
         while True:
             s = self.step_no
@@ -444,6 +446,12 @@ class Engine:
                     stalled = 0
                 mro = self.model_runner.output(so, runner_calls.worker_side(self, so))
                 queue.insert(0, (so, mro))
+                idle = 0 if any(mro.sampled_token_ids) else idle + bool(so.total_num_scheduled_tokens)
+                if idle >= PROGRESS_STEPS:  # the engine core's loop serves every request it took
+                    self.violate("liveness:no_progress", None, "%d steps scheduled tokens and none sampled one"
+                                 " (%d requests left, %d preemptions so far)" % (idle, len(sched.requests),
+                                                                                self.stats["preemptions"]))
+                    break
                 executed = so.total_num_scheduled_tokens > 0
                 if is_async and len(queue) < 2 and (executed or self.engine_busy()):
                     continue
@@ -470,18 +478,6 @@ class Engine:
         if hasattr(sched, "has_requests"):
             return sched.has_requests()
         return sched.has_unfinished_requests() or bool(sched.finished_req_ids)
-
-
-def _request_params(r):
-    """A request's SamplingParams beyond its length: prompt logprobs, so it skips reading the prefix
-    cache (0.33.0 sampling_params.py:625-632), and kv_transfer_params, which Request reads from
-    extra_args (0.33.0 v1/request.py:120)."""
-    sp = {}
-    if r.get("prompt_logprobs") is not None:
-        sp["prompt_logprobs"] = r["prompt_logprobs"]
-    if r.get("kv_transfer_params") is not None:
-        sp["extra_args"] = {"kv_transfer_params": r["kv_transfer_params"]}
-    return sp
 
 
 def reset_prefix_cache(eng):

@@ -479,3 +479,14 @@ class FakeModelRunner:
             self.eng.sched.update_draft_token_ids(
                 self.eng.rel.vout.DraftTokenIds(req_ids=ids, draft_token_ids=drafts))
 
+
+def request_params(r):
+    """A request's SamplingParams beyond its length: prompt logprobs, so it skips reading the prefix
+    cache (0.33.0 sampling_params.py:625-632), and kv_transfer_params, which Request reads from
+    extra_args (0.33.0 v1/request.py:120)."""
+    sp = {}
+    if r.get("prompt_logprobs") is not None:
+        sp["prompt_logprobs"] = r["prompt_logprobs"]
+    if r.get("kv_transfer_params") is not None:
+        sp["extra_args"] = {"kv_transfer_params": r["kv_transfer_params"]}
+    return sp

@@ -191,6 +191,8 @@ _ROWS = (
     FindingKind("lifecycle:failed_stop_unclean", "a secondary tier failed to shut down and the tiering manager"
                 " did not give every other tier its shutdown (a tier left running, its threads and files with"
                 " it) or lost or replaced the failure (side/failed_start.py)", shape=WHAT),
+    FindingKind("liveness:no_progress", "the engine scheduled tokens for 1,000 steps and none sampled one: its"
+                " requests run and are preempted, or recomputed, without end (side/engine.py PROGRESS_STEPS)"),
     FindingKind("lifecycle:not_drained", "the engine did not finish its requests (no progress, or past the"
                 " step bound)"),
     FindingKind("premise:valid-call", "the call vLLM made is no valid case (its block table breaks the case"

@@ -119,6 +119,9 @@ def workload(n: int, seed, layout: dict, engine: dict, first_id: int = 0) -> lis
         abort = rng.randint(0, 8) if rng.random() < engine.get("abort_p", 0.04) else None
         reqs.append({"id": rid, "arrive": step, "prompt": prompt, "max_tokens": max_tokens,
                      "abort_after": abort})
+    if engine.get("prompt_cap"):  # prompts up to max_model_len: vLLM refuses prompt + max_tokens past it
+        for r in reqs:
+            r["max_tokens"] = max(1, min(r["max_tokens"], engine["max_model_len"] - prompt_len(r["prompt"])))
     _request_params(reqs, seed, engine)
     return reqs
 
