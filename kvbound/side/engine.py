@@ -422,7 +422,7 @@ class Engine:
                 break
             self.step_no += 1
             self.step_cpu.append(time.process_time())
-            if self.engine_busy():
+            if engine_busy(sched):
                 self.stats["steps"] += 1
                 so = sched.schedule()
                 preempted = getattr(so, "preempted_req_ids", ()) or ()
@@ -453,7 +453,7 @@ class Engine:
                                                                                 self.stats["preemptions"]))
                     break
                 executed = so.total_num_scheduled_tokens > 0
-                if is_async and len(queue) < 2 and (executed or self.engine_busy()):
+                if is_async and len(queue) < 2 and (executed or engine_busy(sched)):
                     continue
             elif not queue:
                 if s > last_arrival and not aborts:
@@ -471,13 +471,13 @@ class Engine:
             self.shadow.contract.check_lost_chunks()
             self.stats.update(self.shadow.stats)
 
-    def engine_busy(self):
-        """The engine core's own loop condition (``has_requests``: unfinished requests,
-        finished ones not yet sent to the workers, a connector with pending work)."""
-        sched = self.sched
-        if hasattr(sched, "has_requests"):
-            return sched.has_requests()
-        return sched.has_unfinished_requests() or bool(sched.finished_req_ids)
+
+def engine_busy(sched):
+    """The engine core's own loop condition (``has_requests``: unfinished requests,
+    finished ones not yet sent to the workers, a connector with pending work)."""
+    if hasattr(sched, "has_requests"):
+        return sched.has_requests()
+    return sched.has_unfinished_requests() or bool(sched.finished_req_ids)
 
 
 def reset_prefix_cache(eng):
