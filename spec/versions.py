@@ -72,7 +72,7 @@ ARRIVALS: dict[str, tuple[str, str]] = {
     "hisparse": ("0.30.0", "HiSparse beside the OffloadingConnector: a MultiConnector of HiSparseConnector"
                            " (0.30.0 kv_connector/v1/hisparse/connector.py) and the connector, which offloads the"
                            " indexer group alone and bounds each load by the groups it does not offload"
-                           " (0.30.0 offloading_connector.py:54-61,168-185 _max_loadable_tokens); vLLM's builder"
+                           " (0.30.0 offloading_connector.py:54-66,168-185 _max_loadable_tokens); vLLM's builder"
                            " v1/hisparse/layout.py; 0.29.0 has no v1/hisparse"),
     "hisparse_mla_only": ("0.31.0", "vLLM's builder lays HiSparse out for a model of sparse-MLA layers alone (0.31.0"
                                     " v1/hisparse/layout.py:70 `if not mla_specs`); 0.30.0's only beside another"

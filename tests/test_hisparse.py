@@ -41,26 +41,36 @@ def test_the_latest_release_bounds_its_loads_and_an_unbounded_connector_is_caugh
     assert all("group 0, which the connector does not offload" in v["message"] for v in past), past[:2]
 
 
+# A reads a document (its pages reach the host pool, then stay as free GPU copies), F fills the pool, B
+# re-reads A's first 96 tokens and 9 of its own: its admission counts 17 blocks and re-pins 6 copies more
+ADMISSION = [{"id": 0, "arrive": 0, "prompt": [["doc", 1, 0, 100]], "max_tokens": 6, "abort_after": None},
+             {"id": 1, "arrive": 7, "prompt": [["uniq", 5, 350]], "max_tokens": 60, "abort_after": None},
+             {"id": 2, "arrive": 14, "prompt": [["doc", 1, 0, 96], ["uniq", 7, 9]], "max_tokens": 2,
+              "abort_after": None}]
+
+
+def _scripted(w, version, point, requests):
+    job = R.make_job(point, (7, "scripted"), 1, 0, "sync", {"abort_p": 0.0})
+    job["requests"] = requests
+    res = w.job(job)
+    found, _ = R.check_result(version, point, job, res)
+    return res, {f.key() for f in found}
+
+
 def test_the_admission_that_pins_free_copies_is_found_where_vllm_had_it(workers):
     """0.30.0 (hisparse-swa): a host-prefix hit re-pins free GPU copies of its pages while the
     allocation admits it (0.30.0 v1/hisparse/coordinator.py:196, 259), which its reservation never
-    counted, so a request admitted by the count crashes get_new_blocks; 0.31.0 adopts the copies only
-    after the admission (its cache_blocks; 0.31.0 coordinator.py:200-202) and runs clean."""
-    res, keys = _run(workers("0.30.0")[1], "0.30.0", "hisparse-swa")
-    assert not res["ok"] and "Cannot get" in res["error"], res.get("error")
-    assert "lifecycle:allocation_exceeds_reservation" in keys, keys
-    res, keys = _run(workers("0.31.0")[1], "0.31.0", "hisparse-swa")
-    assert res["ok"] and keys == set(), (res.get("error"), keys)
+    counted, and the hot pages' get_new_blocks raises; 0.31.0 adopts the copies only after the
+    admission (its cache_blocks; 0.31.0 coordinator.py:200-202) and serves the three requests."""
+    res, keys = _scripted(workers("0.30.0")[1], "0.30.0", "hisparse-swa", ADMISSION)
+    assert not res["ok"] and "Cannot get 4 free blocks" in res["error"], (res.get("error"), keys)
+    res, keys = _scripted(workers("0.31.0")[1], "0.31.0", "hisparse-swa", ADMISSION)
+    assert res["ok"] and keys == set() and res["stats"]["requests"] == 3, (res.get("error"), keys)
 
 
-def _alone(w, version, prompt_tokens):
-    """One request of ``prompt_tokens`` unique tokens and 4 to decode, alone on hisparse-swa."""
-    job = R.make_job("hisparse-swa", (7, "alone"), 1, 0, "sync", {"abort_p": 0.0})
-    job["requests"] = [{"id": 1, "arrive": 0, "prompt": [["uniq", 5, prompt_tokens]], "max_tokens": 4,
-                        "abort_after": None}]
-    res = w.job(job)
-    found, _ = R.check_result(version, "hisparse-swa", job, res)
-    return res, {f.key() for f in found}
+def _alone(prompt_tokens):
+    """One request of ``prompt_tokens`` unique tokens and 4 to decode, alone."""
+    return [{"id": 1, "arrive": 0, "prompt": [["uniq", 5, prompt_tokens]], "max_tokens": 4, "abort_after": None}]
 
 
 def test_one_request_within_max_model_len_is_served_or_the_livelock_is_caught(workers):
@@ -69,8 +79,8 @@ def test_one_request_within_max_model_len_is_served_or_the_livelock_is_caught(wo
     the first chunk's resident pages, still pinned until their host writes end, together
     (liveness:no_progress; docs/findings.md)."""
     env, w = workers("0.33.0")
-    res, keys = _alone(w, "0.33.0", 400)
+    res, keys = _scripted(w, "0.33.0", "hisparse-swa", _alone(400))
     assert res["ok"] and keys == set(), (res.get("error"), keys)
-    res, keys = _alone(w, "0.33.0", 430)
+    res, keys = _scripted(w, "0.33.0", "hisparse-swa", _alone(430))
     assert res["ok"] and "liveness:no_progress" in keys, (res.get("error"), keys)
     assert res["stats"]["preemptions"] >= 999, res["stats"]

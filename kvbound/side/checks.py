@@ -91,8 +91,9 @@ class LifecycleChecks:
         many free blocks crashes get_new_blocks. What the allocation takes to admit the request:
         up to its ``cache_blocks``, which caches what it computed once admitted, and where
         HiSparse's resident pages adopt spare copies of host pages after the admission (0.31.0
-        v1/hisparse/coordinator.py:200-202, 244-266: a ``touch`` of a free, evictable block, which
-        cannot fail; from 0.32.0 in the connector's ``build_connector_meta``)."""
+        single_type_kv_cache_manager.py:2554-2564 -> v1/hisparse/coordinator.py:401-417, 200-202,
+        244-266: a ``touch`` of a free, evictable block, which cannot fail; from 0.32.0 in the
+        connector's ``build_connector_meta``)."""
         eng = self.eng
         kvm = eng.sched.kv_cache_manager
         coord = kvm.coordinator
@@ -154,7 +155,9 @@ class LifecycleChecks:
         The promise: 0.33.0 offloading_connector.py:164-181 ``_max_loadable_tokens`` ("bounded by the
         deepest prefix the groups this connector does not offload already hold, since nothing refills
         them beyond it"; the groups, ``_bounding_group_ids`` :54-66). Windowed groups are not checked
-        (their out-of-window blocks are null by design)."""
+        (their out-of-window blocks are null by design). A sync load's blocks are cached before the call
+        (0.33.0 kv_cache_manager.py:613-625), so there a hashed block may not be computed yet: the check
+        can miss a sync load past the group, never flag one within it."""
         eng = self.eng
         offloaded = {getattr(g, "group_idx", i) for i, g in enumerate(eng.csched.config.kv_group_configs)}
         end = num_computed_tokens + num_external_tokens

@@ -257,6 +257,7 @@ class Engine:
         self.hasher = rel.kcu.get_request_block_hasher(hash_block_size, rel.sha256)
         self.cases = []
         self.violations = []
+        self.stopped = None  # the check that stopped the run before its requests finished (``stop``)
         self.stats = dict(requests=0, steps=0, lookups=0, loads=0, partial_hits=0, partial_tails=0,
                           stores=0, preemptions=0, aborts=0, failed_loads=0, drafts=0, accepted=0, resets=0,
                           tier_chunks=got)
@@ -340,7 +341,7 @@ class Engine:
             if case is not None:
                 res = dict(ctx, case=case, outcome="ok")
                 keys = eng.loaded_keys[nkeys:]
-                res["keys"] = eng.describe_keys(request, keys[-1]) if keys else []
+                res["keys"] = capture.describe_keys(cs, request, keys[-1]) if keys else []  # as the plan names them
                 res.update(load or dict(dst_block_ids=[], group_sizes=[], block_indices=[]))
                 if case["num_locally_computed_tokens"] > 0:
                     eng.stats["partial_hits"] += 1
@@ -364,9 +365,11 @@ class Engine:
                 "sync_load_marked": None if sync is None else request.request_id in sync,
                 "partial_tail_boundary": getattr(st, "partial_tail_boundary", None)}
 
-    def describe_keys(self, request, keys):
-        """prepare_load's keys as kvbound's plan names them (``capture.describe_keys``)."""
-        return capture.describe_keys(self.csched, request, keys)
+    def stop(self, check, msg):
+        """The run stops before its requests finished: ``check`` says why; ``stopped`` keeps it for the
+        checks of a drained engine, which then say nothing (side/tier_lifecycle.py, stats_logger.py)."""
+        self.stopped = check
+        self.violate(check, None, msg)
 
     def violate(self, check, request_id, msg):
         self.violations.append({"check": check, "step": self.step_no, "request": request_id,
@@ -418,7 +421,7 @@ class Engine:
                     sched.finish_requests(rid, self.rel.RequestStatus.FINISHED_ABORTED)
                     self.stats["aborts"] += 1
             if s >= max_steps:
-                self.violate("lifecycle:not_drained", None, "still running after %d steps" % max_steps)
+                self.stop("lifecycle:not_drained", "still running after %d steps" % max_steps)
                 break
             self.step_no += 1
             self.step_cpu.append(time.process_time())
@@ -438,7 +441,7 @@ class Engine:
                         and s > last_arrival and not aborts):
                     stalled += 1
                     if stalled >= STALL_STEPS:
-                        self.violate("lifecycle:not_drained", None, "stalled: no token scheduled for %d steps, no"
+                        self.stop("lifecycle:not_drained", "stalled: no token scheduled for %d steps, no"
                                      " transfer in flight and no request left to arrive (%d requests"
                                      " left)" % (STALL_STEPS, len(sched.requests)))
                         break
@@ -448,9 +451,8 @@ class Engine:
                 queue.insert(0, (so, mro))
                 idle = 0 if any(mro.sampled_token_ids) else idle + bool(so.total_num_scheduled_tokens)
                 if idle >= PROGRESS_STEPS:  # the engine core's loop serves every request it took
-                    self.violate("liveness:no_progress", None, "%d steps scheduled tokens and none sampled one"
-                                 " (%d requests left, %d preemptions so far)" % (idle, len(sched.requests),
-                                                                                self.stats["preemptions"]))
+                    self.stop("liveness:no_progress", "%d steps scheduled tokens and none sampled one (%d requests"
+                              " left, %d preemptions so far)" % (idle, len(sched.requests), self.stats["preemptions"]))
                     break
                 executed = so.total_num_scheduled_tokens > 0
                 if is_async and len(queue) < 2 and (executed or engine_busy(sched)):

@@ -23,8 +23,8 @@ then releases what was left (the run must not leak it) and the run's engine is s
 layout says: the deployment restarted with its config mended.
 
 A secondary tier can fail to stop as well (a file system gone read-only, a tier's service gone). The
-promise (vLLM #52290, from 0.30.0; 0.33.0 v1/kv_offload/tiering/manager.py:1266-1270 and
-``_shutdown_tiers`` :1286-1303): every secondary tier is given a shutdown attempt, the failure
+promise (vLLM #52290, from 0.30.0; 0.33.0 v1/kv_offload/tiering/manager.py:1268-1269 and
+``_shutdown_tiers`` :1287-1305): every secondary tier is given a shutdown attempt, the failure
 reaches the caller, and the primary tier is kept (a failed tier may still read its region). Before
 it (0.24.0 - 0.29.0 ``TieringOffloadingManager.shutdown``) the first tier that fails ends the loop:
 every tier after it runs on. With ``tier_stop_fail`` on, the harness first starts the run's engine
@@ -165,7 +165,11 @@ def attempt_stop(rel, lay, par, close, stop):
     if not par.get("tier_stop_fail"):
         return None
     with _watched_tiers() as built, _planted(par.get("mutant")):
-        eng = rel.build(lay, dict(par, tier_stop_fail=False, _stuck_tier=True))
+        try:
+            eng = rel.build(lay, dict(par, tier_stop_fail=False, _stuck_tier=True))
+        except BaseException:  # the tiers it started, released before the error goes on
+            _release(None, built, None, close)
+            raise
         error = None
         try:
             stop(eng)

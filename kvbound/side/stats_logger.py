@@ -151,7 +151,7 @@ class FrontendStats:
         reported, ``fakes``); then the log interval's summary is written as the logger writes it."""
         got = self.totals()
         self.logging.log(log_fn=lambda fmt, *a: self.logged.append(fmt % a))
-        if self.counters is None or any(v["check"] == "lifecycle:not_drained" for v in self.eng.violations):
+        if self.counters is None or self.eng.stopped:
             return
         self.eng.stats.update(frontend_payloads=self.payloads,
                               frontend_load_bytes=got.get(self.counters["load"].logged_bytes, 0),

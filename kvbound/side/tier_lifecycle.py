@@ -39,8 +39,8 @@ def _watch(eng, tap, tier):
         return call(req_context, *a, **k)
 
     def drained():
-        if any(v["check"] == "lifecycle:not_drained" for v in eng.violations):
-            return  # requests still in the scheduler: that finding says it
+        if eng.stopped:
+            return  # requests still in the scheduler: the finding that stopped the run says it
         left = [rid for rid in begun if rid not in finished]
         if left:
             eng.violations.append({

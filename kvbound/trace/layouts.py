@@ -113,8 +113,8 @@ ENGINE_PARAMS = (
     EngineParam("request_tier_p", float, None, _TIER),  # the share of requests a request-level tier asks for
     EngineParam("tier_start_fail", _flag, None, _FAULTS),  # the engine first started with a tier that cannot start
     EngineParam("hisparse_host_blocks", int, None),  # composition multi-hisparse: the host pool's source pages
-    EngineParam("prompt_cap", int, None, _TRAFFIC),  # the longest prompt drawn (default: half the pool); with it, a
-    # request's max_tokens keeps prompt + output within max_model_len
+    EngineParam("prompt_cap", int, None),  # the longest prompt drawn (default: half the pool); with it, a request's
+    # max_tokens keeps prompt + output within max_model_len; a layout's alone (its config must pass vLLM's start check)
     EngineParam("tier_stop_fail", _flag, None, _FAULTS),  # the engine first started and stopped with a tier that
     # cannot stop
 )
@@ -298,7 +298,8 @@ _SCRIPTED = dict(pending_p=0.05, retry_p=0.02, evict_p=0.1)
 _MAMBA_ENGINE = dict(num_gpu_blocks=40, max_num_batched_tokens=512)
 # host pool: 96 pages of 16 tokens; max_model_len what vLLM's start check takes for 72 GPU blocks (hisparse-swa: 448,
 # 512 refused), and prompts up to it
-_HISPARSE = dict(shadow=False, hisparse_host_blocks=96, max_model_len=448, prompt_cap=447)
+_HISPARSE_LEN = 448
+_HISPARSE = dict(shadow=False, hisparse_host_blocks=96, max_model_len=_HISPARSE_LEN, prompt_cap=_HISPARSE_LEN - 1)
 _STORE_ALL = dict(offload_prompt_only=False, aligned_decode_p=0.3)
 # the faults every supporting release takes: refused stores, late completions, evictions of confirmed
 # chunks (stalled writes are full-stalled's: a request waiting on one for ever is stuck by design)

@@ -120,7 +120,10 @@ def workload(n: int, seed, layout: dict, engine: dict, first_id: int = 0) -> lis
         reqs.append({"id": rid, "arrive": step, "prompt": prompt, "max_tokens": max_tokens,
                      "abort_after": abort})
     if engine.get("prompt_cap"):  # prompts up to max_model_len: vLLM refuses prompt + max_tokens past it
+        lrng = random.Random(repr(seed) + "-long")  # one request in ten reads a document to within 2 blocks of it
         for r in reqs:
+            if lrng.random() < 0.1:
+                r["prompt"] = [["doc", lrng.randrange(NUM_DOCS), 0, cap - lrng.randint(0, 2 * b)]]
             r["max_tokens"] = max(1, min(r["max_tokens"], engine["max_model_len"] - prompt_len(r["prompt"])))
     _request_params(reqs, seed, engine)
     return reqs
