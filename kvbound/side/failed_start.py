@@ -191,21 +191,34 @@ def _left_stop(built, error):
     """The violations of a failed stop: a tier not given its shutdown, the stop's error lost or replaced."""
     if not any(type(tier).__name__ == STUCK_TIER for tier, _, _ in built):
         raise RuntimeError("engine setting tier_stop_fail: the stuck tier was never started")
-    if error is not None and not isinstance(error, TierStopFailed) and sidecar.raised_in_harness(error):
+    left = _outcome(error, TierStopFailed, "shutdown", built, "the %s tier was never asked to shut down and runs on",
+                    ("the shutdown's error lost", "the engine's teardown returned as if every tier had stopped"))
+    return _violations("lifecycle:failed_stop_unclean", "a secondary tier failed to shut down and the tiering"
+                       " manager left this", left)
+
+
+def _outcome(error, expected, what, built, runs_on, none):
+    """What a failed start or stop (``what``) left, judged alike: ``none`` where it raised nothing, its
+    error replaced where it raised another than ``expected`` (one the harness raised goes on, a harness
+    fault), and each tier of ``built`` whose shutdown never ran (``runs_on``, the tier's name in it)."""
+    if error is not None and not isinstance(error, expected) and sidecar.raised_in_harness(error):
         raise error
     left = []
     if error is None:
-        left.append(("the shutdown's error lost", "the engine's teardown returned as if every tier had stopped"))
-    elif not isinstance(error, TierStopFailed):
+        left.append(none)
+    elif not isinstance(error, expected):
         raised = type(error).__name__
-        left.append(("the shutdown's error replaced by %s" % raised, "%s: %s" % (raised, error)))
+        left.append(("the %s's error replaced by %s" % (what, raised), "%s: %s" % (raised, error)))
     for tier, shut, _ in built:
         name = getattr(tier, "tier_type", type(tier).__name__)
         if not shut:
-            left.append(("tier %s not shut down" % name, "the %s tier was never asked to shut down and runs on" % name))
-    return [{"check": "lifecycle:failed_stop_unclean", "step": 0, "what": what,
-             "message": "a secondary tier failed to shut down and the tiering manager left this: %s" % why}
-            for what, why in left]
+            left.append(("tier %s not shut down" % name, runs_on % name))
+    return left
+
+
+def _violations(check, lead, left):
+    """``left``'s (what, why) as violations of ``check``, each message ``lead``: why."""
+    return [{"check": check, "step": 0, "what": what, "message": "%s: %s" % (lead, why)} for what, why in left]
 
 
 def _left(cls, built, region, error):
@@ -213,28 +226,17 @@ def _left(cls, built, region, error):
     if not cls.regions:
         raise RuntimeError("engine setting tier_start_fail: the failing tier was never started (%s)"
                            % ("the engine started" if error is None else "%s: %s" % (type(error).__name__, error)))
-    if error is not None and not isinstance(error, TierStartFailed) and sidecar.raised_in_harness(error):
-        raise error
+    left = _outcome(error, TierStartFailed, "start", built, "the %s tier it started runs on",
+                    ("a start that did not fail", "the engine started without the tier that could not start"))
     if region is None:
         raise RuntimeError("engine setting tier_start_fail: the tiering spec had no shared region when its"
                            " tiers were built (_scheduler_mmap): this release is not one the check reads")
-    left = []
-    if error is None:
-        left.append(("a start that did not fail", "the engine started without the tier that could not start"))
-    elif not isinstance(error, TierStartFailed):
-        raised = type(error).__name__
-        left.append(("the start's error replaced by %s" % raised, "%s: %s" % (raised, error)))
-    for tier, shut, _ in built:
-        name = getattr(tier, "tier_type", type(tier).__name__)
-        if not shut:
-            left.append(("tier %s not shut down" % name, "the %s tier it started runs on" % name))
     files = [f for f in _files(region) if os.path.exists(f)]
     if files:
         left.append(("its shared region left in /dev/shm", "%s (%d bytes) is still on /dev/shm"
                      % (", ".join(os.path.basename(f) for f in files), sum(os.path.getsize(f) for f in files))))
-    return [{"check": "lifecycle:failed_start_unclean", "step": 0, "what": what,
-             "message": "a secondary tier failed to start and the tiering spec left this behind: %s" % why}
-            for what, why in left]
+    return _violations("lifecycle:failed_start_unclean", "a secondary tier failed to start and the tiering spec left"
+                       " this behind", left)
 
 
 def _files(region):
