@@ -137,7 +137,7 @@ def test_every_observed_vllm_method_is_wrapped_once_on_a_real_engine():
         "connector_scheduler._build_store_jobs",
         "manager.lookup", "manager.prepare_load", "manager.prepare_store", "manager.on_schedule_end",
         "policy.evict",
-        "kv_cache_manager.allocate_slots", "coordinator.get_num_blocks_to_allocate"])
+        "kv_cache_manager.allocate_slots", "coordinator.get_num_blocks_to_allocate", "coordinator.cache_blocks"])
     for name, (source, wrapped_twice) in out["origins"].items():
         assert source.startswith("v1/") or source.startswith("distributed/"), (name, source)
         assert not wrapped_twice, name

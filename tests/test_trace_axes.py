@@ -17,7 +17,7 @@ from kvbound.trace.space import SWEEP, support
 
 FINDINGS = Path(__file__).resolve().parent.parent / "docs" / "trace-findings"
 NEW = {"full-multi-pd": "composition", "swa-multi-pd": "composition", "full-tiering-fs": "offload_spec",
-       "mamba-all": "mamba_cache_mode"}
+       "mamba-all": "mamba_cache_mode", "hisparse": "composition", "hisparse-swa": "composition"}
 
 
 def test_the_new_axes_leave_every_other_layouts_job_as_it_was():
@@ -25,7 +25,7 @@ def test_the_new_axes_leave_every_other_layouts_job_as_it_was():
         job = lay.job_layout()
         fields = {"composition", "offload_spec", "mamba_cache_mode"} & set(job)
         assert fields == ({NEW[name]} if name in NEW else set()), name
-        assert ("pd_p" in lay.params()) == (lay.composition is not None), name
+        assert ("pd_p" in lay.params()) == (lay.composition == "multi-pd"), name
 
 
 def test_each_axis_value_runs_where_the_table_says():
