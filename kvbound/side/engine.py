@@ -384,7 +384,7 @@ class Engine:
         rel = self.rel
         req = rel.Request(
             request_id=str(r["id"]), prompt_token_ids=fakes.prompt_tokens(r["prompt"]),
-            sampling_params=rel.SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, **fakes.request_params(r)),
+            sampling_params=rel.SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, **fakes.sampling_extras(r)),
             pooling_params=None, block_hasher=self.hasher)
         return req
 

@@ -480,7 +480,7 @@ class FakeModelRunner:
                 self.eng.rel.vout.DraftTokenIds(req_ids=ids, draft_token_ids=drafts))
 
 
-def request_params(r):
+def sampling_extras(r):
     """A request's SamplingParams beyond its length: prompt logprobs, so it skips reading the prefix
     cache (0.33.0 sampling_params.py:625-632), and kv_transfer_params, which Request reads from
     extra_args (0.33.0 v1/request.py:120)."""
