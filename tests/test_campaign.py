@@ -53,6 +53,28 @@ def test_the_budget_plans_requests_without_a_clock(monkeypatch):
         plan(args("--budget", "0"))
 
 
+def test_engine_settings_reach_every_shard_and_the_traffic_stays_within_max_model_len(capsys):
+    """--engine K=V on a campaign (and a review, which shares its options): every shard runs
+    with it, and a lower max_model_len bounds the traffic drawn (prompt and output within it),
+    as vLLM refuses past it; a key that is no engine setting is one line, exit 2."""
+    from kvbound.cli import build_parser
+    from kvbound.commands.campaign import plan
+    from kvbound.trace import runner as R
+    from kvbound.trace.workload import prompt_len
+
+    args = build_parser().parse_args(["campaign", "--vllm", "0.33.0", "--layout", "hisparse-swa", "--requests",
+                                      "300", "--engine", "max_model_len=368"])
+    _, shards = plan(args)
+    assert [dict(sh.options.run.overrides) for sh in shards] == [{"max_model_len": 368}]
+    for overrides, most in (({}, 448), ({"max_model_len": 368}, 368)):
+        reqs = R.make_job("hisparse-swa", (0, "hisparse-swa", 0), 300, 0, "sync", overrides)["requests"]
+        lens = [prompt_len(r["prompt"]) for r in reqs]
+        assert max(n + r["max_tokens"] for n, r in zip(lens, reqs)) <= most
+        assert max(lens) > most - 2 * 16  # one request in ten reads a document to near max_model_len
+    assert main(["campaign", "--vllm", "0.33.0", "--engine", "max_len=1"]) == 2
+    assert "--engine 'max_len=1': expected K=V" in capsys.readouterr().err
+
+
 def test_the_plan_is_the_budget():
     """The requests planned are the most whose planned seconds (worker starts, each layout at
     its family's rate, shrinking) fit the budget; a release's unsupported layouts cost nothing."""

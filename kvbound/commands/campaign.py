@@ -59,7 +59,7 @@ def add_run_arguments(p) -> None:
     """What ``kvbound campaign`` and ``kvbound review`` share: the points (``--layout`` and the
     space's options), the traffic (``--budget`` or ``--requests``, ``--seed``), the local pool,
     shrinking, coverage, the progress bar."""
-    from kvbound.trace.layouts import LAYOUTS
+    from kvbound.trace.layouts import LAYOUTS, engine_help
 
     p.add_argument("--layout", action="append", choices=sorted(LAYOUTS), default=[],
                    help="repeatable; default: every layout, then the points of kvbound.trace.space.SWEEP (each axis value no"
@@ -80,6 +80,7 @@ def add_run_arguments(p) -> None:
                         " its modules in the worker, coverage.py's analysis; the document's 'coverage', per file"
                         " and release). Default on: it keeps 96%% of the traffic rate (docs/benchmarks.md), and"
                         " --budget plans for it; --no-coverage for the plain traffic")
+    p.add_argument("--engine", action="append", default=[], metavar="K=V", help=engine_help())
     space.add_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -131,8 +132,11 @@ def trace_options(args, judged_as: list, layouts: tuple, pool: int) -> TraceOpti
     """The options every shard runs with, from the command line alone: ``--requests`` per
     point, else ``--budget`` turned into requests per point by the fixed cost table for one
     column per entry of ``judged_as`` (the release each column is judged as) on ``pool``
-    processes, else the floor (``PlanOptions.min_requests``); ``--seed``, ``--coverage``,
+    processes, else the floor (``PlanOptions.min_requests``); ``--seed``, ``--engine``, ``--coverage``,
     ``--shrink-budget``."""
+    from kvbound.trace.layouts import parse_override
+
+    overrides = tuple(parse_override(it) for it in args.engine)
     coverage = coverage_of(args)
     if args.requests is not None:
         if args.requests < 1:
@@ -146,7 +150,8 @@ def trace_options(args, judged_as: list, layouts: tuple, pool: int) -> TraceOpti
             print(f"kvbound {getattr(args, 'command', 'campaign')}: --budget {args.budget:.0f} is below"
                   f" what this campaign costs at the floor of {n} requests per layout (worker starts, shrinking):"
                   f" planned at {planned:.0f} s", file=sys.stderr)
-    return TraceOptions(RunOptions(n, args.seed, coverage=coverage), ShrinkOptions(args.shrink_budget))
+    return TraceOptions(RunOptions(n, args.seed, overrides=overrides, coverage=coverage),
+                        ShrinkOptions(args.shrink_budget))
 
 
 def _costs(args, judged_as: list, layouts: tuple, coverage: bool):

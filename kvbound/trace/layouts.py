@@ -76,7 +76,7 @@ ENGINE_PARAMS = (
     EngineParam("max_num_batched_tokens", int, 256, _ENGINE),
     EngineParam("max_delay", int, 2, _ENGINE),  # steps the fake transfer engine holds a job
     EngineParam("fail_p", float, 0.0, _FAULTS),  # a load job finishes TransferResult(success=False)
-    EngineParam("max_model_len", int, 8192),
+    EngineParam("max_model_len", int, 8192, _ENGINE),  # prompts and outputs drawn within it (workload.workload)
     EngineParam("abort_p", float, 0.04, _ENGINE),
     EngineParam("pending_p", float, None, _TIER),
     EngineParam("retry_p", float, None, _TIER),
@@ -113,8 +113,8 @@ ENGINE_PARAMS = (
     EngineParam("request_tier_p", float, None, _TIER),  # the share of requests a request-level tier asks for
     EngineParam("tier_start_fail", _flag, None, _FAULTS),  # the engine first started with a tier that cannot start
     EngineParam("hisparse_host_blocks", int, None),  # composition multi-hisparse: the host pool's source pages
-    EngineParam("prompt_cap", int, None),  # the longest prompt drawn (default: half the pool); with it, a request's
-    # max_tokens keeps prompt + output within max_model_len; a layout's alone (its config must pass vLLM's start check)
+    EngineParam("prompt_cap", int, None),  # the longest prompt drawn (default: half the pool; never past
+    # max_model_len - 1), one request in ten near it; a layout's alone (its config must pass vLLM's start check)
     EngineParam("tier_stop_fail", _flag, None, _FAULTS),  # the engine first started and stopped with a tier that
     # cannot stop
 )
@@ -426,10 +426,11 @@ def max_prompt_tokens(layout: dict, engine: dict) -> int:
     ``prompt_cap`` where the layout's config passes vLLM's own check that one request of
     ``max_model_len`` fits the pool (the HiSparse layouts: side/hisparse.py ``kv_cache_config``)."""
     if engine.get("prompt_cap"):
-        return engine["prompt_cap"]
-    b = max(block_sizes(layout))
-    n_groups = len(layout["groups"])
-    return max(b, (engine["num_gpu_blocks"] - 1) // n_groups * b // 2)
+        cap = engine["prompt_cap"]
+    else:
+        b = max(block_sizes(layout))
+        cap = max(b, (engine["num_gpu_blocks"] - 1) // len(layout["groups"]) * b // 2)
+    return min(cap, engine["max_model_len"] - 1)  # vLLM refuses a prompt of max_model_len tokens
 
 
 def cost_family(layout: Layout) -> str:

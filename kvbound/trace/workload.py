@@ -124,7 +124,8 @@ def workload(n: int, seed, layout: dict, engine: dict, first_id: int = 0) -> lis
         for r in reqs:
             if lrng.random() < 0.1:
                 r["prompt"] = [["doc", lrng.randrange(NUM_DOCS), 0, cap - lrng.randint(0, 2 * b)]]
-            r["max_tokens"] = max(1, min(r["max_tokens"], engine["max_model_len"] - prompt_len(r["prompt"])))
+    for r in reqs:  # within max_model_len (it binds where prompts come near it: prompt_cap, --engine max_model_len)
+        r["max_tokens"] = max(1, min(r["max_tokens"], engine["max_model_len"] - prompt_len(r["prompt"])))
     _request_params(reqs, seed, engine)
     return reqs
 
