@@ -19,6 +19,7 @@ REPORTS = {
     "copy-overwrites-inflight-store-source": ("0.28.0", "test_copy_overwrites_inflight_store_source.py"),
     "cpu-tier-reset-without-kv-event": ("0.33.0", "test_cpu_tier_reset_without_kv_event.py"),
     "fs-tier-failed-store-unannounced": ("0.33.0", "test_fs_tier_failed_store_unannounced.py"),
+    "hisparse-chunked-prefill-self-preemption": ("0.33.0", "test_hisparse_chunked_prefill_self_preemption.py"),
     "lagging-group-cow-tail": ("0.26.0", "test_lagging_group_cow_tail.py"),
     "lookup-defers-on-unusable-pending-chunk": ("0.33.0", "test_lookup_defers_on_unusable_pending_chunk.py"),
     "offload-limit-partial-tail-assert": ("0.33.0", "test_offload_limit_partial_tail_assert.py"),

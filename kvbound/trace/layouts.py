@@ -296,8 +296,9 @@ def _g(kind, b, **kw):
 _EAGLE2 = {"method": "eagle", "num_speculative_tokens": 2}
 _SCRIPTED = dict(pending_p=0.05, retry_p=0.02, evict_p=0.1)
 _MAMBA_ENGINE = dict(num_gpu_blocks=40, max_num_batched_tokens=512)
-# host pool: 96 pages of 16 tokens; max_model_len what vLLM's start check takes for 72 GPU blocks (hisparse-swa: 448,
-# 512 refused), and prompts up to it
+# host pool: 96 pages of 16 tokens; max_model_len what vLLM's start check takes for 72 GPU blocks (hisparse-swa on
+# 0.31.0 - 0.33.0: 448, 512 refused; 0.30.0's check counts neither resident nor hot pages and takes up to 1,600), and
+# prompts up to it
 _HISPARSE_LEN = 448
 _HISPARSE = dict(shadow=False, hisparse_host_blocks=96, max_model_len=_HISPARSE_LEN, prompt_cap=_HISPARSE_LEN - 1)
 _STORE_ALL = dict(offload_prompt_only=False, aligned_decode_p=0.3)
