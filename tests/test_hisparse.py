@@ -84,3 +84,26 @@ def test_one_request_within_max_model_len_is_served_or_the_livelock_is_caught(wo
     res, keys = _scripted(w, "0.33.0", "hisparse-swa", _alone(430))
     assert res["ok"] and "liveness:no_progress" in keys, (res.get("error"), keys)
     assert res["stats"]["preemptions"] >= 999, res["stats"]
+
+
+def test_an_async_segment_runs_with_vllms_async_budget(workers):
+    """An AsyncScheduler segment runs on a config with async scheduling on, as on CUDA (vLLM's CPU
+    platform turns it off while it builds the config, side/engine.py): HiSparse's Model Runner V2
+    then keeps two batches in flight, the start check budgets two windows of resident pages and refuses
+    hisparse-swa's max_model_len 448 on 72 blocks (estimate 352), which it takes under the synchronous
+    scheduler; the MLA-only hisparse fits both, and its async segment serves."""
+    env, w = workers("0.33.0")
+    for sched, refused in (("sync", False), ("async", True)):
+        job = R.make_job("hisparse-swa", (7, "async"), 1, 0, sched, {"abort_p": 0.0})
+        job["requests"] = _alone(300)
+        res = w.job(job)
+        keys = {f.key() for f in R.check_result("0.33.0", "hisparse-swa", job, res)[0]}
+        if refused:
+            assert "estimated maximum model length is 352" in res.get("setup_error", ""), res.get("setup_error")
+            assert keys == {"crash:engine_build@_check_enough_kv_cache_memory:raise ValueError("}, keys
+        else:
+            assert res["ok"] and keys == set(), (res.get("error"), keys)
+    job = R.make_job("hisparse", (7, "async"), 1, 0, "async", {"abort_p": 0.0})
+    job["requests"] = _alone(430)
+    res = w.job(job)
+    assert res["ok"] and R.check_result("0.33.0", "hisparse", job, res)[0] == [], res.get("error")

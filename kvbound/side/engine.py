@@ -156,6 +156,9 @@ class Release:
             parallel_config=ParallelConfig(), device_config=DeviceConfig(device="cpu"),
             kv_transfer_config=KVTransferConfig(**transfer),
         )
+        # as on CUDA: vLLM's CPU platform turns async scheduling off (0.33.0 platforms/cpu.py:346-348, 0.21.0 :135),
+        # and with it the batches in flight its KV-cache manager budgets for (config/vllm.py:587-609)
+        vllm_config.scheduler_config.async_scheduling = bool(par.get("async"))
         if hs:  # HiSparse set on the config vLLM built without it (side/hisparse.py)
             hisparse.configure(vllm_config, KVTransferConfig(**hisparse.connector_config(transfer, par, layer_specs)))
             kv_cache_config = hisparse.kv_cache_config(vllm_config, layer_specs, nb)

@@ -393,9 +393,11 @@ _ROWS = (
     Layout("hisparse-swa", "The same with a sliding-window layer beside (window 64 tokens; its group after HiSparse's"
            " four): vLLM's builder lays it out as it does every layer not sparse MLA, the connector leaves it to"
            " the GPU prefix cache (it offloads the indexer alone), so it bounds loads too; 0.30.0's builder takes"
-           " HiSparse only with such a layer.",
+           " HiSparse only with such a layer. The synchronous scheduler (--no-async-scheduling) only: with async"
+           " scheduling vLLM budgets two batches in flight and its start check refuses max_model_len 448 on 72"
+           " blocks (0.33.0: estimated 352; config/vllm.py:587-609).",
            (_g(FA, 16, hisparse="source"), _g(FA, 16, hisparse="indexer"), _g(SWA, 16, sliding_window=64)),
-           _HISPARSE, (HISPARSE,), composition="multi-hisparse"),
+           _HISPARSE, (HISPARSE,), composition="multi-hisparse", scheduler="sync"),
     Layout("full-tiering-fs", "Offload spec and tier: vLLM's TieringOffloadingSpec (a CPU primary tier of 32 chunks)"
            " with its real file-system secondary tier on a temporary directory: stores cascade to files, lookups of"
            " keys the primary evicted answer RETRY while the tier promotes them back (tiering/manager.py:590-740).",
