@@ -73,6 +73,25 @@ def test_engine_settings_reach_every_shard_and_the_traffic_stays_within_max_mode
         assert max(lens) > most - 2 * 16  # one request in ten reads a document to near max_model_len
     assert main(["campaign", "--vllm", "0.33.0", "--engine", "max_len=1"]) == 2
     assert "--engine 'max_len=1': expected K=V" in capsys.readouterr().err
+    assert main(["campaign", "--vllm", "0.33.0", "--engine", "max_model_len=10"]) == 2
+    assert "max_model_len must be a whole number of at least 64 tokens" in capsys.readouterr().err
+    assert main(["review", "--vllm", "0.33.0", "--patch", "p.diff", "--replay", "f.json", "--engine",
+                 "abort_p=0"]) == 2
+    assert "give no --layout, --requests, --engine or --html" in capsys.readouterr().err
+
+
+def test_an_engine_setting_never_renames_a_point_nor_a_fixed_scheduler_moves():
+    """A point that moves an engine axis keeps its value: an --engine of the same key makes it one
+    line (its cell would carry a name its run does not have); hisparse-swa's scheduler is fixed (vLLM
+    refuses its max_model_len under async scheduling), so a point moving it is one line too."""
+    from kvbound.trace.space import runnable_on, support
+
+    assert support("full@cpu_chunks=4", "0.33.0") is None
+    assert "--engine cpu_chunks would replace the value" in support("full@cpu_chunks=4", "0.33.0", {"cpu_chunks": 32})
+    assert support("full", "0.33.0", {"cpu_chunks": 32}) is None
+    assert not runnable_on(["0.33.0"], {"cpu_chunks": 32})("full@cpu_chunks=4")
+    assert "scheduler applies to layouts that leave it to the run" in support("hisparse-swa@scheduler=async", "0.33.0")
+    assert support("hisparse-swa@scheduler=sync", "0.33.0") is None and support("hisparse@scheduler=async", "0.33.0") is None
 
 
 def test_the_plan_is_the_budget():

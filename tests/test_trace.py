@@ -456,7 +456,7 @@ def test_engine_overrides_are_checked(capsys):
     assert "num_gpu_blocks" in capsys.readouterr().err
     assert main(["trace", "--vllm", "0.33.0", "--engine", "shadow=maybe"]) == 2
     assert "shadow must be a true/false" in capsys.readouterr().err
-    assert main(["trace", "--vllm", "0.33.0", "--engine", "max_model_len=1"]) == 2  # a setting, not a flag
+    assert main(["trace", "--vllm", "0.33.0", "--engine", "max_model_len=1"]) == 2  # below 64 tokens: one line
 
 
 def test_an_engine_override_reaches_every_layouts_job():

@@ -85,6 +85,14 @@ def add_run_arguments(p) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def engine_overrides(args) -> dict:
+    """``--engine K=V``: the engine settings of every point (``layouts.parse_override``: a bad key or
+    value is one line, exit 2)."""
+    from kvbound.trace.layouts import parse_override
+
+    return dict(parse_override(it) for it in args.engine)
+
+
 def local_workers(args) -> int:
     """The local pool's size: --workers, else the CPU count."""
     return max(1, args.workers or os.cpu_count() or 1)
@@ -111,7 +119,7 @@ def plan(args) -> tuple[list, list]:
     # guided: round 0 is the points named, --explore N the points of each later round; --explore's
     # draws are points some release of the campaign runs (a checkout runs what its base runs)
     named = argparse.Namespace(**dict(vars(args), explore=0)) if args.guided else args
-    layouts = tuple(space.chosen(named, sweep=True, runnable=space.runnable_on(releases)))
+    layouts = tuple(space.chosen(named, sweep=True, runnable=space.runnable_on(releases, engine_overrides(args))))
     columns = list(releases)
     src_col = None
     if args.vllm_src:
@@ -134,9 +142,7 @@ def trace_options(args, judged_as: list, layouts: tuple, pool: int) -> TraceOpti
     column per entry of ``judged_as`` (the release each column is judged as) on ``pool``
     processes, else the floor (``PlanOptions.min_requests``); ``--seed``, ``--engine``, ``--coverage``,
     ``--shrink-budget``."""
-    from kvbound.trace.layouts import parse_override
-
-    overrides = tuple(parse_override(it) for it in args.engine)
+    overrides = tuple(engine_overrides(args).items())
     coverage = coverage_of(args)
     if args.requests is not None:
         if args.requests < 1:
@@ -162,7 +168,9 @@ def _costs(args, judged_as: list, layouts: tuple, coverage: bool):
     plan_options = CAMPAIGN_PLAN if args.budget is None else replace(CAMPAIGN_PLAN, budget_s=args.budget)
     if coverage:  # measured traffic runs slower, its workers start slower
         plan_options = plan_options.covered()
-    costs = [[cost_family(space.resolve(l)) for l in layouts if space.support(l, v) is None] for v in judged_as]
+    overrides = engine_overrides(args)
+    costs = [[cost_family(space.resolve(l)) for l in layouts if space.support(l, v, overrides) is None]
+             for v in judged_as]
     # a guided round's points are drawn once the round before has run: each costed as the costliest
     then = [[[plan_options.costliest()] * args.explore for _ in judged_as]] * args.guided
     return plan_options, costs, then
@@ -212,7 +220,8 @@ def planner(args, shards):
     """The guided campaign's planner: points drawn only where some release of the campaign runs them."""
     from kvbound.trace.guide import Planner
 
-    return Planner(args.seed, args.explore, space.runnable_on(sh.release for sh in shards))
+    return Planner(args.seed, args.explore,
+                   space.runnable_on((sh.release for sh in shards), dict(shards[0].options.run.overrides)))
 
 
 def _bar(quiet, t0):
@@ -253,6 +262,7 @@ def run(args) -> int:
     rounds = f", then {args.guided} guided round(s) of {args.explore} points" if args.guided else ""
     print(f"kvbound campaign: {len(columns)} column(s) x {len(shards[0].layouts)} layouts = {n_cells} cells{rounds},"
           f" {shards[0].options.run.requests} requests each, seed {args.seed},"
+          f"{''.join(f' --engine {k}={v},' for k, v in shards[0].options.run.overrides)}"
           f" {'Ray ' + args.ray if args.ray else f'{local_workers(args)} local worker(s)'};"
           f" {said}", file=sys.stderr, flush=True)
     t0 = time.monotonic()

@@ -146,12 +146,12 @@ def run(args) -> int:
     from kvbound.trace.patchfile import copy_and_apply
     from kvbound.trace.session import NOT_RUN, WORKER_FAILED
 
-    from .campaign import _bar, local_workers, trace_options
+    from .campaign import _bar, engine_overrides, local_workers, trace_options
 
     patch = Path(args.patch)
-    if args.replay and (args.layout or args.requests is not None or args.html):
-        raise UsageError("--replay F reruns the file's own requests at its own layout: give no --layout, --requests"
-                         " or --html with it")
+    if args.replay and (args.layout or args.requests is not None or args.html or args.engine):
+        raise UsageError("--replay F reruns the file's own requests at its own layout and settings: give no"
+                         " --layout, --requests, --engine or --html with it")
     try:
         release, tree, base_src, base_col = _sources(args)
     except PrepareError as e:
@@ -159,7 +159,7 @@ def run(args) -> int:
         return EXIT_INPUT
     replays = _replay_files(args.replay, release)
     judged = patched_release(release, args.models)
-    layouts = tuple(space.chosen(args, sweep=True, runnable=space.runnable_on([release])))
+    layouts = tuple(space.chosen(args, sweep=True, runnable=space.runnable_on([release], engine_overrides(args))))
     workers = min(local_workers(args), 2)
     options = trace_options(args, [release, release], layouts, workers)
     if args.keep_tree and Path(args.keep_tree).exists():
@@ -169,8 +169,9 @@ def run(args) -> int:
         changed, skipped = copy_and_apply(tree, work, patch)
         for rel in skipped:
             print(f"kvbound review: {rel} left out: outside vllm/, no run imports it", file=sys.stderr)
+        engine = "".join(f", --engine {k}={v}" for k, v in options.run.overrides)
         what = (f"{len(args.replay)} trace file(s) replayed" if args.replay else
-                f"{len(layouts)} point(s), {options.run.requests} requests each, seed {args.seed}")
+                f"{len(layouts)} point(s), {options.run.requests} requests each, seed {args.seed}{engine}")
         print(f"kvbound review: {patch} applied to a copy of {base_col} ({len(changed)} file(s)); {what}, on both",
               file=sys.stderr, flush=True)
         if args.replay:
@@ -195,6 +196,7 @@ def run(args) -> int:
     print(f"\n{2 * len(layouts)} cells in {time.monotonic() - t0:.0f} s")
     if args.json:
         doc = {"format": REVIEW_FORMAT, "release": release, "base": base_col, "patched_judged_as": judged,
+               "engine": dict(options.run.overrides),
                "patch": {"file": args.patch, "sha256": hashlib.sha256(patch.read_bytes()).hexdigest(),
                          "changed": changed, "left_out": skipped},
                "base_doc": reproducible(base_doc.to_json()), "patched_doc": reproducible(patched_doc.to_json()),

@@ -109,6 +109,8 @@ def run(args) -> int:
     from kvbound.trace.session import RAN, run_release
 
     if args.replay:
+        if args.engine:
+            raise UsageError("--replay F reruns the file's requests with the file's own settings: give no --engine")
         return replay(args)
     if (args.requests is not None and args.requests < 1) or args.segment < 1:
         raise UsageError("--requests and --segment must be >= 1")

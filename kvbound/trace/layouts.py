@@ -55,6 +55,15 @@ def _backpressure(v: str):
 
 
 _backpressure.__name__ = "/".join(("off", *tier_pressure.POLICIES))
+
+
+def _model_len(v: str) -> int:
+    if int(v) < 64:  # room for the traffic's documents (workload.workload: within 2 blocks of the cap)
+        raise ValueError(v)
+    return int(v)
+
+
+_model_len.__name__ = "whole number of at least 64 tokens"
 # the --engine help groups
 _ENGINE, _TIER, _SHADOW = "engine", "script the offload tier", "shadow KV and the store path's traffic"
 _TRAFFIC = "shape the traffic"
@@ -76,7 +85,7 @@ ENGINE_PARAMS = (
     EngineParam("max_num_batched_tokens", int, 256, _ENGINE),
     EngineParam("max_delay", int, 2, _ENGINE),  # steps the fake transfer engine holds a job
     EngineParam("fail_p", float, 0.0, _FAULTS),  # a load job finishes TransferResult(success=False)
-    EngineParam("max_model_len", int, 8192, _ENGINE),  # prompts and outputs drawn within it (workload.workload)
+    EngineParam("max_model_len", _model_len, 8192, _ENGINE),  # prompts and outputs drawn within it (workload.workload)
     EngineParam("abort_p", float, 0.04, _ENGINE),
     EngineParam("pending_p", float, None, _TIER),
     EngineParam("retry_p", float, None, _TIER),

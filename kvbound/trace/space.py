@@ -119,7 +119,9 @@ AXES = (
     Axis("offload_prompt_only", ("true", "false"), "offload the prompt only, or decoded tokens too", "engine",
          {"true": (L.OFFLOAD_PROMPT_ONLY,)}),
     Axis("scheduler", ("run", "sync", "async"), "the scheduler of every segment (run: as the run says, --scheduler;"
-         " a campaign alternates sync and async per segment)", "field"),
+         " a campaign alternates sync and async per segment)", "field", applies=lambda lay: lay.scheduler is None,
+         applies_doc="layouts that leave it to the run (hisparse-swa runs the synchronous scheduler only: vLLM"
+         " refuses its max_model_len under async scheduling)"),
     Axis("prefix_burst_p", ("0.0", "0.3", "0.5"), "the share of requests that start a shared-prefix burst",
          "engine"),
     Axis("abort_p", ("0.04", "0.0", "0.2"), "the share of requests aborted 0..8 steps after arrival", "engine"),
@@ -267,10 +269,11 @@ SWEEP = (
 )
 
 
-def runnable_on(releases):
-    """The test a drawn point passes: some release of ``releases`` runs it (``support``)."""
+def runnable_on(releases, overrides=None):
+    """The test a drawn point passes: some release of ``releases`` runs it (``support``, with the
+    ``--engine`` ``overrides``)."""
     releases = tuple(releases)
-    return lambda point: any(support(point, v) is None for v in releases)
+    return lambda point: any(support(point, v, overrides) is None for v in releases)
 
 
 def parse_axis(item: str) -> tuple:
@@ -326,6 +329,9 @@ def support(name: str, version: str, overrides=None) -> str | None:
     from kvbound.spec import release_features
 
     base, moved = split(name)
+    clash = sorted(set(moved) & set(overrides or ()))
+    if clash:  # the cell would carry a name its run does not have
+        return f"point {name}: --engine {clash[0]} would replace the value the point gives it; pin it with --axis"
     lay = L.LAYOUTS[base]
     for a in AXES:  # each moved axis on the layout the axes before it made (offload_spec, then a tier's)
         if a.name in moved and moved[a.name] != a.value_of(L.LAYOUTS[base]):
