@@ -98,21 +98,27 @@ def test_store_premises_hold_on_a_request_preempted_then_aborted_0_33(workers):
     assert all(c[10] == c[11] for c in reached)  # next_stored_chunk_idx unchanged: it stores nothing
 
 
-def test_store_preempted_stored_is_not_held_after_a_refused_store_0_33(workers):
+def test_store_preempted_stored_is_not_held_after_a_refused_store_0_33():
     """The premise holds only when every store of the request was accepted (its text): request 440
     of this 0.33.0 full-tiering-fs run (a 32-chunk primary tier, async, seed 1, shrunk to 34
     requests) had its stores refused by the full tier, was preempted and finished by a stale output
     with C = 0 and N0 = 0 while its horizon reaches 34 chunks. Once reported as
     premise:store-preempted-stored; the call is refused too, so it stores nothing from the freed
-    blocks. The same calls with the refusals taken back break the premise again."""
+    blocks. The same calls with the refusals taken back break the premise again.
+    Judged on the run's recorded calls (a Jepsen-style history): the run was made before the tenth
+    stop, when kvbound's async segments ran on vLLM's synchronous in-flight budget; with async
+    scheduling on (side/engine.py) the same requests are not preempted, and 12 seeded runs of 400
+    requests have not yet given the shape again."""
+    import json
     from pathlib import Path
 
     from kvbound.trace import tracefile as TF
 
-    f = TF.load(Path(__file__).parent / "data" / "trace" / "0-33-0-full-tiering-fs-refused-then-preempted-34req.json")
-    env, w = workers(f.release)
+    data = Path(__file__).parent / "data" / "trace"
+    f = TF.load(data / "0-33-0-full-tiering-fs-refused-then-preempted-34req.json")
     job = dict(f.segment)
-    res = w.job(job)
+    recorded = data / "0-33-0-full-tiering-fs-refused-then-preempted-34req.store-calls.json"
+    res = {"store_calls": json.loads(recorded.read_text())["store_calls"]}
     calls = [c for c in res["store_calls"] if c[1] == "440"]
     assert any(c[12] for c in calls) and any(c[2] == "finished" and c[5] == 0 for c in calls), calls[-3:]
     prem, checked = check_store_premises(f.release, job, res)

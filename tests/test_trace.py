@@ -334,7 +334,6 @@ FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "trace-findings"
     ("0-33-0-mamba-block-sync-vllm-exception-get-new-blocks-8req.json", "get_new_blocks"),
     ("0-33-0-mamba-block-sync-lifecycle-allocation-exceeds-reservation-3req.json", None),
     # issue 18: the waiting-queue deadlock (0.21-0.30) and 0.27's lagging-Mamba truncation
-    ("0-30-0-eagle-lifecycle-not-drained-82req.json", None),
     ("0-27-0-mamba-eagle-untagged-vllm-exception-truncate-computed-blocks-7req.json", "truncate_computed_blocks"),
     ("0-26-0-mamba-eagle-vllm-exception-apply-cow-2req.json", "_apply_cow"),
     # a sliding-window chunk stored with its first sub-block unwritten, loaded whole (0.30-0.32)
