@@ -364,19 +364,30 @@ def test_real_lookup_planted_defect(defect, w033):
     assert set(defect.catches) <= _kinds(w033, defect.layout, defect.name)
 
 
-def test_real_lookup_with_transfers_in_flight_keeps_its_boundary(w033):
+def test_real_lookup_with_transfers_in_flight_keeps_its_boundary():
     """The segment where the spec once disagreed with real 0.33.0 (a deferral for in-flight
     transfers that keeps an earlier partial-tail boundary, 736): the capture records the prior
-    boundary and the spec now gives vLLM's answer."""
+    boundary and the spec now gives vLLM's answer; a recorded answer moved off vLLM's is caught.
+    Judged on the run's recorded lookup (a history): the run was made before the tenth stop, when
+    kvbound's async segments ran on vLLM's synchronous in-flight budget; with async scheduling on
+    (side/engine.py) the same requests no longer defer on a transfer with a prior boundary kept."""
+    import copy
+    import json
+
     from kvbound.trace import tracefile as TF
 
-    f = TF.load(ROOT / "tests" / "data" / "trace" / "0-33-0-mamba528-stale-partial-tail-boundary-29req.json")
-    res = w033.job(dict(f.segment, max_steps=3000))
-    kept = [c for c in res["lookups"] if c["case"]["lookup"]["transfer_jobs"]
-            and c["case"]["lookup"].get("prior_partial_tail_boundary") is not None]
-    assert kept and any(c["real"]["partial_tail_boundary"] is not None for c in kept)
-    found, _ = R.check_result("0.33.0", f.layout, f.segment, res)
+    data = ROOT / "tests" / "data" / "trace"
+    f = TF.load(data / "0-33-0-mamba528-stale-partial-tail-boundary-29req.json")
+    kept = json.loads((data / "0-33-0-mamba528-stale-partial-tail-boundary-29req.lookups.json").read_text())["lookups"]
+    assert kept and all(c["case"]["lookup"]["transfer_jobs"] for c in kept)
+    assert any(c["real"]["partial_tail_boundary"] is not None for c in kept)
+    found, _ = R.check_result("0.33.0", f.layout, f.segment, {"lookups": kept})
     assert "lookup:spec_disagreement" not in {g.kind for g in found}
+    moved = copy.deepcopy(kept)
+    for c in moved:
+        c["real"]["partial_tail_boundary"] = None if c["real"]["partial_tail_boundary"] is not None else 16
+    found, _ = R.check_result("0.33.0", f.layout, f.segment, {"lookups": moved})
+    assert "lookup:spec_disagreement" in {g.kind for g in found}
 
 
 @pytest.mark.parametrize("name", LOAD_LIMIT_TRACES)
