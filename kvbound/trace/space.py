@@ -329,9 +329,6 @@ def support(name: str, version: str, overrides=None) -> str | None:
     from kvbound.spec import release_features
 
     base, moved = split(name)
-    clash = sorted(set(moved) & set(overrides or ()))
-    if clash:  # the cell would carry a name its run does not have
-        return f"point {name}: --engine {clash[0]} would replace the value the point gives it; pin it with --axis"
     lay = L.LAYOUTS[base]
     for a in AXES:  # each moved axis on the layout the axes before it made (offload_spec, then a tier's)
         if a.name in moved and moved[a.name] != a.value_of(L.LAYOUTS[base]):
@@ -339,7 +336,11 @@ def support(name: str, version: str, overrides=None) -> str | None:
                 return f"point {name}: {a.name} applies to {a.applies_doc}"
             lay = a.apply(lay, moved[a.name])
     lay = resolve(name)
-    par = dict(lay.params(), **(overrides or {}))
+    own = lay.params()
+    clash = sorted(k for k in set(moved) & set(overrides or ()) if overrides[k] != own.get(k))
+    if clash:  # the cell would carry a name its run does not have (a replay's own params agree with it)
+        return f"point {name}: --engine {clash[0]} would replace the value the point gives it; pin it with --axis"
+    par = dict(own, **(overrides or {}))
     if lay.offload_spec is not None and any(par.get(k) for k in L.SCRIPT_KEYS):
         return f"point {name}: the scripted tier ({', '.join(L.SCRIPT_KEYS)}) is a CPU spec, not {lay.offload_spec}"
     if par.get("tier_store_slow_p") and not par.get("tier_backpressure"):
