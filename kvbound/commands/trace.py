@@ -105,8 +105,10 @@ def _bar(quiet):
 
 
 def run(args) -> int:
-    from kvbound.trace.layouts import cost_family, parse_override
+    from kvbound.trace.layouts import cost_family
     from kvbound.trace.session import RAN, run_release
+
+    from .campaign import engine_overrides
 
     if args.replay:
         if args.engine:
@@ -118,7 +120,7 @@ def run(args) -> int:
     shrink_budget = 0 if args.no_shrink else args.shrink_budget
     n = args.requests if args.requests is not None else replace(TRACE_PLAN, budget_s=args.budget).requests_per_layout(
         [[cost_family(space.resolve(l)) for l in layouts]], shrink_budget)
-    overrides = tuple(parse_override(it) for it in args.engine)
+    overrides = tuple(engine_overrides(args).items())
     options = TraceOptions(RunOptions(n, args.seed, args.segment, args.scheduler, args.stop_on_first, overrides,
                                       args.coverage),
                            ShrinkOptions(shrink_budget))
