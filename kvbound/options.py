@@ -63,8 +63,8 @@ class PlanOptions:
     # the median round of kvbound.trace.pace's probe on the machine the rates above were measured
     # on: a run's seconds here are its planned seconds x (the probe here / this)
     probe_s: float = 0.0100
-    pace_runs: int = 5  # the campaigns the pace is the median of (kvbound.trace.pace)
-    pace_min_table_s: float = 60.0  # shorter campaigns are not kept for it
+    pace_runs: int = 5  # the shards of a release each part of its pace is the median of (kvbound.trace.pace)
+    pace_min_part_s: float = 20.0  # a shard's part the table plans shorter is not kept for it
     coverage_rate_kept: float = 0.96
     coverage_start_factor: float = 1.55
 
@@ -74,18 +74,28 @@ class PlanOptions:
         return replace(self, seconds_per_request=tuple((f, s / self.coverage_rate_kept) for f, s in self.seconds_per_request),
                        start_s=self.start_s * self.coverage_start_factor)
 
-    def seconds(self, shards, requests: int, shrink_budget: int, workers: int = 1, then=()) -> float:
+    def shard_parts(self, fams, requests: int, shrink_budget: int) -> tuple:
+        """(running, shrinking): the table's seconds of one shard whose layouts are of the
+        families ``fams``: its worker's start and traffic, then the shrinking of what it finds."""
+        rate = dict(self.seconds_per_request)
+        return (self.start_s + sum(requests * rate[f] for f in fams),
+                len(fams) * shrink_budget * self.shrink_s_per_rerun)
+
+    def seconds(self, shards, requests: int, shrink_budget: int, workers: int = 1, then=(), paces=None) -> float:
         """The planned wall seconds of ``shards`` (per shard: the families of the layouts it
         runs) at ``requests`` per layout on ``workers`` processes, each shard taken in order
         by the first process free (as the pool and Ray hand them out): the last to finish.
         ``then``: further rounds of shards, each begun when the one before has ended (a guided
-        campaign's)."""
-        rate = dict(self.seconds_per_request)
+        campaign's; each round a shard per release, in the order of ``shards``). ``paces``: per
+        shard, the (running, shrinking) factors of its release on this machine
+        (``kvbound.trace.pace``); None: the table's own seconds."""
         free = [0.0] * max(1, workers)
-        for fams in shards:
+        for k, fams in enumerate(shards):
             i = free.index(min(free))
-            free[i] += self.start_s + sum(requests * rate[f] + shrink_budget * self.shrink_s_per_rerun for f in fams)
-        return max(free) + sum(self.seconds(r, requests, shrink_budget, workers) for r in then)
+            run, shrink = self.shard_parts(fams, requests, shrink_budget)
+            run_pace, shrink_pace = paces[k] if paces else (1.0, 1.0)
+            free[i] += run * run_pace + shrink * shrink_pace
+        return max(free) + sum(self.seconds(r, requests, shrink_budget, workers, paces=paces) for r in then)
 
     def costliest(self) -> str:
         """The family of the highest rate: what a layout not known when planning is costed as."""

@@ -130,45 +130,60 @@ def test_without_a_budget_every_point_runs_at_the_floor_and_the_plan_says_its_se
     assert grown[0].options.run.requests > P.min_requests
 
 
-def test_the_plan_is_said_at_this_machines_pace_and_the_requests_stay_the_tables(tmp_path, monkeypatch, capsys):
-    """The seconds a campaign is said to take are the table's x this machine's pace: what the
-    last campaigns here took over what the table planned them at (their median), a probe before
-    any; a campaign too short to say is not kept, a broken history is started again, and the
-    requests traced never move with the pace (kvbound.trace.pace)."""
+def test_the_plan_is_said_at_this_machines_pace_per_release_and_the_requests_stay_the_tables(tmp_path, monkeypatch,
+                                                                                               capsys):
+    """The seconds a campaign is said to take are the table's with each shard's two parts,
+    running and shrinking, at its release's pace here: the median of what its last shards took
+    over what the table planned them at, a release not run here at the median of those that
+    were, a probe before any. A part too short to say is not kept, a broken history is started
+    again, and the requests traced never move with the pace (kvbound.trace.pace)."""
     import argparse
 
     from dataclasses import replace
 
-    from kvbound.commands.campaign import at_pace, plan, register
+    from kvbound.commands.campaign import _families, at_pace, plan, planned_seconds, record_pace, register
     from kvbound.options import CAMPAIGN_PLAN as P
     from kvbound.trace import pace
 
     monkeypatch.setenv("KVBOUND_CACHE", str(tmp_path))
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    args = parser.parse_args(["campaign", "--vllm", "0.33.0"])
-    before = plan(args)[1][0].options
-    first, how = pace.machine_pace(P)
-    assert first > 0 and "probe" in how
-    pace.record(P, P.pace_min_table_s / 2, 1000.0)  # too short to say: not kept
-    assert not (tmp_path / "pace.json").exists()
-    for table_s, taken_s in [(100, 300), (100, 180), (200, 400), (100, 250), (100, 190), (100, 210)]:
-        pace.record(P, table_s, taken_s)
-    assert pace.machine_pace(P) == (2.0, f"what the last {P.pace_runs} campaign(s) here took")  # 1.8 1.9 2.0 2.1 2.5
-    seconds, said = at_pace(args, 150.0)
-    assert seconds == 300.0 and said.startswith("planned at 300 s (150 s by the cost table x 2.00")
-    assert plan(args)[1][0].options == before
-    budgeted = parser.parse_args(["campaign", "--vllm", "0.33.0", "--budget", "200"])
-    at_pace(budgeted, 150.0)
-    assert "--budget 100 plans about 200 s here" in capsys.readouterr().err
-    given = parser.parse_args(["campaign", "--vllm", "0.33.0", "--pace", "1.5"])
-    assert at_pace(given, 100.0)[0] == 150.0
-    (tmp_path / "pace.json").write_text("{not json")
-    assert "probe" in pace.machine_pace(P)[1]
+    args = parser.parse_args(["campaign", "--vllm", "0.29.0,0.33.0", "--workers", "1"])
+    shards = plan(args)[1]
+    before = [sh.options for sh in shards]
+    paces, how = pace.release_paces(P, ["0.29.0", "0.33.0"])
+    assert paces[0] == paces[1] and paces[0][0] == paces[0][1] > 0 and "probe" in how
+    pace.record(P, [("0.33.0", (P.pace_min_part_s / 2, P.pace_min_part_s / 2), (1000.0, 1000.0))])  # too short
+    assert "probe" in pace.release_paces(P, ["0.33.0"])[1]
+    for run, shrink in [(3.0, 1.0), (1.8, 1.2), (2.0, 1.4), (2.1, 1.3), (2.5, 1.5), (1.9, 1.4)]:
+        pace.record(P, [("0.33.0", (100.0, 200.0), (100 * run, 200 * shrink))])
+    pace.record(P, [("0.29.0", (100.0, 100.0), (150.0, 50.0))])
+    # the last five of 0.33.0: running 1.8 1.9 2.0 2.1 2.5, shrinking 1.2 1.3 1.4 1.4 1.5
+    assert pace.release_paces(P, ["0.33.0", "0.29.0", "0.26.0"]) == (
+        [(2.0, 1.4), (1.5, 0.5), (1.75, 0.95)],
+        "what the last shards here took, 2 of 3 releases measured, the rest at the median of those measured")
+    table_s, paced_s, said = at_pace(args, shards, 1)  # one process: the shards one after the other
+    assert table_s == planned_seconds(args, shards, 1)
+    (r29, s29), (r33, s33) = [P.covered().shard_parts(_families(sh.layouts, sh.release, {}), sh.options.run.requests,
+                                                      sh.options.shrink.budget) for sh in shards]
+    assert paced_s == pytest.approx(r29 * 1.5 + s29 * 0.5 + r33 * 2.0 + s33 * 1.4)
+    assert said.startswith(f"planned at {paced_s:,.0f} s ({table_s:,.0f} s by the cost table x {paced_s / table_s:.2f}")
+    assert [sh.options for sh in plan(args)[1]] == before
+    budgeted = parser.parse_args(["campaign", "--vllm", "0.29.0,0.33.0", "--workers", "1", "--budget", "200"])
+    at_pace(budgeted, plan(budgeted)[1], 1)
+    assert "plans about 200 s here" in capsys.readouterr().err
+    given = parser.parse_args(["campaign", "--vllm", "0.29.0,0.33.0", "--workers", "1", "--pace", "1.5"])
+    assert at_pace(given, shards, 1)[1] == pytest.approx(1.5 * table_s)
+    # what a campaign records: each shard's running and shrinking against the table's
+    record_pace(args, [{"shard": sh.to_json(), "timings": {"seconds": 10 * (r + s), "shrink_seconds": 10 * s}}
+                       for sh, (r, s) in zip(shards, [(r29, s29), (r33, s33)])])
+    assert json.loads((tmp_path / "pace.json").read_text())["0.29.0"]["run"][-1] == [round(r29, 1), round(10 * r29, 1)]
+    (tmp_path / "pace.json").write_text("[{not ours}]")
+    assert "probe" in pace.release_paces(P, ["0.33.0"])[1]
     one = replace(P, pace_runs=1)
     for taken in (300, 500):
-        pace.record(one, 100, taken)
-    assert pace.machine_pace(one) == (5.0, "what the last 1 campaign(s) here took")
+        pace.record(one, [("0.33.0", (100.0, 100.0), (taken, taken))])
+    assert pace.release_paces(one, ["0.33.0"]) == ([(5.0, 5.0)], "what this release's last shards here took")
 
 
 def test_a_covered_campaign_is_planned_at_the_covered_rate():

@@ -44,8 +44,9 @@ def register(sub):
                    " address, or local (a fresh local instance of --workers CPUs)")
     p.add_argument("--pace", type=float, default=None, metavar="F",
                    help="this machine's seconds per second of the cost table, for the seconds the run is said to"
-                        " take (default: measured, a 0.3-s probe of the work a worker does, kvbound.trace.pace;"
-                        " give the workers' pace on Ray); never changes the requests traced")
+                        " take (default: per release, what its shards here took, kvbound.trace.pace; a 0.3-s probe"
+                        " of the work a worker does before any; give the workers' pace on Ray); never changes the"
+                        " requests traced")
     p.add_argument("--out", default="campaign-findings", metavar="DIR", help="where trace files go")
     p.add_argument("--json", metavar="FILE", help="the campaign document (deterministic)")
     p.add_argument("--timings", metavar="FILE", help="wall-clock figures per shard and layout (not reproducible)")
@@ -163,42 +164,73 @@ def trace_options(args, judged_as: list, layouts: tuple, pool: int) -> TraceOpti
 def _costs(args, judged_as: list, layouts: tuple, coverage: bool):
     """(plan options, per shard the cost families of the points it runs, the guided rounds'
     shards): what ``PlanOptions`` plans a campaign from."""
-    from kvbound.trace.layouts import cost_family
-
     plan_options = CAMPAIGN_PLAN if args.budget is None else replace(CAMPAIGN_PLAN, budget_s=args.budget)
     if coverage:  # measured traffic runs slower, its workers start slower
         plan_options = plan_options.covered()
     overrides = engine_overrides(args)
-    costs = [[cost_family(space.resolve(l)) for l in layouts if space.support(l, v, overrides) is None]
-             for v in judged_as]
+    costs = [_families(layouts, v, overrides) for v in judged_as]
     # a guided round's points are drawn once the round before has run: each costed as the costliest
     then = [[[plan_options.costliest()] * args.explore for _ in judged_as]] * args.guided
     return plan_options, costs, then
 
 
-def planned_seconds(args, shards: list, pool: int) -> float:
-    """The seconds the cost table plans ``shards`` at on ``pool`` processes: what the campaign's
-    first line says it will take (docs/benchmarks.md has it against what runs took)."""
+def _families(layouts, release: str, overrides: dict) -> list:
+    """The cost families of the points of ``layouts`` that ``release`` runs (an unsupported
+    point costs nothing)."""
+    from kvbound.trace.layouts import cost_family
+
+    return [cost_family(space.resolve(l)) for l in layouts if space.support(l, release, overrides) is None]
+
+
+def planned_seconds(args, shards: list, pool: int, paces=None) -> float:
+    """The seconds the cost table plans ``shards`` at on ``pool`` processes, each shard's parts
+    at its release's ``paces`` where given (docs/benchmarks.md has the plan against what runs
+    took)."""
     options = shards[0].options
     plan_options, costs, then = _costs(args, [sh.release for sh in shards], shards[0].layouts, options.run.coverage)
-    return plan_options.seconds(costs, options.run.requests, options.shrink.budget, pool, then)
+    return plan_options.seconds(costs, options.run.requests, options.shrink.budget, pool, then, paces)
 
 
-def at_pace(args, table_s: float) -> tuple:
-    """(the seconds, the words): what a run the cost table plans at ``table_s`` takes at this
-    machine's pace (``--pace``, else ``kvbound.trace.pace``: what campaigns here took, or a probe),
-    said as the first line ends; where that is past ``--budget`` by more than a fifth, one line on
-    stderr with the budget that plans it here. The requests stay the table's: the pace is a
-    clock, and the traffic is planned without one."""
-    from kvbound.trace.pace import machine_pace
+def at_pace(args, shards: list, pool: int) -> tuple:
+    """(the table's seconds, the seconds at this machine's pace, the words): what the campaign
+    of ``shards`` takes on ``pool`` processes at this machine's pace (``--pace``, else
+    ``kvbound.trace.pace``: per release, what its shards here took, or a probe), said as the
+    first line ends; where that is past ``--budget`` by more than a fifth, one line on stderr
+    with the budget that plans it here. The requests stay the table's: the pace is a clock, and
+    the traffic is planned without one."""
+    from kvbound.trace.pace import release_paces
 
-    pace, how = (args.pace, "given") if args.pace is not None else machine_pace(CAMPAIGN_PLAN)
-    if args.budget is not None and table_s * pace > 1.2 * args.budget:
+    if args.pace is not None:
+        paces, how = [(args.pace, args.pace)] * len(shards), "given"
+    else:
+        paces, how = release_paces(CAMPAIGN_PLAN, [sh.column for sh in shards])
+    table_s = planned_seconds(args, shards, pool)
+    paced_s = planned_seconds(args, shards, pool, paces)
+    pace = paced_s / table_s if table_s else 1.0
+    if args.budget is not None and paced_s > 1.2 * args.budget:
         print(f"kvbound {getattr(args, 'command', 'campaign')}: at this machine's pace (x{pace:.2f}) --budget"
-              f" {args.budget:.0f} takes about {table_s * pace:,.0f} s; --budget {args.budget / pace:.0f} plans"
+              f" {args.budget:.0f} takes about {paced_s:,.0f} s; --budget {args.budget / pace:.0f} plans"
               f" about {args.budget:.0f} s here", file=sys.stderr)
-    return table_s * pace, (f"planned at {table_s * pace:,.0f} s ({table_s:,.0f} s by the cost table x {pace:.2f},"
-                            f" this machine's pace: {how})")
+    return table_s, paced_s, (f"planned at {paced_s:,.0f} s ({table_s:,.0f} s by the cost table x {pace:.2f},"
+                              f" this machine's pace: {how})")
+
+
+def record_pace(args, results: list) -> None:
+    """Keep each shard's seconds, running and shrinking, against what the table planned it at
+    (``kvbound.trace.pace.record``): the next campaign's pace."""
+    from kvbound.trace.pace import record
+
+    kept = []
+    for res in results:
+        shard, tm = res["shard"], res.get("timings", {})
+        if "seconds" not in tm or "shrink_seconds" not in tm:  # a shard that never ran
+            continue
+        opts = shard["options"]
+        plan_options = CAMPAIGN_PLAN.covered() if opts["run"]["coverage"] else CAMPAIGN_PLAN
+        fams = _families(shard["layouts"], shard["release"], dict(map(tuple, opts["run"]["overrides"])))
+        table = plan_options.shard_parts(fams, opts["run"]["requests"], opts["shrink"]["budget"])
+        kept.append((shard["column"], table, (tm["seconds"] - tm["shrink_seconds"], tm["shrink_seconds"])))
+    record(CAMPAIGN_PLAN, kept)
 
 
 def coverage_of(args) -> bool:
@@ -257,8 +289,7 @@ def run(args) -> int:
             print(f"kvbound campaign: vllm {sh.release} could not be prepared:\n  {e}", file=sys.stderr)
             return EXIT_INPUT
     n_cells = sum(len(s.layouts) for s in shards)
-    table_s = planned_seconds(args, shards, pool_size(args))
-    planned, said = at_pace(args, table_s)
+    _, planned, said = at_pace(args, shards, pool_size(args))
     rounds = f", then {args.guided} guided round(s) of {args.explore} points" if args.guided else ""
     print(f"kvbound campaign: {len(columns)} column(s) x {len(shards[0].layouts)} layouts = {n_cells} cells{rounds},"
           f" {shards[0].options.run.requests} requests each, seed {args.seed},"
@@ -287,9 +318,7 @@ def run(args) -> int:
     n_cells = sum(len(r["cells"]) for r in results)
     wall = time.monotonic() - t0
     if not args.ray:  # this machine's pace for the next plan (a Ray cluster's workers run elsewhere)
-        from kvbound.trace.pace import record
-
-        record(CAMPAIGN_PLAN, table_s, wall)
+        record_pace(args, results)
     print(render(doc))
     print(f"\n{n_cells} cells in {wall:.0f} s (planned at {planned:.0f} s)")
     if args.json:

@@ -7,15 +7,22 @@ docs/benchmarks.md "The plan at this machine's pace"). The pace scales the secon
 said to take, never the requests it traces: the pace is a clock, and the plan of the traffic
 has none.
 
-Where this machine has run campaigns, the pace is what they took: the median, over the last
-``PlanOptions.pace_runs`` local campaigns planned at ``pace_min_table_s`` or more, of seconds
-taken over seconds planned by the table (kept in the cache directory, ``pace.json``). A probe
-cannot say it alone: on a shared host the speed of a core swings by half within seconds (the
-probe's rounds here: 12 ms, then 21 ms for a second and a half, then 12 ms again), and a
-campaign keeps both cores busy for minutes. On a machine with no campaign yet, the probe below
-times a fixed piece of the work a trace worker spends its time on (Python objects made and
-dropped, dicts keyed by sha256 block hashes, sorting), against the same probe on the table's
-machine (``PlanOptions.probe_s``): a first guess, said as one.
+Where this machine has run campaigns, the pace is what they took, per release and in two
+parts, since neither the releases nor the two parts of a shard run at one pace: a shard's
+running (its worker's start and traffic) and its shrinking (which follows what the release
+finds; 0.33.0 finds the most). The default full range ran at x1.48 of the table in all, and CI's
+campaign (0.29.0 + 0.33.0, a third of the shrink budget) at x2.0, so one factor for every
+campaign missed one of them by a third (docs/benchmarks.md "The plan at this machine's pace").
+Each part of a release's pace is the median, over its last ``PlanOptions.pace_runs`` shards
+planned at ``pace_min_part_s`` or more for that part, of the seconds the shard's worker took
+over the seconds the table planned (kept in the cache directory, ``pace.json``); a release not
+run here yet takes the median of those that were. A probe cannot say it alone: on a shared
+host the speed of a core swings by half within seconds (the probe's rounds here: 12 ms, then
+21 ms for a second and a half, then 12 ms again), and a campaign keeps both cores busy for
+minutes. On a machine with no campaign yet, the probe below times a fixed piece of the work a
+trace worker spends its time on (Python objects made and dropped, dicts keyed by sha256 block
+hashes, sorting), against the same probe on the table's machine (``PlanOptions.probe_s``): a
+first guess, said as one.
 """
 
 from __future__ import annotations
@@ -61,34 +68,58 @@ def _history_file():
     return cache_dir() / "pace.json"
 
 
-def _history() -> list:
+PARTS = ("run", "shrink")  # a shard's two parts (PlanOptions.shard_parts), in that order
+
+
+def _history() -> dict:
+    """Per matrix column (a release, or ``src:<dir>``), per part: the [table, taken] seconds of
+    its last shards."""
     try:
-        runs = json.loads(_history_file().read_text())
-        return [r for r in runs if r["table_s"] > 0 and r["taken_s"] > 0]
-    except (OSError, ValueError, KeyError, TypeError):  # none yet, or not ours: start again
-        return []
+        got = json.loads(_history_file().read_text())
+        return {col: {part: [[float(t), float(k)] for t, k in got[col][part] if t > 0 and k > 0]
+                      for part in PARTS if part in got[col]} for col in got}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none yet, or not ours: start again
+        return {}
 
 
-def machine_pace(plan) -> tuple:
-    """(the pace: this machine's seconds per second of the cost table ``plan``, 2 decimals; how
-    it was found, in words)."""
-    runs = _history()[-plan.pace_runs:]
-    if runs:
-        pace = statistics.median(r["taken_s"] / r["table_s"] for r in runs)
-        return round(pace, 2), f"what the last {len(runs)} campaign(s) here took"
-    return round(probe_seconds() / plan.probe_s, 2), "a 0.3-s probe, no campaign here yet"
+def _median_ratio(runs) -> float | None:
+    return statistics.median(k / t for t, k in runs) if runs else None
 
 
-def record(plan, table_s: float, taken_s: float) -> None:
-    """Keep what a local campaign planned by the table at ``table_s`` took, where it was planned
-    at ``plan.pace_min_table_s`` or more (below, worker starts and one finding's shrinking
-    swing it), the last ``plan.pace_runs``."""
-    if table_s < plan.pace_min_table_s:
-        return
-    runs = (_history() + [{"table_s": round(table_s, 1), "taken_s": round(taken_s, 1)}])[-plan.pace_runs:]
+def release_paces(plan, columns) -> tuple:
+    """([(running, shrinking) pace of each of ``columns``, 2 decimals], how they were found, in
+    words): a column's own shards where it has some, else the median of the columns that have;
+    the probe where none has."""
+    history = _history()
+    own = {part: {col: _median_ratio(history.get(col, {}).get(part, [])[-plan.pace_runs:]) for col in history}
+           for part in PARTS}
+    known = {part: [r for r in own[part].values() if r is not None] for part in PARTS}
+    if not any(known.values()):
+        probe = round(probe_seconds() / plan.probe_s, 2)
+        return [(probe, probe)] * len(columns), "a 0.3-s probe, no campaign here yet"
+    # a part no release has yet (every shrink planned short): the median of the other part
+    fallback = {part: statistics.median(known[part] or known[other]) for part, other in zip(PARTS, PARTS[::-1])}
+    paces = [tuple(round(own[part].get(col) or fallback[part], 2) for part in PARTS) for col in columns]
+    measured = sum(1 for col in columns if all(own[part].get(col) for part in PARTS))
+    return paces, (f"what this release's last shards here took" if len(columns) == measured == 1 else
+                   f"what the last shards here took, {measured} of {len(columns)} releases measured"
+                   + ("" if measured == len(columns) else ", the rest at the median of those measured"))
+
+
+def record(plan, shards) -> None:
+    """Keep what each shard of a local campaign took, ``shards`` being (column, the table's
+    (running, shrinking) seconds, the worker's (running, shrinking) seconds): each part the
+    table planned at ``plan.pace_min_part_s`` or more (below, a worker's start or one finding's
+    shrinking swings it), the last ``plan.pace_runs`` per column and part."""
+    history = _history()
+    for col, table, taken in shards:
+        for part, t, k in zip(PARTS, table, taken):
+            if t >= plan.pace_min_part_s and k > 0:
+                runs = history.setdefault(col, {}).setdefault(part, [])
+                runs[:] = (runs + [[round(t, 1), round(k, 1)]])[-plan.pace_runs:]
     path = _history_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(runs, indent=1) + "\n")
+        path.write_text(json.dumps(history, indent=1, sort_keys=True) + "\n")
     except OSError:  # a read-only cache: the next run plans by the probe again
         pass
