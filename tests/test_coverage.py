@@ -88,12 +88,12 @@ def test_the_campaign_unions_a_releases_shards_and_names_the_fastest_detection()
 
 
 def test_every_gpu_only_row_names_a_function_of_0_33(prepared):
-    """The table is by (file, function); each row resolves in the release it cites."""
+    """The table is by (file, function or branch); each row resolves in the release it cites."""
     env = prepared("0.33.0")
     for row in unreached.UNREACHED:
         path = Path(env.tree) / row.file
         assert path.exists(), row.file
-        assert row.function == "*" or row.function in cover.spans(path.read_text()), row
+        assert row.function in ("*", unreached.ABSTRACT) or row.function in cover.spans(path.read_text()), row
         assert "0.33.0" in row.reason and row.why in UNREACHED_CLASSES
 
 
@@ -109,7 +109,7 @@ def _touch_calls(tree: Path) -> dict:
         named = cover.spans(src)
         for node in ast.walk(ast.parse(src)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "touch":
-                inside = max((q for q, (a, b) in named.items() if a <= node.lineno <= b and "." in q),
+                inside = max((q for q, (a, b) in named.items() if a <= node.lineno <= b and "." in q and "@" not in q),
                              key=lambda q: named[q][0], default="")
                 calls.setdefault((rel, inside), []).append(ast.unparse(node.func.value))
     return calls
@@ -124,7 +124,7 @@ def test_the_touch_rows_hold_where_they_apply(version, applies, prepared):
     env = prepared(version)
     tree = Path(env.tree)
     version_tuple = tuple(int(x) for x in version.split("."))
-    rows = [r for r in unreached.UNREACHED if r.why == unreached.NOT_ON_RELEASE]
+    rows = [r for r in unreached.UNREACHED if r.why == unreached.NOT_ON_RELEASE and r.function.endswith(".touch")]
     assert rows and all(unreached.applies(r, version_tuple) == applies for r in rows)
     assert not unreached.applies(rows[0], None)  # an unversioned checkout: never
     calls = _touch_calls(tree)
@@ -164,6 +164,114 @@ def test_nothing_in_the_release_reads_the_connectors_scheduler_property(prepared
     assert readers and not [r for r in readers if "conn" in r.lower() or r.startswith("getattr")], readers
 
 
+def test_a_row_may_name_a_branch_of_a_function_or_of_the_module():
+    """``cover.spans`` names an ``if``'s body and its ``else`` by the test's source, and a ``try``
+    by the module it first imports, inside a function or at module level."""
+    src = ("try:\n    from ext_C import f\n    HAS = True\nexcept ImportError:\n    HAS = False\n\n"
+           "class T:\n    def io(self, x):\n        if HAS:\n            return f(x)\n        else:\n"
+           "            y = x\n            return y\n")
+    named = cover.spans(src)
+    assert named["@try import ext_C"] == (2, 3)
+    assert (named["T.io@if HAS"], named["T.io@else HAS"], named["T.io"]) == ((10, 10), (12, 13), (8, 13))
+
+
+def test_abstract_bodies_are_declared_unless_something_calls_up_to_them(prepared):
+    """The ``@abstract`` row: the body of an abstract method no code of the connector calls up
+    to (``super().name(...)``, ``Base.name(...)``) has no caller on the release; on 0.33.0 these are
+    SecondaryTierManager's six bodies with statements, which the file and example tiers override.
+    A call up to one takes it out; a body of ``...`` alone is none (coverage.py counts none)."""
+    tree = Path(prepared("0.33.0").tree)
+    sources = [(tree / rel).read_text() for rel in cover.connector_files(str(tree))]
+    base = (tree / "vllm/v1/kv_offload/tiering/base.py").read_text()
+    named = cover.spans(base)
+    up = unreached.called_up(sources)
+    bodies = unreached.abstract_bodies(base, up)
+    owners = {q for q, (a, b) in named.items() if q.count(".") == 1 and "@" not in q
+              for first, last in bodies if a <= first and last <= b}
+    assert len(bodies) == 6 and {q.split(".")[0] for q in owners} == {"SecondaryTierManager"}, owners
+    method = sorted(owners)[0].split(".")[1]
+    assert len(unreached.abstract_bodies(base, up | {method})) == 5
+    assert len(unreached.abstract_bodies(base, up | {("SecondaryTierManager", method)})) == 5
+    assert method in unreached.called_up([f"class A(B):\n    def g(self):\n        return super().{method}(1)\n"])
+    assert unreached.abstract_bodies("import abc\nclass A(abc.ABC):\n    @abc.abstractmethod\n"
+                                     "    def f(self):\n        \"\"\"Doc.\"\"\"\n        ...\n", set()) == []
+
+
+@pytest.mark.parametrize("name,since", [("_transfer_jobs", "0.28.0"), ("get_num_chunks", "0.30.0")])
+def test_the_no_reader_rows_hold(name, since, prepared):
+    """The not-on-release rows of the tiering manager's ``_transfer_jobs`` property and the example
+    tier's ``get_num_chunks``: outside vLLM's tests nothing in the release reads either name (its
+    definition is no read); before ``since`` the rows do not apply (0.27.0 still reads its
+    ``_transfer_jobs`` dict)."""
+    (row,) = [r for r in unreached.UNREACHED if r.function.endswith("." + name)]
+    assert row.why == unreached.NOT_ON_RELEASE and row.since == tuple(int(x) for x in since.split("."))
+    reads = {}
+    for version in ("0.27.0", "0.33.0"):
+        tree = Path(prepared(version).tree)
+        reads[version] = [p.relative_to(tree).as_posix() for p in sorted((tree / "vllm").rglob("*.py"))
+                          if "/tests/" not in p.as_posix()
+                          for node in ast.walk(ast.parse(p.read_text()))
+                          if isinstance(node, ast.Attribute) and node.attr == name]
+    assert reads["0.33.0"] == [] and unreached.applies(row, (0, 33, 0))
+    assert not unreached.applies(row, (0, 27, 0)) and (name != "_transfer_jobs" or reads["0.27.0"])
+
+
+def _calls(tree: Path, attr: str):
+    """(the enclosing ifs' tests, the call, the enclosing functions) of every ``X.attr(...)`` of
+    the connector code of ``tree``."""
+    out = []
+
+    def visit(node, ifs, fns):
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, ast.Call) and isinstance(ch.func, ast.Attribute) and ch.func.attr == attr:
+                out.append((ifs, ch, fns))
+            visit(ch, ifs + [ch.test] if isinstance(ch, ast.If) else ifs,
+                  fns + [ch] if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef)) else fns)
+
+    for rel in cover.connector_files(str(tree)):
+        visit(ast.parse((tree / rel).read_text()), [], [])
+    return out
+
+
+@pytest.mark.parametrize("version", ["0.21.0", "0.33.0"])
+def test_no_caller_asks_a_policy_to_evict_nothing(version, prepared):
+    """The ``evict@if n == 0`` rows: every call of a policy's evict in the connector code sits
+    under an ``if C > 0`` on the count it passes."""
+    tree = Path(prepared(version).tree)
+    calls = _calls(tree, "evict")
+    assert calls
+    for ifs, call, _ in calls:
+        count = ast.unparse(call.args[0])
+        assert f"{count} > 0" in [ast.unparse(t) for t in ifs], ast.unparse(call)
+    assert all(unreached.applies(r, tuple(map(int, version.split(".")))) for r in unreached.UNREACHED
+               if r.function.endswith("evict@if n == 0"))
+
+
+def test_nothing_fails_a_store_before_the_tiering_spec(prepared):
+    """The 0.21.x rows of the CPU tier's failed store: every complete_store call of 0.21.0's
+    connector code passes no success, or forwards the success of a complete_store it sits in; the
+    rows stop at 0.22, whose tiering spec fails a promotion into the CPU tier."""
+    tree = Path(prepared("0.21.0").tree)
+    calls = _calls(tree, "complete_store")
+    assert len(calls) >= 2
+    for _, call, fns in calls:
+        passed = call.args[2:] + [k.value for k in call.keywords if k.arg == "success"]
+        assert not passed or (ast.unparse(passed[0]) == "success" and fns[-1].name == "complete_store"), ast.unparse(call)
+    rows = [r for r in unreached.UNREACHED if r.until == (0, 22, 0)]
+    assert len(rows) == 3 and all(unreached.applies(r, (0, 21, 0)) and not unreached.applies(r, (0, 22, 1))
+                                  and not unreached.applies(r, None) for r in rows)
+    promoted = (Path(prepared("0.22.1").tree) / "vllm/v1/kv_offload/tiering/manager.py").read_text()
+    assert "self.complete_write = self.complete_store" in promoted and "completed_job.success" in promoted
+
+
+def test_the_pure_python_tree_has_no_compiled_file_io():
+    """The file tier's fs_io_C rows: no release tree kvbound runs holds the compiled module."""
+    from kvbound.conform.prepare import cache_dir
+
+    trees = sorted(cache_dir().glob("vllm-0.*/vllm"))
+    assert trees and not [p for t in trees for p in t.glob("fs_io_C*")]
+
+
 def _first_line_of(path: Path, qualname: str) -> int:
     """The first statement of a method's body, past its docstring."""
     cls, fn = qualname.split(".")
@@ -201,6 +309,16 @@ def test_a_real_job_reports_the_connector_lines_it_ran(prepared):
     p2p = [f for rel, f in a["coverage"].items() if rel.startswith("vllm/v1/kv_offload/tiering/p2p/")]
     assert len(p2p) > 5 and all(f["declared"] == {NEEDS_EXTERNAL: f["statements"]} for f in p2p if f["statements"])
     assert "declared" in a["coverage"][SCHED] and not a["coverage"][SCHED]["declared"]
+    # the file tier's calls into the compiled fs_io_C, and the abstract bodies nothing calls up to
+    io = a["coverage"]["vllm/v1/kv_offload/tiering/fs/io.py"]
+    guarded = cover.spans((Path(env.tree) / "vllm/v1/kv_offload/tiering/fs/io.py").read_text())
+    first, last = guarded["batch_store_block@if _HAS_FSIO_C"]
+    assert {ln for ln in io["statements"] if first <= ln <= last} <= set(io["declared"][NEEDS_EXTERNAL])
+    tier_base = a["coverage"]["vllm/v1/kv_offload/tiering/base.py"]
+    up = unreached.called_up((Path(env.tree) / rel).read_text() for rel in cover.connector_files(env.tree))
+    bodies = unreached.abstract_bodies((Path(env.tree) / "vllm/v1/kv_offload/tiering/base.py").read_text(), up)
+    abstract = {ln for ln in tier_base["statements"] for first, last in bodies if first <= ln <= last}
+    assert len(abstract) == 6 and abstract <= set(tier_base["declared"][unreached.NOT_ON_RELEASE])
     u = Coverage()
     u.add(a["coverage"])
     spec = u.document()["vllm/v1/kv_offload/cpu/spec.py"]

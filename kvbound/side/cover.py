@@ -44,7 +44,7 @@ import os
 import sys
 import threading
 
-from .unreached import UNREACHED, applies, declared_in, release_version
+from .unreached import ABSTRACT, UNREACHED, abstract_bodies, applies, called_up, declared_in, release_version
 
 ENV = "KVBOUND_COVERAGE"
 CONNECTOR_CODE = ("vllm/distributed/kv_transfer/kv_connector/v1/offloading",
@@ -70,20 +70,35 @@ def connector_files(root):
 
 
 def spans(source):
-    """Qualified name (``Class.method``) -> (first, last) line, decorators included, of every
-    function and class of a module's source."""
+    """Qualified name -> (first, last) line of every function and class of a module's source
+    (``Class.method``, decorators included), and of the branches inside each function or at
+    module level that ``unreached.UNREACHED`` may name: ``<qualname>@if <test>`` the body of an
+    ``if`` whose test reads ``<test>`` (``ast.unparse``), ``<qualname>@else <test>`` its ``else``,
+    ``<qualname>@try import <module>`` the body of a ``try`` that first imports ``<module>``
+    (module level: an empty qualname). Of two branches of one name, the first."""
     named = {}
 
-    def visit(node, prefix):
+    def block(stmts):
+        return stmts[0].lineno, stmts[-1].end_lineno
+
+    def visit(node, prefix, qual):
         for ch in ast.iter_child_nodes(node):
             if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 first = min([ch.lineno] + [d.lineno for d in ch.decorator_list])
                 named.setdefault(prefix + ch.name, (first, ch.end_lineno))
-                visit(ch, prefix + ch.name + ".")
-            else:
-                visit(ch, prefix)
+                visit(ch, prefix + ch.name + ".", prefix + ch.name)
+                continue
+            if isinstance(ch, ast.If):
+                named.setdefault(f"{qual}@if {ast.unparse(ch.test)}", block(ch.body))
+                if ch.orelse:
+                    named.setdefault(f"{qual}@else {ast.unparse(ch.test)}", block(ch.orelse))
+            elif isinstance(ch, ast.Try) and isinstance(ch.body[0], (ast.Import, ast.ImportFrom)):
+                first = ch.body[0]
+                module = first.module if isinstance(first, ast.ImportFrom) else first.names[0].name
+                named.setdefault(f"{qual}@try import {module}", block(ch.body))
+            visit(ch, prefix, qual)
 
-    visit(ast.parse(source), "")
+    visit(ast.parse(source), "", "")
     return named
 
 
@@ -296,6 +311,7 @@ class Probe:
         self.paths = {os.path.join(self.root, f) for f in self.files}
         self.imported = {}  # relpath -> the lines that ran while its module was imported
         self._static = {}  # relpath -> (reporter, statements, declared: {why: statements})
+        self._up = None  # unreached.called_up of the connector's code
         self._hook = _ImportContext(self)
         self._lines = {}  # relpath -> _Lines of its probed module
         self.mode = self.plant = None  # while a job (or the worker's import) measures
@@ -399,15 +415,27 @@ class Probe:
             reporter = PythonFileReporter(path, self.cov)
             statements = set(reporter.lines())
             with open(path) as f:
-                named = spans(f.read())
+                source = f.read()
+            named = spans(source)
             declared, version = {}, release_version()
             for row in UNREACHED:
                 if declared_in(row, rel) and applies(row, version):
-                    first, last = (min(statements, default=0), max(statements, default=0)) \
-                        if row.function == "*" else named.get(row.function, (0, -1))
-                    declared.setdefault(row.why, set()).update(ln for ln in statements if first <= ln <= last)
+                    runs = [(min(statements, default=0), max(statements, default=0))] if row.function == "*" else \
+                        abstract_bodies(source, self._called_up()) if row.function == ABSTRACT else \
+                        [named.get(row.function, (0, -1))]
+                    declared.setdefault(row.why, set()).update(ln for ln in statements for a, b in runs if a <= ln <= b)
             self._static[rel] = (reporter, statements, declared)
         return self._static[rel]
+
+    def _called_up(self):
+        """What the connector's code calls up to a base class (``unreached.called_up``), once."""
+        if self._up is None:
+            sources = []
+            for rel in self.files:
+                with open(os.path.join(self.root, rel)) as f:
+                    sources.append(f.read())
+            self._up = called_up(sources)
+        return self._up
 
     def report(self, ran):
         """The job's coverage, per file: statements, executed and declared (by reason), sorted
