@@ -130,6 +130,23 @@ def test_a_lost_tier_file_fails_its_promotion_and_vllm_keeps_every_promise(worke
     assert "tier_lose_p applies to the tiering spec" in support("full@tier_lose_p=0.1", "0.33.0")
 
 
+def test_a_key_the_example_tier_loses_fails_its_promotion_and_the_cpu_tier_frees_its_chunks(workers):
+    """tier_lose_p on vLLM's example tier (0.22.1): it forgets a key a promotion is about to read, the
+    job fails, and the tiering manager frees the primary chunks it was to fill through the CPU tier's
+    complete_store(success=False) (0.22.1 tiering/manager.py:87,203-207): every check finds the run
+    clean; a tier that never reported the failed job (planted failed_promotion_never_reported) leaves
+    the requests waiting on those chunks for ever."""
+    defect = BY_NAME["failed_promotion_never_reported"]
+    env, w = workers(defect.release)
+    res, kinds = _run(w, defect.release, defect.layout, n=200)
+    assert kinds == set(), kinds
+    st = res["stats"]
+    assert st["tier_lost_keys"] > 0 and st["tier_failed_reads"] == st["tier_lost_keys"] and st["loads"] > 0, st
+    _, kinds = _run(w, defect.release, defect.layout, defect.name, n=200)
+    assert set(defect.catches) <= kinds, kinds
+    assert defect.layout in SWEEP and support(defect.layout, "0.22.1") is None
+
+
 def test_a_torn_tier_file_is_removed_at_its_short_read_and_one_kept_is_caught(workers):
     """tier_torn_p: a file a promotion is about to read is cut to half its bytes; vLLM's read comes up
     short, it removes the file and fails the read there (0.33.0 tiering/fs/io.py:148-160), and every check

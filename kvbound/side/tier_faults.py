@@ -32,7 +32,8 @@ chunk pinned (``lifecycle:tier_chunks_pinned``).
 Planted (tests only, the job's ``mutant``): ``failed_store_never_reported``, the tier drops the
 result of a store job that failed (its primary chunks stay pinned); ``lost_read_reported_ok``, the tier reports a failed
 promotion a success (its chunks made ready with nothing read into them); ``torn_file_kept``, the tier's read
-leaves a short file in place instead of removing it; ``promotion_never_reported``,
+leaves a short file in place instead of removing it; ``failed_promotion_never_reported``, the example tier
+drops the result of a promotion that failed at a key it lost; ``promotion_never_reported``,
 a secondary tier (any: the file tier, the example tier) never reports a promotion finished. Standard
 library only; vLLM's objects come in through the tap.
 """
@@ -68,6 +69,41 @@ def subscribe(eng, tap):
             for tier in tiers:
                 _subscribe_tier(eng, tap, tier, rng, p, how, not counted)
             counted = True
+    p = eng.par.get("tier_lose_p")
+    examples = [t for t in getattr(eng.csched.manager, "secondary_tiers", None) or ()
+                if type(t).__module__.endswith("tiering.example.manager")]
+    if p and examples:
+        rng = random.Random(repr(eng.par.get("seed", 0)) + "-tier-lose-example")
+        eng.stats.update(tier_lost_keys=0, tier_failed_reads=0)
+        for tier in examples:
+            _forget_keys(eng, tap, tier, rng, p)
+
+
+def _forget_keys(eng, tap, tier, rng, p):
+    """``tier_lose_p`` on vLLM's example tier, which keeps a flag per key and moves no data (0.33.0
+    tiering/example/manager.py:93,124-170; ``blocks`` to 0.29.0): with probability ``p`` per promotion
+    job, the tier forgets one of its keys before its real ``submit_load`` reads them. What vLLM does
+    with it is its own: the tier reports the job ``success=False`` (:165-170), and the tiering
+    manager frees the job's primary chunks (``complete_write``, bound to ``complete_store``:
+    0.22.1 tiering/manager.py:87,203-207 -> cpu/manager.py ``complete_store(success=False)``)."""
+    held = "chunks" if hasattr(tier, "chunks") else "blocks"
+
+    def submit_load(call, job):
+        keys = [k for k in job.keys if k in getattr(tier, held)]
+        if keys and rng.random() < p:
+            getattr(tier, held).pop(keys[rng.randrange(len(keys))], None)
+            eng.stats["tier_lost_keys"] += 1
+        return call(job)
+
+    def finished(call):
+        results = call()
+        eng.stats["tier_failed_reads"] += sum(1 for r in results if not r.success)
+        if eng.mutant == "failed_promotion_never_reported":  # planted: the failed promotions' results dropped
+            return [r for r in results if r.success]
+        return results
+
+    tap.around(tier, "submit_load", submit_load)
+    tap.around(tier, tier_clock.finished_jobs_method(tier), finished)
 
 
 class DiskFull:

@@ -100,7 +100,7 @@ ENGINE_PARAMS = (
     EngineParam("pd_hma", _flag, None, _ENGINE),  # ... and whether it declares SupportsHMA (default true)
     EngineParam("prefix_burst_p", float, None, _TRAFFIC),  # workload.workload: shared-prefix bursts
     EngineParam("store_fail_p", float, None, _FAULTS),  # a store job finishes TransferResult(success=False)
-    EngineParam("tier_lose_p", float, None, _FAULTS),  # the file-system tier loses a file a promotion reads
+    EngineParam("tier_lose_p", float, None, _FAULTS),  # the secondary tier loses a key a promotion reads
     EngineParam("tier_torn_p", float, None, _FAULTS),  # the file-system tier's file a promotion reads is cut short
     EngineParam("tier_store_fail_p", float, None, _FAULTS),  # the file-system tier's store jobs fail (ENOSPC)
     EngineParam("tier_lookup_late_p", float, None, _FAULTS),  # the file-system tier's lookup answers, late_steps late

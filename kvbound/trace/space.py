@@ -132,9 +132,10 @@ AXES = (
     Axis("late_p", ("0.0", "0.1"), "a transfer job's completion arrives late_steps steps late", "engine"),
     Axis("fail_p", ("0.0", "0.05"), "a load job fails (TransferResult success=False)", "engine"),
     Axis("store_fail_p", ("0.0", "0.05"), "a store job fails (TransferResult success=False)", "engine"),
-    Axis("tier_lose_p", ("0.0", "0.1"), "the file-system tier loses a file a promotion is about to read: the read"
-         " fails there and vLLM keeps the blocks before it (side/tier_faults.py)", "engine",
-         applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
+    Axis("tier_lose_p", ("0.0", "0.1"), "the secondary tier loses a key a promotion is about to read: the file"
+         " tier's file is removed (the read fails there and vLLM keeps the blocks before it), the example tier"
+         " forgets the key (the job fails) (side/tier_faults.py)", "engine",
+         applies=_tiering, applies_doc="the tiering spec (offload_spec tiering-fs or tiering-example)"),
     Axis("tier_torn_p", ("0.0", "0.1"), "a file a promotion is about to read is cut to half its bytes (a torn"
          " write, a bad disk): the read comes up short and vLLM removes the file (side/tier_faults.py)", "engine",
          applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
@@ -229,9 +230,14 @@ SWEEP = (
     "swa@reset_p=0.1",
     "mamba@reset_p=0.1",
     "full-tiering-fs@log_stats=true,reset_p=0.1,load_tiers_p=0.3",
+    "full-tiering-fs@shadow=false,log_stats=true,reset_p=0.1",  # ... the tiering manager's reset on 0.24.0 - 0.29.0
     "full@load_tiers_p=0.3",  # tier filters on the CPU spec: 0.27.0 - 0.29.0, which run no tiering-fs
     "full-tiering-fs@tier_lose_p=0.1,kv_events=true",  # failed promotions (partial keep) and their events
     "full-tiering-fs@tier_torn_p=0.1",  # promotions that read a torn file: vLLM removes it (0.33.0 fs/io.py:152-160)
+    # ... both with shadow off on 0.24.0 - 0.29.0 (a failed promotion's partial keep and mark_miss there); and
+    # failed promotions of the example tier, from 0.22.1: the CPU tier's complete_store(success=False)
+    "full-tiering-fs@shadow=false,tier_lose_p=0.1,tier_torn_p=0.1,kv_events=true",
+    "full@offload_spec=tiering-example,shadow=false,cpu_chunks=32,tier_lose_p=0.1",
     "full-tiering-fs@shadow=false",  # the tiering spec on 0.24.0 - 0.29.0, where shadow KV cannot follow it
     "full-tiering-fs@shadow=false,log_stats=true",  # ... its metric definitions and stats there (0.29.0 spec.py:101-252)
     # the tiering manager behind the example tier: on 0.22.1 - 0.23.0 too, where the file tier cannot run
