@@ -87,7 +87,7 @@ DEFECTS = (
     Defect("failed_promotion_never_reported", "the example tier never reports a promotion that failed (a key it"
            " lost): the primary chunks it was to fill stay pending for ever", "tier_faults",
            ("liveness:stuck_request",),
-           "full@offload_spec=tiering-example,shadow=false,cpu_chunks=32,tier_lose_p=0.1,log_stats=true", "0.22.1"),
+           "full@offload_spec=tiering-example,shadow=false,tier_lose_p=0.1,cpu_chunks=32,log_stats=true", "0.22.1"),
     Defect("failed_store_never_reported", "the file-system tier never reports a store job that failed: the primary"
            " chunks it reads stay pinned", "tier_faults", ("lifecycle:tier_chunks_pinned",),
            "full-tiering-fs@shadow=false,tier_store_fail_p=0.3", "0.32.0"),

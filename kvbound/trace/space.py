@@ -237,7 +237,7 @@ SWEEP = (
     # ... both with shadow off on 0.24.0 - 0.29.0 (a failed promotion's partial keep and mark_miss there); and
     # failed promotions of the example tier, from 0.22.1: the CPU tier's complete_store(success=False)
     "full-tiering-fs@shadow=false,tier_lose_p=0.1,tier_torn_p=0.1,kv_events=true",
-    "full@offload_spec=tiering-example,shadow=false,cpu_chunks=32,tier_lose_p=0.1,log_stats=true",
+    "full@offload_spec=tiering-example,shadow=false,tier_lose_p=0.1,cpu_chunks=32,log_stats=true",
     "full-tiering-fs@shadow=false",  # the tiering spec on 0.24.0 - 0.29.0, where shadow KV cannot follow it
     "full-tiering-fs@shadow=false,log_stats=true",  # ... its metric definitions and stats there (0.29.0 spec.py:101-252)
     # the tiering manager behind the example tier: on 0.22.1 - 0.23.0 too, where the file tier cannot run
