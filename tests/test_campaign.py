@@ -161,7 +161,8 @@ def test_the_plan_is_said_at_this_machines_pace_per_release_and_the_requests_sta
     # the last five of 0.33.0: running 1.8 1.9 2.0 2.1 2.5, shrinking 1.2 1.3 1.4 1.4 1.5
     assert pace.release_paces(P, ["0.33.0", "0.29.0", "0.26.0"]) == (
         [(2.0, 1.4), (1.5, 0.5), (1.75, 0.95)],
-        "what the last shards here took, 2 of 3 releases measured, the rest at the median of those measured")
+        "what the last shards here took, 2 of 3 releases measured (both parts), a part not measured at the median"
+        " of those measured")
     table_s, paced_s, said = at_pace(args, shards, 1)  # one process: the shards one after the other
     assert table_s == planned_seconds(args, shards, 1)
     (r29, s29), (r33, s33) = [P.covered().shard_parts(_families(sh.layouts, sh.release, {}), sh.options.run.requests,
@@ -175,9 +176,21 @@ def test_the_plan_is_said_at_this_machines_pace_per_release_and_the_requests_sta
     given = parser.parse_args(["campaign", "--vllm", "0.29.0,0.33.0", "--workers", "1", "--pace", "1.5"])
     assert at_pace(given, shards, 1)[1] == pytest.approx(1.5 * table_s)
     # what a campaign records: each shard's running and shrinking against the table's
-    record_pace(args, [{"shard": sh.to_json(), "timings": {"seconds": 10 * (r + s), "shrink_seconds": 10 * s}}
+    ran = [{"layout": l, "outcome": "ran"} for l in shards[0].layouts]
+    record_pace(args, [{"shard": sh.to_json(), "cells": ran, "timings": {"seconds": 10 * (r + s), "shrink_seconds": 10 * s}}
                        for sh, (r, s) in zip(shards, [(r29, s29), (r33, s33)])])
     assert json.loads((tmp_path / "pace.json").read_text())["0.29.0"]["run"][-1] == [round(r29, 1), round(10 * r29, 1)]
+    # a worker that did not start ran no cell: nothing kept of it; a shard that ran one point is costed as one
+    before = (tmp_path / "pace.json").read_text()
+    failed = [{"layout": l, "outcome": "worker_failed"} for l in shards[0].layouts]
+    record_pace(args, [{"shard": shards[0].to_json(), "cells": failed, "timings": {"seconds": 2.0, "shrink_seconds": 0.0}}])
+    assert (tmp_path / "pace.json").read_text() == before
+    one_point = [dict(c, outcome="not_run") for c in ran[1:]] + ran[:1]
+    record_pace(args, [{"shard": shards[0].to_json(), "cells": one_point,
+                        "timings": {"seconds": 50.0, "shrink_seconds": 0.0}}])
+    r1, _ = P.covered().shard_parts(_families(shards[0].layouts[:1], "0.29.0", {}), 200, shards[0].options.shrink.budget)
+    # costed as its one point, the run part is too short to say (costed as every point, it would be kept)
+    assert r1 < P.pace_min_part_s <= r29 and (tmp_path / "pace.json").read_text() == before
     (tmp_path / "pace.json").write_text("[{not ours}]")
     assert "probe" in pace.release_paces(P, ["0.33.0"])[1]
     one = replace(P, pace_runs=1)

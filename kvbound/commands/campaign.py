@@ -220,14 +220,19 @@ def record_pace(args, results: list) -> None:
     (``kvbound.trace.pace.record``): the next campaign's pace."""
     from kvbound.trace.pace import record
 
+    from kvbound.trace.guide import label
+
     kept = []
     for res in results:
         shard, tm = res["shard"], res.get("timings", {})
-        if "seconds" not in tm or "shrink_seconds" not in tm:  # a shard that never ran
-            continue
         opts = shard["options"]
+        ran = {c["layout"] for c in res["cells"] if c.get("outcome") == "ran"}
+        seeds = shard.get("seeds") or [opts["run"]["seed"]] * len(shard["layouts"])
+        points = [p for p, seed in zip(shard["layouts"], seeds) if label(p, seed, opts["run"]["seed"]) in ran]
+        if not points or "seconds" not in tm:  # a worker that did not start, a shard that ran nothing
+            continue
         plan_options = CAMPAIGN_PLAN.covered() if opts["run"]["coverage"] else CAMPAIGN_PLAN
-        fams = _families(shard["layouts"], shard["release"], dict(map(tuple, opts["run"]["overrides"])))
+        fams = _families(points, shard["release"], dict(map(tuple, opts["run"]["overrides"])))
         table = plan_options.shard_parts(fams, opts["run"]["requests"], opts["shrink"]["budget"])
         kept.append((shard["column"], table, (tm["seconds"] - tm["shrink_seconds"], tm["shrink_seconds"])))
     record(CAMPAIGN_PLAN, kept)
@@ -317,8 +322,6 @@ def run(args) -> int:
     doc = C.merge(columns, results, guide.rounds if args.guided else None)
     n_cells = sum(len(r["cells"]) for r in results)
     wall = time.monotonic() - t0
-    if not args.ray:  # this machine's pace for the next plan (a Ray cluster's workers run elsewhere)
-        record_pace(args, results)
     print(render(doc))
     print(f"\n{n_cells} cells in {wall:.0f} s (planned at {planned:.0f} s)")
     if args.json:
@@ -331,6 +334,8 @@ def run(args) -> int:
         from kvbound.campaign_page import html_page
 
         Path(args.html).write_text(html_page(doc, args.out))
+    if not args.ray:  # this machine's pace for the next plan (a Ray cluster's workers run elsewhere)
+        record_pace(args, results)
     if any(f.finding_class == "harness" for f in doc.findings) or any(
             cell["outcome"] == "worker_failed" for col in doc.matrix.values() for cell in col.values()):
         return EXIT_INPUT

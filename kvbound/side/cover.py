@@ -74,8 +74,9 @@ def spans(source):
     (``Class.method``, decorators included), and of the branches inside each function or at
     module level that ``unreached.UNREACHED`` may name: ``<qualname>@if <test>`` the body of an
     ``if`` whose test reads ``<test>`` (``ast.unparse``), ``<qualname>@else <test>`` its ``else``,
-    ``<qualname>@try import <module>`` the body of a ``try`` that first imports ``<module>``
-    (module level: an empty qualname). Of two branches of one name, the first."""
+    ``<qualname>@try import <module>`` the body of a ``try`` that first imports ``<module>``, past
+    that import (which runs, and raises where the module is absent; module level: an empty
+    qualname). Of two branches of one name, the first."""
     named = {}
 
     def block(stmts):
@@ -92,10 +93,10 @@ def spans(source):
                 named.setdefault(f"{qual}@if {ast.unparse(ch.test)}", block(ch.body))
                 if ch.orelse:
                     named.setdefault(f"{qual}@else {ast.unparse(ch.test)}", block(ch.orelse))
-            elif isinstance(ch, ast.Try) and isinstance(ch.body[0], (ast.Import, ast.ImportFrom)):
+            elif isinstance(ch, ast.Try) and isinstance(ch.body[0], (ast.Import, ast.ImportFrom)) and ch.body[1:]:
                 first = ch.body[0]
                 module = first.module if isinstance(first, ast.ImportFrom) else first.names[0].name
-                named.setdefault(f"{qual}@try import {module}", block(ch.body))
+                named.setdefault(f"{qual}@try import {module}", block(ch.body[1:]))
             visit(ch, prefix, qual)
 
     visit(ast.parse(source), "", "")

@@ -16,7 +16,8 @@ GPU_ONLY, NEEDS_EXTERNAL, NOT_ON_RELEASE = "gpu-only", "needs-external", "not-on
 # GPU_ONLY (CUDA), NEEDS_EXTERNAL (a library or service the host lacks), NOT_ON_RELEASE (no
 # caller in the release's code from ``since`` on and before ``until``, version tuples: the row
 # applies only to a tree whose ``vllm.__version_tuple__`` is in that range, never to an
-# unversioned checkout). A row whose file or function a release lacks is skipped there.
+# unversioned checkout; the ``ABSTRACT`` row, computed from the tree itself, has no range and holds on
+# every tree). A row whose file or function a release lacks is skipped there.
 Unreached = collections.namedtuple("Unreached", "file function why reason since until", defaults=(None, None))
 _SPEC, _CW = "vllm/v1/kv_offload/cpu/spec.py", "vllm/distributed/kv_transfer/kv_connector/v1/offloading/worker.py"
 _TIER_WORKER = ("the CPU tier's transfer worker: CPUOffloadingSpec.get_worker raises unless the platform"
@@ -42,13 +43,15 @@ _FS = "vllm/v1/kv_offload/tiering/fs/"
 _NO_FAILED_STORE = ("no caller passes success=False: 0.21.0 calls complete_store from the connector scheduler with"
                     " the default (offloading/scheduler.py:810) and from the reuse manager, which forwards its own"
                     " caller's (v1/kv_offload/reuse_manager.py:122); the first caller with a failure is the tiering"
-                    " spec's failed promotion, from 0.22.1 (tiering/manager.py:87,203-207); the branch: 0.33.0"
+                    " spec's failed promotion, from 0.22 (0.22.1 tiering/manager.py:87,203-207); the branch: 0.33.0"
                     " cpu/manager.py:393-400")
 _ABSTRACT = ("the body of an abstract method (abc.abstractmethod) that no code of the connector calls up to (no"
              " super().name(...) and no Base.name(...) call): every class vLLM instantiates overrides it, so the body"
-             " runs only for an out-of-tree subclass that calls it (0.33.0 tiering/base.py:210-224,226-252,254-277,"
-             "279-291,315-326,373-388: SecondaryTierManager's, which the file and example tiers override;"
-             " computed per tree by abstract_bodies)")
+             " runs only for an out-of-tree subclass that calls it (0.33.0 tiering/base.py:210-388:"
+             " SecondaryTierManager's, which the file and example tiers override; v1/kv_offload/base.py:306-756:"
+             " OffloadingManager's lookup, prepare_load, prepare_store, on_new_request and OffloadingSpec's"
+             " get_manager, get_worker; before 0.24 also OffloadingHandler's and LoadStoreSpec.medium; computed per"
+             " tree by abstract_bodies, so it holds on an unversioned checkout too)")
 ABSTRACT = "@abstract"  # a row's function: the abstract methods of its files that nothing calls up to
 UNREACHED = (
     Unreached("vllm/v1/kv_offload/cpu/gpu_worker.py", "*", GPU_ONLY,
@@ -134,7 +137,7 @@ UNREACHED = (
       for f, c in (("lru", "LRUCachePolicy"), ("arc", "ARCCachePolicy"))),
     Unreached("vllm/v1/kv_offload/tiering/base.py", "SecondaryTierManager.touch", NOT_ON_RELEASE,
               _NO_TOUCH + "; the tiering manager's touch was the secondary tiers' one caller (0.30.0"
-              " tiering/manager.py:735-744)", (0, 31, 0)),
+              " tiering/manager.py:518-528)", (0, 31, 0)),
     Unreached(_TM, "TieringOffloadingManager._transfer_jobs", NOT_ON_RELEASE,
               "no reader: the property that replaced the manager's _transfer_jobs dict in 0.28.0 (0.27.0"
               " tiering/manager.py:198,260) is read by nothing in the release (0.33.0 tiering/manager.py:430-432)",

@@ -103,7 +103,8 @@ def release_paces(plan, columns) -> tuple:
     measured = sum(1 for col in columns if all(own[part].get(col) for part in PARTS))
     return paces, (f"what this release's last shards here took" if len(columns) == measured == 1 else
                    f"what the last shards here took, {measured} of {len(columns)} releases measured"
-                   + ("" if measured == len(columns) else ", the rest at the median of those measured"))
+                   + ("" if measured == len(columns) else
+                      " (both parts), a part not measured at the median of those measured"))
 
 
 def record(plan, shards) -> None:
