@@ -151,18 +151,23 @@ def test_the_plan_is_said_at_this_machines_pace_per_release_and_the_requests_sta
     args = parser.parse_args(["campaign", "--vllm", "0.29.0,0.33.0", "--workers", "1"])
     shards = plan(args)[1]
     before = [sh.options for sh in shards]
-    paces, how = pace.release_paces(P, ["0.29.0", "0.33.0"])
+    paces, how = pace.release_paces(P, ["0.29.0", "0.33.0"], 60)
     assert paces[0] == paces[1] and paces[0][0] == paces[0][1] > 0 and "probe" in how
-    pace.record(P, [("0.33.0", (P.pace_min_part_s / 2, P.pace_min_part_s / 2), (1000.0, 1000.0))])  # too short
-    assert "probe" in pace.release_paces(P, ["0.33.0"])[1]
+    pace.record(P, [("0.33.0", 60, (P.pace_min_part_s / 2, P.pace_min_part_s / 2), (1000.0, 1000.0))])  # too short
+    assert "probe" in pace.release_paces(P, ["0.33.0"], 60)[1]
     for run, shrink in [(3.0, 1.0), (1.8, 1.2), (2.0, 1.4), (2.1, 1.3), (2.5, 1.5), (1.9, 1.4)]:
-        pace.record(P, [("0.33.0", (100.0, 200.0), (100 * run, 200 * shrink))])
-    pace.record(P, [("0.29.0", (100.0, 100.0), (150.0, 50.0))])
+        pace.record(P, [("0.33.0", 60, (100.0, 200.0), (100 * run, 200 * shrink))])
+    pace.record(P, [("0.29.0", 60, (100.0, 100.0), (150.0, 50.0))])
     # the last five of 0.33.0: running 1.8 1.9 2.0 2.1 2.5, shrinking 1.2 1.3 1.4 1.4 1.5
-    assert pace.release_paces(P, ["0.33.0", "0.29.0", "0.26.0"]) == (
+    assert pace.release_paces(P, ["0.33.0", "0.29.0", "0.26.0"], 60) == (
         [(2.0, 1.4), (1.5, 0.5), (1.75, 0.95)],
-        "what the last shards here took, 2 of 3 releases measured (both parts), a part not measured at the median"
-        " of those measured")
+        "what the last shards here took, 2 of 3 releases measured (both parts, shrinking at 60 reruns), a part not"
+        " measured at the median of those measured")
+    # shrinking is kept per shrink budget (not linear in it): at 20 reruns, none yet, the median of every
+    # release's shrinking at any budget, until a shard at 20 is kept
+    assert pace.release_paces(P, ["0.33.0"], 20)[0] == [(2.0, 0.95)]
+    pace.record(P, [("0.33.0", 20, (100.0, 100.0), (200.0, 190.0))])
+    assert pace.release_paces(P, ["0.33.0"], 20)[0] == [(2.0, 1.9)] and pace.release_paces(P, ["0.33.0"], 60)[0] == [(2.0, 1.4)]
     table_s, paced_s, said = at_pace(args, shards, 1)  # one process: the shards one after the other
     assert table_s == planned_seconds(args, shards, 1)
     (r29, s29), (r33, s33) = [P.covered().shard_parts(_families(sh.layouts, sh.release, {}), sh.options.run.requests,
@@ -192,11 +197,11 @@ def test_the_plan_is_said_at_this_machines_pace_per_release_and_the_requests_sta
     # costed as its one point, the run part is too short to say (costed as every point, it would be kept)
     assert r1 < P.pace_min_part_s <= r29 and (tmp_path / "pace.json").read_text() == before
     (tmp_path / "pace.json").write_text("[{not ours}]")
-    assert "probe" in pace.release_paces(P, ["0.33.0"])[1]
+    assert "probe" in pace.release_paces(P, ["0.33.0"], 60)[1]
     one = replace(P, pace_runs=1)
     for taken in (300, 500):
-        pace.record(one, [("0.33.0", (100.0, 100.0), (taken, taken))])
-    assert pace.release_paces(one, ["0.33.0"]) == ([(5.0, 5.0)], "what this release's last shards here took")
+        pace.record(one, [("0.33.0", 60, (100.0, 100.0), (taken, taken))])
+    assert pace.release_paces(one, ["0.33.0"], 60) == ([(5.0, 5.0)], "what this release's last shards here took")
 
 
 def test_a_covered_campaign_is_planned_at_the_covered_rate():

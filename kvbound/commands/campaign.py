@@ -203,7 +203,7 @@ def at_pace(args, shards: list, pool: int) -> tuple:
     if args.pace is not None:
         paces, how = [(args.pace, args.pace)] * len(shards), "given"
     else:
-        paces, how = release_paces(CAMPAIGN_PLAN, [sh.column for sh in shards])
+        paces, how = release_paces(CAMPAIGN_PLAN, [sh.column for sh in shards], shards[0].options.shrink.budget)
     table_s = planned_seconds(args, shards, pool)
     paced_s = planned_seconds(args, shards, pool, paces)
     pace = paced_s / table_s if table_s else 1.0
@@ -234,7 +234,8 @@ def record_pace(args, results: list) -> None:
         plan_options = CAMPAIGN_PLAN.covered() if opts["run"]["coverage"] else CAMPAIGN_PLAN
         fams = _families(points, shard["release"], dict(map(tuple, opts["run"]["overrides"])))
         table = plan_options.shard_parts(fams, opts["run"]["requests"], opts["shrink"]["budget"])
-        kept.append((shard["column"], table, (tm["seconds"] - tm["shrink_seconds"], tm["shrink_seconds"])))
+        kept.append((shard["column"], opts["shrink"]["budget"], table,
+                     (tm["seconds"] - tm["shrink_seconds"], tm["shrink_seconds"])))
     record(CAMPAIGN_PLAN, kept)
 
 

@@ -15,8 +15,9 @@ campaign (0.29.0 + 0.33.0, a third of the shrink budget) at x2.0, so one factor 
 campaign missed one of them by a third (docs/benchmarks.md "The plan at this machine's pace").
 Each part of a release's pace is the median, over its last ``PlanOptions.pace_runs`` shards
 planned at ``pace_min_part_s`` or more for that part, of the seconds the shard's worker took
-over the seconds the table planned (kept in the cache directory, ``pace.json``); a release not
-run here yet takes the median of those that were. A probe cannot say it alone: on a shared
+over the seconds the table planned (kept in the cache directory, ``pace.json``), the shrinking
+per shrink budget (``parts``: it is not linear in the budget); a release not run here yet takes
+the median of those that were. A probe cannot say it alone: on a shared
 host the speed of a core swings by half within seconds (the probe's rounds here: 12 ms, then
 21 ms for a second and a half, then 12 ms again), and a campaign keeps both cores busy for
 minutes. On a machine with no campaign yet, the probe below times a fixed piece of the work a
@@ -68,16 +69,21 @@ def _history_file():
     return cache_dir() / "pace.json"
 
 
-PARTS = ("run", "shrink")  # a shard's two parts (PlanOptions.shard_parts), in that order
+def parts(shrink_budget: int) -> tuple:
+    """The names a shard's two parts (``PlanOptions.shard_parts``) are kept under: its running, and
+    its shrinking at ``shrink_budget`` reruns, which is not linear in the budget (the first reruns
+    shrink the longest segments: 0.33.0 shrank at x1.9 of the table at 20 reruns, x1.0 - 1.2 at 60)."""
+    return "run", f"shrink@{int(shrink_budget)}"
 
 
 def _history() -> dict:
-    """Per matrix column (a release, or ``src:<dir>``), per part: the [table, taken] seconds of
-    its last shards."""
+    """Per matrix column (a release, or ``src:<dir>``), per part (``parts``): the [table, taken]
+    seconds of its last shards."""
     try:
         got = json.loads(_history_file().read_text())
-        return {col: {part: [[float(t), float(k)] for t, k in got[col][part] if t > 0 and k > 0]
-                      for part in PARTS if part in got[col]} for col in got}
+        return {col: {part: [[float(t), float(k)] for t, k in runs if t > 0 and k > 0]
+                      for part, runs in got[col].items() if part == "run" or part.startswith("shrink@")}
+                for col in got}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none yet, or not ours: start again
         return {}
 
@@ -86,35 +92,39 @@ def _median_ratio(runs) -> float | None:
     return statistics.median(k / t for t, k in runs) if runs else None
 
 
-def release_paces(plan, columns) -> tuple:
+def release_paces(plan, columns, shrink_budget: int) -> tuple:
     """([(running, shrinking) pace of each of ``columns``, 2 decimals], how they were found, in
     words): a column's own shards where it has some, else the median of the columns that have;
-    the probe where none has."""
+    a shrinking at ``shrink_budget`` none has, the median of every column's shrinking at any
+    budget; the probe where nothing is kept."""
     history = _history()
-    own = {part: {col: _median_ratio(history.get(col, {}).get(part, [])[-plan.pace_runs:]) for col in history}
-           for part in PARTS}
-    known = {part: [r for r in own[part].values() if r is not None] for part in PARTS}
-    if not any(known.values()):
+    names = parts(shrink_budget)
+    ratios = {(col, part): _median_ratio(runs[-plan.pace_runs:]) for col, h in history.items() for part, runs in h.items()}
+    if not ratios:
         probe = round(probe_seconds() / plan.probe_s, 2)
         return [(probe, probe)] * len(columns), "a 0.3-s probe, no campaign here yet"
-    # a part no release has yet (every shrink planned short): the median of the other part
-    fallback = {part: statistics.median(known[part] or known[other]) for part, other in zip(PARTS, PARTS[::-1])}
-    paces = [tuple(round(own[part].get(col) or fallback[part], 2) for part in PARTS) for col in columns]
-    measured = sum(1 for col in columns if all(own[part].get(col) for part in PARTS))
+    any_shrink = [r for (_, part), r in ratios.items() if part.startswith("shrink@")]
+    fallback = []
+    for part in names:
+        known = [r for (_, q), r in ratios.items() if q == part] or any_shrink or list(ratios.values())
+        fallback.append(statistics.median(known))
+    paces = [tuple(round(ratios.get((col, part)) or fb, 2) for part, fb in zip(names, fallback)) for col in columns]
+    measured = sum(1 for col in columns if all((col, part) in ratios for part in names))
     return paces, (f"what this release's last shards here took" if len(columns) == measured == 1 else
                    f"what the last shards here took, {measured} of {len(columns)} releases measured"
                    + ("" if measured == len(columns) else
-                      " (both parts), a part not measured at the median of those measured"))
+                      f" (both parts, shrinking at {int(shrink_budget)} reruns), a part not measured at the median"
+                      " of those measured"))
 
 
 def record(plan, shards) -> None:
-    """Keep what each shard of a local campaign took, ``shards`` being (column, the table's
-    (running, shrinking) seconds, the worker's (running, shrinking) seconds): each part the
-    table planned at ``plan.pace_min_part_s`` or more (below, a worker's start or one finding's
+    """Keep what each shard of a local campaign took, ``shards`` being (column, its shrink budget,
+    the table's (running, shrinking) seconds, the worker's (running, shrinking) seconds): each part
+    the table planned at ``plan.pace_min_part_s`` or more (below, a worker's start or one finding's
     shrinking swings it), the last ``plan.pace_runs`` per column and part."""
     history = _history()
-    for col, table, taken in shards:
-        for part, t, k in zip(PARTS, table, taken):
+    for col, budget, table, taken in shards:
+        for part, t, k in zip(parts(budget), table, taken):
             if t >= plan.pace_min_part_s and k > 0:
                 runs = history.setdefault(col, {}).setdefault(part, [])
                 runs[:] = (runs + [[round(t, 1), round(k, 1)]])[-plan.pace_runs:]
