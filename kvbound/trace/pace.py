@@ -109,11 +109,13 @@ def release_paces(plan, columns, shrink_budget: int) -> tuple:
         known = [r for (_, q), r in ratios.items() if q == part] or any_shrink or list(ratios.values())
         fallback.append(statistics.median(known))
     paces = [tuple(round(ratios.get((col, part)) or fb, 2) for part, fb in zip(names, fallback)) for col in columns]
-    measured = sum(1 for col in columns if all((col, part) in ratios for part in names))
+    said = names if shrink_budget else names[:1]  # no shrinking to say without a shrink budget
+    measured = sum(1 for col in columns if all((col, part) in ratios for part in said))
     return paces, (f"what this release's last shards here took" if len(columns) == measured == 1 else
                    f"what the last shards here took, {measured} of {len(columns)} releases measured"
                    + ("" if measured == len(columns) else
-                      f" (both parts, shrinking at {int(shrink_budget)} reruns), a part not measured at the median"
+                      (f" (both parts, shrinking at {int(shrink_budget)} reruns)" if shrink_budget else "")
+                      + ", a part not measured at the median"
                       " of those measured"))
 
 
