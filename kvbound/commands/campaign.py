@@ -182,13 +182,13 @@ def _families(layouts, release: str, overrides: dict) -> list:
     return [cost_family(space.resolve(l)) for l in layouts if space.support(l, release, overrides) is None]
 
 
-def planned_seconds(args, shards: list, pool: int, paces=None) -> float:
-    """The seconds the cost table plans ``shards`` at on ``pool`` processes, each shard's parts
-    at its release's ``paces`` where given (docs/benchmarks.md has the plan against what runs
-    took)."""
+def planned_seconds(args, shards: list, pool: int, paces=(None,)) -> list:
+    """The seconds the cost table plans ``shards`` at on ``pool`` processes, once per entry of
+    ``paces``: each shard's parts at its release's paces, or (None) the table's own
+    (docs/benchmarks.md has the plan against what runs took). The costs are found once."""
     options = shards[0].options
     plan_options, costs, then = _costs(args, [sh.release for sh in shards], shards[0].layouts, options.run.coverage)
-    return plan_options.seconds(costs, options.run.requests, options.shrink.budget, pool, then, paces)
+    return [plan_options.seconds(costs, options.run.requests, options.shrink.budget, pool, then, p) for p in paces]
 
 
 def at_pace(args, shards: list, pool: int) -> tuple:
@@ -204,8 +204,7 @@ def at_pace(args, shards: list, pool: int) -> tuple:
         paces, how = [(args.pace, args.pace)] * len(shards), "given"
     else:
         paces, how = release_paces(CAMPAIGN_PLAN, [sh.column for sh in shards], shards[0].options.shrink.budget)
-    table_s = planned_seconds(args, shards, pool)
-    paced_s = planned_seconds(args, shards, pool, paces)
+    table_s, paced_s = planned_seconds(args, shards, pool, (None, paces))
     pace = paced_s / table_s if table_s else 1.0
     if args.budget is not None and paced_s > 1.2 * args.budget:
         print(f"kvbound {getattr(args, 'command', 'campaign')}: at this machine's pace (x{pace:.2f}) --budget"
@@ -218,9 +217,8 @@ def at_pace(args, shards: list, pool: int) -> tuple:
 def record_pace(args, results: list) -> None:
     """Keep each shard's seconds, running and shrinking, against what the table planned it at
     (``kvbound.trace.pace.record``): the next campaign's pace."""
-    from kvbound.trace.pace import record
-
     from kvbound.trace.guide import label
+    from kvbound.trace.pace import record
 
     kept = []
     for res in results:

@@ -123,7 +123,7 @@ UNREACHED = (
     Unreached("vllm/v1/kv_offload/tiering/manager.py", "TieringOffloadingManager.touch", NOT_ON_RELEASE,
               _NO_TOUCH, (0, 31, 0)),
     # a policy's evict(0): the CPU tier calls evict only for a positive count (0.21.0 - 0.33.0; 0.33.0
-    # cpu/manager.py:330-334), and nothing else in the release calls a policy's evict
+    # cpu/manager.py:323-334), and nothing else in the release calls a policy's evict
     *(Unreached(f"vllm/v1/kv_offload/cpu/policies/{f}.py", f"{c}.evict@if n == 0", NOT_ON_RELEASE,
                 "no caller asks a policy to evict nothing: the CPU tier's one call of evict sits under `if"
                 " num_chunks_to_evict > 0` (0.33.0 cpu/manager.py:323-334; 0.21.0 :139-143)", (0, 21, 0))
@@ -211,7 +211,6 @@ def abstract_bodies(source, up) -> list:
 def _elided(fn) -> bool:
     """A body of ``...`` alone (after a docstring or not): nothing to run, and coverage.py counts
     no statement of it."""
-    body = fn.body[1:] if fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(
-        getattr(fn.body[0], "value", None), ast.Constant) and isinstance(fn.body[0].value.value, str) else fn.body
+    body = fn.body[1:] if ast.get_docstring(fn, clean=False) is not None else fn.body
     return all(isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant) and st.value.value is Ellipsis
                for st in body)

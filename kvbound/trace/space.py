@@ -51,6 +51,7 @@ def _tiering_fs(lay: L.Layout) -> bool:
 
 
 _TIERING_FS_DOC = "the tiering spec's file-system tier (offload_spec tiering-fs)"
+_TIERING_DOC = "the tiering spec (offload_spec tiering-fs or tiering-example)"
 
 
 def _tiering(lay: L.Layout) -> bool:
@@ -135,7 +136,7 @@ AXES = (
     Axis("tier_lose_p", ("0.0", "0.1"), "the secondary tier loses a key a promotion is about to read: the file"
          " tier's file is removed (the read fails there and vLLM keeps the blocks before it), the example tier"
          " forgets the key (the job fails) (side/tier_faults.py)", "engine",
-         applies=_tiering, applies_doc="the tiering spec (offload_spec tiering-fs or tiering-example)"),
+         applies=_tiering, applies_doc=_TIERING_DOC),
     Axis("tier_torn_p", ("0.0", "0.1"), "a file a promotion is about to read is cut to half its bytes (a torn"
          " write, a bad disk): the read comes up short and vLLM removes the file (side/tier_faults.py)", "engine",
          applies=_tiering_fs, applies_doc=_TIERING_FS_DOC),
@@ -156,15 +157,15 @@ AXES = (
     Axis("request_tier_p", ("0.0", "0.5"), "a second secondary tier, after the layout's own, that asks for"
          " request-level offload (every chunk of a request, its hits too, as the peer-to-peer tier asks on a P/D"
          " producer leg) on this share of requests, and is checked to get them (side/request_tier.py)", "engine",
-         applies=_tiering, applies_doc="the tiering spec (offload_spec tiering-fs or tiering-example)"),
+         applies=_tiering, applies_doc=_TIERING_DOC),
     Axis("tier_start_fail", ("false", "true"), "the run's engine is first started with a secondary tier that"
          " cannot start after the layout's own, and what that failed start left behind is checked (its tiers"
          " shut down, its shared region's file gone from /dev/shm; side/failed_start.py)", "engine",
-         applies=_tiering, applies_doc="the tiering spec (offload_spec tiering-fs or tiering-example)"),
+         applies=_tiering, applies_doc=_TIERING_DOC),
     Axis("tier_stop_fail", ("false", "true"), "the run's engine is first started with a secondary tier that"
          " cannot shut down before the layout's own and torn down, and the teardown is checked (every other tier"
          " given its shutdown, the failure reaching the caller; side/failed_start.py)", "engine",
-         applies=_tiering, applies_doc="the tiering spec (offload_spec tiering-fs or tiering-example)"),
+         applies=_tiering, applies_doc=_TIERING_DOC),
     # the CPU tier's knobs, the scheduler's, and traffic (docs/trace.md "The configuration space")
     Axis("cpu_chunks", ("256", "32", "4"), "the CPU tier's capacity in chunks, exactly (32: pool pressure, the tier evicts:"
          " cpu/manager.py's eviction and the policies' evict paths; 4: fewer chunks than a prompt holds,"
