@@ -57,13 +57,12 @@ ARRIVALS: dict[str, tuple[str, str]] = {
     "multi_connector": ("0.21.0", "MultiConnector(KVConnectorBase_V1, SupportsHMA) takes an out-of-tree child by "
                                   "kv_connector_module_path (0.21.0 kv_connector/v1/multi_connector.py:128, "
                                   "vllm/config/kv_transfer.py:63; the first tree kvbound prepares)"),
-    "tiering_spec": ("0.24.0", "TieringOffloadingSpec's file-system tier can be drained at each schedule end:"
-                               " FileSystemTierManager.drain_jobs (0.24.0 v1/kv_offload/tiering/fs/manager.py:182; its"
-                               " lookups on FsAsyncLookupManager, :45,133); 0.22.1 and 0.23.0 have the spec"
-                               " (tiering/spec.py) but no drain_jobs"),
-    "tiering_example": ("0.22.1", "TieringOffloadingSpec with its example secondary tier, an in-memory reference tier"
-                                  " that completes every job at once (0.22.1 v1/kv_offload/tiering/example/manager.py,"
-                                  " registered as \"example\" in tiering/factory.py:56-57; 0.21.0 has no tiering spec)"),
+    "tiering_spec": ("0.22.1", "TieringOffloadingSpec with its two secondary tiers: the file-system tier, whose"
+                               " thread pool kvbound holds on the step clock (0.22.1 v1/kv_offload/tiering/fs/manager.py,"
+                               " fs/thread_pool.py; wait_idle from 0.24.0, fs/thread_pool.py:129-139), and the example"
+                               " tier, an in-memory reference tier that completes every job at once"
+                               " (tiering/example/manager.py); both registered in tiering/factory.py:56-57; 0.21.0 has"
+                               " no tiering spec"),
     "request_level_tier": ("0.23.0", "a secondary tier may ask for request-level offload: OffloadPolicy.REQUEST_LEVEL"
                                      " (0.23.0 v1/kv_offload/base.py; 0.33.0 :130-141), which the tiering manager"
                                      " cascades chunks already in the primary tier to (0.23.0"

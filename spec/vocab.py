@@ -220,12 +220,11 @@ class ReleaseFeatures:
     single_attention_hybrid: bool = True  # 0.29+: a hybrid coordinator with one attention spec (FA + EAGLE FA)
     multi_connector: bool = True  # 0.21+: MultiConnector (SupportsHMA) with an out-of-tree child connector
     tiering_fs: bool = True  # 0.30+: shadow KV follows the file-system tier's copies (jobs name their chunks)
-    tiering_example: bool = True  # 0.22.1+: TieringOffloadingSpec with its example (in-memory) tier
     request_level_tier: bool = True  # 0.23+: a secondary tier may ask for request-level offload (OffloadPolicy)
     tiering_backpressure: bool = True  # 0.31+: a secondary tier's backpressure detector (tiering/backpressure.py)
     hisparse: bool = True  # 0.30+: HiSparse beside the OffloadingConnector (a MultiConnector; _max_loadable_tokens)
     hisparse_mla_only: bool = True  # 0.31+: HiSparse laid out for sparse-MLA layers alone
-    tiering_spec: bool = True  # 0.24+: TieringOffloadingSpec's file-system tier held on the step clock
+    tiering_spec: bool = True  # 0.22.1+: TieringOffloadingSpec with its file-system and example tiers
     mamba_cache_all: bool = False  # 0.21-0.31: CacheConfig.mamba_cache_mode "all" (gone in 0.32)
     transfer_failures: bool = False  # no release yet: the worker asserts every transfer succeeded
     connector_reset_cache: bool = True  # 0.22+: OffloadingConnector.reset_cache (reset_prefix_cache(reset_connector))

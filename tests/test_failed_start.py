@@ -35,7 +35,8 @@ def _run(w, version, mutant=None, point=POINT, kind=KIND):
 def test_a_failed_start_runs_where_the_table_says():
     assert POINT in SWEEP
     assert support(POINT, "0.24.0") is None and support(POINT, "0.33.0") is None
-    assert "drain_jobs" in support(POINT, "0.23.0")
+    assert support(POINT, "0.22.1") is None  # the file tier's pool held on the step clock there too
+    assert "0.22.1 v1/kv_offload/tiering/spec.py" in support(POINT, "0.21.0")
     assert "tier_start_fail applies to the tiering spec" in support("full@tier_start_fail=true", "0.33.0")
     assert STOP_POINT in SWEEP and support(STOP_POINT, "0.24.0") is None
     assert support("full@offload_spec=tiering-example,shadow=false,tier_stop_fail=true", "0.22.1") is None

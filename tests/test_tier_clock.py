@@ -63,6 +63,80 @@ def test_a_tier_without_a_pool_is_left_as_it_is():
     assert [r.job_id for r in tier.get_finished_jobs()] == [1, 2]  # reported at once, in job order
 
 
+class OldPool:
+    """The file tier's pool before 0.24 (0.23.0 tiering/fs/thread_pool.py): jobs enqueued with their
+    tasks, each run on a thread of its own after ``delay`` seconds, a job reported by ``get_finished``
+    once its last task ran; no ``wait_idle``."""
+
+    def __init__(self, delay):
+        self.delay, self.finished, self.lock = delay, [], threading.Lock()
+
+    def _enqueue(self, job_id, n_tasks, tasks):
+        tasks = list(tasks)
+
+        def run():
+            threading.Event().wait(self.delay)
+            for t in tasks:
+                t()
+            with self.lock:
+                self.finished.append((job_id, True))
+
+        if n_tasks:  # a job of no task never comes back (its count never reaches 0)
+            threading.Thread(target=run, daemon=True).start()
+
+    enqueue_store = enqueue_load = _enqueue
+
+    def get_finished(self):
+        with self.lock:
+            out, self.finished = self.finished, []
+        return out
+
+
+class OldTier:
+    tier_type = "fs_python"
+
+    def __init__(self, delay):
+        self._pool = OldPool(delay)
+
+    def submit_store(self, job_id, n):
+        self._pool.enqueue_store(job_id, n, (lambda: None for _ in range(n)))
+
+    def get_finished(self):  # 0.22.1's name (tiering/base.py:143)
+        return [types.SimpleNamespace(job_id=j, success=ok) for j, ok in self._pool.get_finished()]
+
+
+def _old_manager(tier):
+    """0.22.1's tiering manager: no on_schedule_end; take_events, a generator, ends the step."""
+    def take_events():
+        yield "event"
+    return types.SimpleNamespace(secondary_tiers=[tier], take_events=take_events)
+
+
+def test_before_0_24_the_step_waits_for_every_job_it_enqueued_and_reports_them_at_the_next_poll():
+    tier = OldTier(delay=0.05)
+    manager = _old_manager(tier)
+    C.settle_tiers(manager, T.Tap())
+    tier.submit_store(7, 2)
+    tier.submit_store(5, 1)
+    tier.submit_store(9, 0)  # no task: not waited for
+    assert tier.get_finished() == []  # mid-step: the threads are still sleeping, and nothing is drained
+    assert list(manager.take_events()) == ["event"]  # the step ends: vLLM's events, then the wait
+    assert [r.job_id for r in tier.get_finished()] == [5, 7]  # both back, in job order
+    assert tier.get_finished() == []
+    assert list(manager.take_events()) == ["event"]  # nothing pending: the next step's end does not wait
+
+
+def test_before_0_24_a_job_that_never_comes_back_is_one_line_not_a_hang(monkeypatch):
+    tier = OldTier(delay=3600)
+    manager = _old_manager(tier)
+    C.settle_tiers(manager, T.Tap())
+    tier.submit_store(1, 1)
+    wait = C._wait
+    monkeypatch.setattr(C, "_wait", lambda ready, what, timeout_s=60.0: wait(ready, what, 0.2))
+    with pytest.raises(RuntimeError, match="the fs_python tier's jobs did not finish within 0 s"):
+        list(manager.take_events())
+
+
 class Lookups:
     """An AsyncLookupManager's scheduler-side surface (0.29.0 tiering/async_lookup.py:125-182): a
     step's probes flushed as one batch to a lookup thread that answers it after ``delay`` seconds

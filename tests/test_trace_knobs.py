@@ -94,7 +94,7 @@ def test_the_request_level_traffic_leaves_the_organic_stream_as_it_was():
     ("full@load_limit_p=0.3", "0.30.0", "0.31.0 offloading/scheduler.py:367,391-393"),
     ("full@offload_limit_p=0.3", "0.22.1", "0.23.0 offloading/scheduler.py:183,197-207"),
     ("full-tiering-fs", "0.29.0", "TransferJob(keys, chunk_ids), which arrived in 0.30"),  # shadow KV's need
-    ("full-tiering-fs@shadow=false", "0.23.0", "0.24.0 v1/kv_offload/tiering/fs/manager.py:182"),
+    ("full-tiering-fs@shadow=false", "0.21.0", "0.22.1 v1/kv_offload/tiering/spec.py"),
 ])
 def test_a_release_without_the_knob_is_one_line(point, version, says):
     line = S.support(point, version)
@@ -104,7 +104,9 @@ def test_a_release_without_the_knob_is_one_line(point, version, says):
 
 def test_shadow_off_runs_the_tiering_spec_where_shadow_kv_cannot_follow_it():
     """Shadow KV follows the file tier by the chunk ids its jobs carry (0.30+); with shadow off the
-    tiering spec runs from 0.24.0, where its file tier can be held on the step clock."""
+    tiering spec runs wherever it exists (0.22.1+): its file tier's pool is held on the step clock by
+    vLLM's drain_jobs from 0.24.0, by kvbound's wait for the jobs it enqueued before."""
+    assert S.support("full-tiering-fs@shadow=false", "0.22.1") is None
     assert S.support("full-tiering-fs@shadow=false", "0.24.0") is None
     assert S.support("full-tiering-fs@shadow=false", "0.29.0") is None
     assert S.support("full-tiering-fs", "0.30.0") is None and S.support("full-tiering-fs", "0.29.0")

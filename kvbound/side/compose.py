@@ -116,13 +116,21 @@ def tiering_config(lay, par):
     if lay["offload_spec"] != "tiering-fs":
         raise ValueError("unknown offload_spec %r" % (lay["offload_spec"],))
     root = tempfile.mkdtemp(prefix="kvbound-fs-tier-")
-    tier = {"type": "fs", "root_dir": root, "n_read_threads": 1, "n_write_threads": 1}
+    tier = {"type": _fs_tier_type(), "root_dir": root, "n_read_threads": 1, "n_write_threads": 1}
     backpressure = tier_pressure.tier_config(par)
     if backpressure is not None:
         tier["backpressure"] = backpressure
     if par.get("kv_events") and _announces_stores():
         tier["enable_kv_events"] = True  # its stores announced as KV events (side/kv_events.py DiskTier)
     return dict(spec, secondary_tiers=[*before, tier, *beside])
+
+
+def _fs_tier_type():
+    """The name the release's tier factory registers its file-system tier under: ``fs`` (0.23.0
+    - 0.33.0 ``tiering/factory.py``), ``fs_python`` in 0.22.1 (``tiering/factory.py:61-65``)."""
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    return "fs" if "fs" in SecondaryTierFactory._registry else "fs_python"
 
 
 def _announces_stores():

@@ -5,7 +5,7 @@ same schedule, and the one place that schedule is made slower on purpose (the fa
 
 Part of the side package (standard library only; vLLM's objects come in through the tap).
 Subscribed by ``engine.py`` when the connector's manager has secondary tiers (the tiering
-spec: its file-system tier from 0.24, its example tier from 0.22.1); everything the tiers do
+spec: its file-system and example tiers from 0.22.1); everything the tiers do
 (their reads and writes, on a temporary directory) is vLLM's own.
 """
 import collections
@@ -38,27 +38,37 @@ def settle_tiers(m, tap, eng=None):
         for a in answers.values():
             a.stats = eng.stats
 
-    def on_schedule_end(call, *context):
-        call(*context)
+    drains = {id(tier): _finish_when_drained(tier, tap) for tier in m.secondary_tiers}
+
+    def settle():
         for tier in m.secondary_tiers:
-            if hasattr(tier, "drain_jobs"):  # 0.24+ (the example tier's does nothing: its jobs are done at once)
-                tier.drain_jobs()  # the pool's wait_idle (0.33.0 fs/manager.py:334-336)
+            if drains[id(tier)] is not None:  # the example tier has no pool: its jobs are done at once
+                drains[id(tier)]()
             if id(tier) in answers:
                 answers[id(tier)].settle("the %s tier's lookup batch" % tier.tier_type)
+
+    def on_schedule_end(call, *context):
+        call(*context)
+        settle()
+
+    def take_events(call):  # 0.22.1: the manager's end-of-step hook flushes the promotions
+        yield from call()  # (0.22.1 tiering/manager.py:469-499, consumed each step: scheduler.py:1557-1563)
+        settle()
 
     def get_finished_jobs(call):
         return sorted(call(), key=lambda r: r.job_id)
 
-    if hasattr(m, "on_schedule_end"):  # 0.23+; 0.22.1 runs only the example tier, which has no threads
+    if hasattr(m, "on_schedule_end"):  # 0.23+
         tap.around(m, "on_schedule_end", on_schedule_end)
+    else:
+        tap.around(m, "take_events", take_events)
     for tier in m.secondary_tiers:
-        _finish_when_drained(tier, tap)
         tap.around(tier, finished_jobs_method(tier), get_finished_jobs)
 
 
 def file_tiers(mgr):
     """The file-system secondary tiers of a tiering manager (those that map keys to files,
-    ``file_mapper``: 0.24.0 - 0.33.0 ``tiering/fs/manager.py``)."""
+    ``file_mapper``: 0.22.1 - 0.33.0 ``tiering/fs/manager.py``)."""
     return [t for t in getattr(mgr, "secondary_tiers", None) or () if hasattr(t, "file_mapper")]
 
 
@@ -195,26 +205,52 @@ def _finish_when_drained(tier, tap):
     pool (fs/thread_pool.py:130-136), under the tier's own ``get_finished_jobs``, so the tier
     does what it does with a finished job (events, a failed promotion's misses) when it is
     reported. The hold picks one schedule vLLM can produce (a pool slower than the step); the
-    orders in which a cascade finishes before the next step's lookups are not reached. A tier
-    with no such pool is left as it is."""
+    orders in which a cascade finishes before the next step's lookups are not reached. Returns
+    the tier's drain: vLLM's ``drain_jobs`` (0.24+: the pool's ``wait_idle``, fs/thread_pool.py:
+    129-139), or, for the file tier of 0.22.1 - 0.23.0, whose pool has no ``wait_idle``, a wait
+    until every job enqueued on the pool with a task has come back from it (its last task done,
+    0.23.0 fs/thread_pool.py:151-158; a job of no task never comes back there, nor in 0.24's
+    count); None for a tier with no such pool."""
     pool = getattr(tier, "_pool", None)
-    if pool is None or not hasattr(pool, "get_finished") or not hasattr(tier, "drain_jobs"):
-        return
+    if pool is None or not hasattr(pool, "get_finished"):
+        return None
     finished = pool.get_finished  # vLLM's: every job finished so far, in completion order
     drained = []
-
-    def drain_jobs(call):
-        call()  # the pool's wait_idle: every job submitted has finished
-        drained.extend(finished())
-        drained.sort(key=lambda r: r[0])
 
     def get_finished(call):
         out = list(drained)
         del drained[:]
         return out
 
-    tap.around(tier, "drain_jobs", drain_jobs)
     tap.around(pool, "get_finished", get_finished)
+    if hasattr(tier, "drain_jobs"):
+        def drain_jobs(call):
+            call()  # the pool's wait_idle: every job submitted has finished
+            drained.extend(finished())
+            drained.sort(key=lambda r: r[0])
+
+        tap.around(tier, "drain_jobs", drain_jobs)
+        return tier.drain_jobs
+    pending = set()
+
+    def enqueue(call, job_id, n_tasks, *a, **k):
+        if n_tasks:
+            pending.add(job_id)
+        return call(job_id, n_tasks, *a, **k)
+
+    def returned():
+        got = finished()
+        drained.extend(got)
+        pending.difference_update(job_id for job_id, _ in got)
+        return not pending
+
+    def drain():
+        _wait(returned, "the %s tier's jobs" % tier.tier_type)
+        drained.sort(key=lambda r: r[0])
+
+    tap.around(pool, "enqueue_store", enqueue)
+    tap.around(pool, "enqueue_load", enqueue)
+    return drain
 
 
 def _take_all(q):

@@ -273,7 +273,7 @@ def _subscribe_tier(eng, tap, tier, rng, p, how, count_reads):
         return results
 
     tap.around(tier, "submit_load", submit_load)
-    tap.around(tier, "get_finished_jobs", get_finished_jobs)
+    tap.around(tier, tier_clock.finished_jobs_method(tier), get_finished_jobs)
     if eng.mutant == "lost_read_reported_ok":  # planted: a failed promotion reported a success
         import dataclasses
 
@@ -281,7 +281,7 @@ def _subscribe_tier(eng, tap, tier, rng, p, how, count_reads):
             return [dataclasses.replace(r, success=True, successful_keys=None)
                     if not r.success and getattr(r, "successful_keys", ...) is not ... else r for r in call()]
 
-        tap.around(tier, "get_finished_jobs", reported_ok)
+        tap.around(tier, tier_clock.finished_jobs_method(tier), reported_ok)
 
 
 def _never_report_promotions(tier, tap):

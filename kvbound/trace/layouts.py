@@ -199,14 +199,11 @@ HISPARSE_MLA_ONLY = Need("hisparse_mla_only", "vLLM's builder lays HiSparse out 
 MULTI_CONNECTOR = Need("multi_connector", "the OffloadingConnector inside vLLM's MultiConnector beside an"
                        " out-of-tree HMA connector needs MultiConnector(SupportsHMA) and kv_connector_module_path"
                        " (0.21.0 kv_connector/v1/multi_connector.py:128, vllm/config/kv_transfer.py:63)")
-TIERING_SPEC = Need("tiering_spec", "the tiering spec's file-system tier on the step clock needs"
-                    " FileSystemTierManager.drain_jobs, which arrived in 0.24 (0.24.0"
-                    " v1/kv_offload/tiering/fs/manager.py:182; the spec exists from 0.22.1, tiering/spec.py)")
+TIERING_SPEC = Need("tiering_spec", "vLLM's TieringOffloadingSpec, with its file-system and example tiers, arrived in"
+                    " 0.22.1 (0.22.1 v1/kv_offload/tiering/spec.py, tiering/factory.py:56-57)")
 TIERING_FS = Need("tiering_fs", "shadow KV follows a file-system tier's copies by the primary chunk ids its"
                   " jobs carry, TransferJob(keys, chunk_ids), which arrived in 0.30 (0.30.0"
-                  " v1/kv_offload/tiering/base.py:60-67); with shadow off (<point>@shadow=false) the spec runs from 0.24")
-TIERING_EXAMPLE = Need("tiering_example", "the tiering spec's example tier arrived with the spec in 0.22.1 (0.22.1"
-                       " v1/kv_offload/tiering/example/manager.py, tiering/factory.py:56-57)")
+                  " v1/kv_offload/tiering/base.py:60-67); with shadow off (<point>@shadow=false) the spec runs from 0.22.1")
 REQUEST_LEVEL_TIER = Need("request_level_tier", "a secondary tier's request-level offload (OffloadPolicy.REQUEST_LEVEL)"
                           " arrived in 0.23 (0.23.0 v1/kv_offload/base.py, tiering/manager.py:433-444; 0.22.1 has none)")
 TIERING_BACKPRESSURE = Need("tiering_backpressure", "a secondary tier's backpressure detector arrived in 0.31"
@@ -410,7 +407,7 @@ _ROWS = (
     Layout("full-tiering-fs", "Offload spec and tier: vLLM's TieringOffloadingSpec (a CPU primary tier of 32 chunks)"
            " with its real file-system secondary tier on a temporary directory: stores cascade to files, lookups of"
            " keys the primary evicted answer RETRY while the tier promotes them back (tiering/manager.py:590-740).",
-           (_g(FA, 16),), dict(cpu_chunks=32), (TIERING_SPEC, SCHEDULE_END_HOOK), offload_spec="tiering-fs"),
+           (_g(FA, 16),), dict(cpu_chunks=32), (TIERING_SPEC,), offload_spec="tiering-fs"),
     Layout("swa-mixed", "DeepSeek V4's shape: full attention on 64-token blocks beside a sliding window of 64 tokens"
            " on 16-token blocks. The groups share one pool of pages, so a block a window frees is reallocated to full"
            " attention in another block size; the connector keys each group on its own chunk grid and skips window"

@@ -113,7 +113,7 @@ AXES = (
                      " HMA asserts one group, 0.33.0 kv_connector/v1/multi_connector.py:618-622)"),
     Axis("offload_spec", ("cpu", "tiering-fs", "tiering-example"), "CPUOffloadingSpec, or TieringOffloadingSpec"
          " with its file-system tier, or with its example tier (in memory, every job done at once; shadow off)",
-         "field", {"tiering-fs": (L.TIERING_SPEC, L.SCHEDULE_END_HOOK), "tiering-example": (L.TIERING_EXAMPLE,)}),
+         "field", {"tiering-fs": (L.TIERING_SPEC,), "tiering-example": (L.TIERING_SPEC,)}),
     Axis("shadow", ("true", "false"), "shadow KV on, or off (the lifecycle, lookup, store-call and liveness checks"
          " only): off, the tiering spec runs where shadow KV cannot follow its file tier (layouts.SHADOW_NEEDS)",
          "engine"),
