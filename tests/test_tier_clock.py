@@ -287,3 +287,24 @@ def test_shutdown_applies_nothing_held_or_queued():
     lm._pending_results.put([("k2", True)])  # left queued by a drain that raised
     lm.shutdown()
     assert lm.applied == [] and not a.held
+
+
+@pytest.mark.parametrize("version", ["0.22.1", "0.23.0"])
+def test_the_file_tier_of_0_22_and_0_23_runs_on_the_step_clock_with_its_faults(workers, version):
+    """Real vLLM: where the file tier's pool has no wait_idle, every job it was given is back by the
+    step's end, its failed promotions (files lost or torn) reach the tier's failure path, and the
+    run is the same twice (the same command, the same schedule)."""
+    from kvbound.trace import runner as R
+
+    point = "full-tiering-fs@shadow=false,tier_lose_p=0.1,tier_torn_p=0.1"
+    env, w = workers(version)
+    runs = []
+    for _ in range(2):
+        job = R.make_job(point, (3, "tier-clock"), 60, 0, "sync")
+        res = w.job(job)
+        found, _ = R.check_result(version, point, job, res)
+        assert res["ok"] and not [f for f in found if f.key().startswith("harness:")], res.get("error")
+        runs.append((res["stats"], sorted(f.key() for f in found)))
+    stats = runs[0][0]
+    assert stats["steps"] > 0 and stats["tier_failed_reads"] > 0 and stats["tier_lost_files"] > 0, stats
+    assert runs[0] == runs[1]
