@@ -63,6 +63,10 @@ ARRIVALS: dict[str, tuple[str, str]] = {
                                " tier, an in-memory reference tier that completes every job at once"
                                " (tiering/example/manager.py); both registered in tiering/factory.py:56-57; 0.21.0 has"
                                " no tiering spec"),
+    "tier_async_lookup": ("0.24.0", "the file-system tier answers lookups on a thread, FsAsyncLookupManager"
+                                    " (0.24.0 v1/kv_offload/tiering/fs/manager.py:45,133); before, a lookup is"
+                                    " the file's os.path.exists, answered at once (0.23.0"
+                                    " tiering/fs/manager.py:118-122)"),
     "request_level_tier": ("0.23.0", "a secondary tier may ask for request-level offload: OffloadPolicy.REQUEST_LEVEL"
                                      " (0.23.0 v1/kv_offload/base.py; 0.33.0 :130-141), which the tiering manager"
                                      " cascades chunks already in the primary tier to (0.23.0"

@@ -220,6 +220,7 @@ class ReleaseFeatures:
     single_attention_hybrid: bool = True  # 0.29+: a hybrid coordinator with one attention spec (FA + EAGLE FA)
     multi_connector: bool = True  # 0.21+: MultiConnector (SupportsHMA) with an out-of-tree child connector
     tiering_fs: bool = True  # 0.30+: shadow KV follows the file-system tier's copies (jobs name their chunks)
+    tier_async_lookup: bool = True  # 0.24+: the file tier's lookups answered on a thread
     request_level_tier: bool = True  # 0.23+: a secondary tier may ask for request-level offload (OffloadPolicy)
     tiering_backpressure: bool = True  # 0.31+: a secondary tier's backpressure detector (tiering/backpressure.py)
     hisparse: bool = True  # 0.30+: HiSparse beside the OffloadingConnector (a MultiConnector; _max_loadable_tokens)

@@ -82,7 +82,7 @@ def on_disk(tier, keys):
 
 def finished_jobs_method(tier):
     """The name of a secondary tier's method that reports its finished jobs: ``get_finished_jobs``,
-    ``get_finished`` before 0.24 (0.22.1 tiering/base.py:143)."""
+    ``get_finished`` in 0.22.1 (tiering/base.py:143)."""
     return "get_finished_jobs" if hasattr(tier, "get_finished_jobs") else "get_finished"
 
 
@@ -209,8 +209,8 @@ def _finish_when_drained(tier, tap):
     the tier's drain: vLLM's ``drain_jobs`` (0.24+: the pool's ``wait_idle``, fs/thread_pool.py:
     129-139), or, for the file tier of 0.22.1 - 0.23.0, whose pool has no ``wait_idle``, a wait
     until every job enqueued on the pool with a task has come back from it (its last task done,
-    0.23.0 fs/thread_pool.py:151-158; a job of no task never comes back there, nor in 0.24's
-    count); None for a tier with no such pool."""
+    0.23.0 fs/thread_pool.py:151-158; a job of no task never comes back there, so it is not waited
+    for); None for a tier with no such pool."""
     pool = getattr(tier, "_pool", None)
     if pool is None or not hasattr(pool, "get_finished"):
         return None
@@ -234,9 +234,10 @@ def _finish_when_drained(tier, tap):
     pending = set()
 
     def enqueue(call, job_id, n_tasks, *a, **k):
-        if n_tasks:
+        out = call(job_id, n_tasks, *a, **k)
+        if n_tasks:  # after the enqueue: only the scheduler's thread reads the results, at the drain
             pending.add(job_id)
-        return call(job_id, n_tasks, *a, **k)
+        return out
 
     def returned():
         got = finished()

@@ -204,6 +204,9 @@ TIERING_SPEC = Need("tiering_spec", "vLLM's TieringOffloadingSpec, with its file
 TIERING_FS = Need("tiering_fs", "shadow KV follows a file-system tier's copies by the primary chunk ids its"
                   " jobs carry, TransferJob(keys, chunk_ids), which arrived in 0.30 (0.30.0"
                   " v1/kv_offload/tiering/base.py:60-67); with shadow off (<point>@shadow=false) the spec runs from 0.22.1")
+TIER_ASYNC_LOOKUP = Need("tier_async_lookup", "tier_lookup_late_p holds the answers of the file tier's lookup"
+                         " thread, which arrived in 0.24 (0.24.0 v1/kv_offload/tiering/fs/manager.py:45,133;"
+                         " before, a lookup is answered at once, 0.23.0 tiering/fs/manager.py:118-122)")
 REQUEST_LEVEL_TIER = Need("request_level_tier", "a secondary tier's request-level offload (OffloadPolicy.REQUEST_LEVEL)"
                           " arrived in 0.23 (0.23.0 v1/kv_offload/base.py, tiering/manager.py:433-444; 0.22.1 has none)")
 TIERING_BACKPRESSURE = Need("tiering_backpressure", "a secondary tier's backpressure detector arrived in 0.31"
@@ -235,7 +238,7 @@ PARAM_NEEDS = {"fail_p": TRANSFER_FAILURES, "store_fail_p": TRANSFER_FAILURES,
                "retention_interval": RETENTION_INTERVAL, "load_limit_p": MAX_LOAD_TOKENS,
                "offload_limit_p": MAX_OFFLOAD_TOKENS,
                "tier_backpressure": TIERING_BACKPRESSURE, "tier_store_slow_p": TIERING_BACKPRESSURE,
-               "request_tier_p": REQUEST_LEVEL_TIER}
+               "request_tier_p": REQUEST_LEVEL_TIER, "tier_lookup_late_p": TIER_ASYNC_LOOKUP}
 # What shadow KV needs of a release beside a layout's own needs, per offload spec (engine setting
 # shadow: on unless set false; space.support adds it while shadow is on)
 SHADOW_NEEDS = {"tiering-fs": TIERING_FS}
