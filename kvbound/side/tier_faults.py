@@ -198,7 +198,7 @@ def _disk(eng, tier, what):
 
 
 def _python_io(tier, what):
-    """The module of the file tier's block I/O (0.24.0 - 0.33.0 ``tiering/fs/io.py``, beside its
+    """The module of the file tier's block I/O (0.22.1 - 0.33.0 ``tiering/fs/io.py``, beside its
     manager's), where its Python path does the I/O; ``ValueError`` saying ``what`` needs that path
     where the tree's compiled ``fs_io_C`` extension does it instead."""
     module = sys.modules[type(tier).__module__.rsplit(".", 1)[0] + ".io"]
@@ -218,7 +218,7 @@ def _size(path):
 def _subscribe_tier(eng, tap, tier, rng, p, how, count_reads):
     """A promotion's file ``how``: "lost" (removed) or "torn" (cut to half its bytes, as a torn write
     or a bad disk leaves it: the read comes up short, 0.33.0 fs/io.py:140-168, and vLLM removes the
-    file, "a too-short file is genuine corruption"; 0.24.0 - 0.27.0 remove it on any read error).
+    file, "a too-short file is genuine corruption"; 0.22.1 - 0.27.0 remove it on any read error, 0.22.1 fs/io.py:86-98).
     ``count_reads``: this subscription counts the failed reads (one of the read faults does)."""
     if how == "torn":
         _python_io(tier, "tier_torn_p tears a file the tier's Python read path reads and removes"

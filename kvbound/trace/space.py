@@ -231,17 +231,17 @@ SWEEP = (
     "swa@reset_p=0.1",
     "mamba@reset_p=0.1",
     "full-tiering-fs@log_stats=true,reset_p=0.1,load_tiers_p=0.3",
-    "full-tiering-fs@shadow=false,log_stats=true,reset_p=0.1",  # ... the tiering manager's reset on 0.24.0 - 0.29.0
+    "full-tiering-fs@shadow=false,log_stats=true,reset_p=0.1",  # ... the tiering manager's reset on 0.22.1 - 0.29.0
     "full@load_tiers_p=0.3",  # tier filters on the CPU spec: 0.27.0 - 0.29.0, which run no tiering-fs
     "full-tiering-fs@tier_lose_p=0.1,kv_events=true",  # failed promotions (partial keep) and their events
     "full-tiering-fs@tier_torn_p=0.1",  # promotions that read a torn file: vLLM removes it (0.33.0 fs/io.py:152-160)
-    # ... both with shadow off on 0.24.0 - 0.29.0 (a failed promotion's partial keep and mark_miss there); and
+    # ... both with shadow off on 0.22.1 - 0.29.0 (a failed promotion's partial keep and mark_miss there); and
     # failed promotions of the example tier, from 0.22.1: the CPU tier's complete_store(success=False)
     "full-tiering-fs@shadow=false,tier_lose_p=0.1,tier_torn_p=0.1,kv_events=true",
     "full@offload_spec=tiering-example,shadow=false,tier_lose_p=0.1,cpu_chunks=32,log_stats=true",
-    "full-tiering-fs@shadow=false",  # the tiering spec on 0.24.0 - 0.29.0, where shadow KV cannot follow it
+    "full-tiering-fs@shadow=false",  # the tiering spec on 0.22.1 - 0.29.0, where shadow KV cannot follow it
     "full-tiering-fs@shadow=false,log_stats=true",  # ... its metric definitions and stats there (0.29.0 spec.py:101-252)
-    # the tiering manager behind the example tier: on 0.22.1 - 0.23.0 too, where the file tier cannot run
+    # the tiering manager behind the example tier, every job done at once (0.22.1 - 0.33.0)
     "full@offload_spec=tiering-example,shadow=false,cpu_chunks=32",
     "full-tiering-fs@tier_lookup_late_p=0.5",  # the file tier's lookup answers late, shadow KV judging the data
     # ... and on 0.24.0 - 0.29.0, aborts and shared prefixes: a request finishing while its probe is out
@@ -251,7 +251,7 @@ SWEEP = (
     "full-tiering-fs@tier_backpressure=throttled,tier_store_slow_p=0.3",
     "full-tiering-fs@tier_backpressure=drop,log_stats=true,reset_p=0.02",
     # failed stores to the file tier (a full disk): the manager's failed cascades, and from 0.33 the detector's
-    # failure threshold; the same with shadow off on 0.24.0 - 0.29.0, the tier's own store events (0.26+)
+    # failure threshold; the same with shadow off on 0.22.1 - 0.29.0, the tier's own store events (0.26+)
     # checked against its disk
     "full-tiering-fs@tier_store_fail_p=0.3,tier_backpressure=throttled",
     "full-tiering-fs@shadow=false,tier_store_fail_p=0.3,kv_events=true",
@@ -260,7 +260,7 @@ SWEEP = (
     # example tier, 0.30.0 - 0.33.0 on the file tier with shadow KV
     "full@offload_spec=tiering-example,shadow=false,prefix_burst_p=0.5,request_tier_p=0.5",
     "full-tiering-fs@prefix_burst_p=0.5,request_tier_p=0.5",
-    # a secondary tier that cannot start after the file tier: what the failed start leaves (0.24.0 - 0.33.0)
+    # a secondary tier that cannot start after the file tier: what the failed start leaves (0.22.1 - 0.33.0)
     "full-tiering-fs@shadow=false,tier_start_fail=true",
     "full-tiering-fs@shadow=false,tier_stop_fail=true",
     "full@load_limit_p=0.3,prompt_logprobs_p=0.1",
