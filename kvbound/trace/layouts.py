@@ -203,7 +203,8 @@ TIERING_SPEC = Need("tiering_spec", "vLLM's TieringOffloadingSpec, with its file
                     " 0.22.1 (0.22.1 v1/kv_offload/tiering/spec.py, tiering/factory.py:56-57)")
 TIERING_FS = Need("tiering_fs", "shadow KV follows a file-system tier's copies by the primary chunk ids its"
                   " jobs carry, TransferJob(keys, chunk_ids), which arrived in 0.30 (0.30.0"
-                  " v1/kv_offload/tiering/base.py:60-67); with shadow off (<point>@shadow=false) the spec runs from 0.22.1")
+                  " v1/kv_offload/tiering/base.py:60-67); with shadow off (<point>@shadow=false) the spec runs"
+                  " from 0.22.1")
 TIER_ASYNC_LOOKUP = Need("tier_async_lookup", "tier_lookup_late_p holds the answers of the file tier's lookup"
                          " thread, which arrived in 0.24 (0.24.0 v1/kv_offload/tiering/fs/manager.py:45,133;"
                          " before, a lookup is answered at once, 0.23.0 tiering/fs/manager.py:118-122)")
