@@ -155,7 +155,7 @@ def test_each_need_of_a_layout_is_a_release_table_column():
     ("mamba-all", "0.32.0", "vllm/config/cache.py:63"),
     ("full-tiering-fs", "0.21.0", "tiering"),
     ("full-tiering-fs", "0.29.0", "chunk_ids"),
-    ("full-tiering-fs", "0.22.1", "on_schedule_end"),
+    ("full-tiering-fs@shadow=false,tier_lookup_late_p=0.5", "0.22.1", "tiering/fs/manager.py:45,133"),
 ])
 def test_a_layout_the_release_cannot_run_is_one_line_with_the_vllm_lines(layout, version, why):
     from kvbound.trace.space import support
