@@ -58,7 +58,8 @@ ARRIVALS: dict[str, tuple[str, str]] = {
                                   "kv_connector_module_path (0.21.0 kv_connector/v1/multi_connector.py:128, "
                                   "vllm/config/kv_transfer.py:63; the first tree kvbound prepares)"),
     "tiering_spec": ("0.22.1", "TieringOffloadingSpec with its two secondary tiers: the file-system tier, whose"
-                               " thread pool kvbound holds on the step clock (0.22.1 v1/kv_offload/tiering/fs/manager.py,"
+                               " thread pool kvbound holds on the step clock (0.22.1"
+                               " v1/kv_offload/tiering/fs/manager.py,"
                                " fs/thread_pool.py; wait_idle from 0.24.0, fs/thread_pool.py:129-139), and the example"
                                " tier, an in-memory reference tier that completes every job at once"
                                " (tiering/example/manager.py); both registered in tiering/factory.py:56-57; 0.21.0 has"

@@ -198,7 +198,8 @@ EXAMPLE_TIER = "full@offload_spec=tiering-example,shadow=false,cpu_chunks=32"
 
 def test_the_example_tier_runs_where_the_table_says_and_never_with_shadow_kv():
     assert support(EXAMPLE_TIER, "0.22.1") is None and support(EXAMPLE_TIER, "0.33.0") is None
-    assert "file-system and example tiers, arrived in 0.22.1 (0.22.1 v1/kv_offload/tiering/spec.py" in support(EXAMPLE_TIER, "0.21.0")
+    why = support(EXAMPLE_TIER, "0.21.0")
+    assert "file-system and example tiers, arrived in 0.22.1 (0.22.1 v1/kv_offload/tiering/spec.py" in why
     why = support("full@offload_spec=tiering-example,cpu_chunks=32", "0.33.0")
     assert why.startswith("point full@offload_spec=tiering-example,cpu_chunks=32: shadow KV cannot follow the example tier")
     assert EXAMPLE_TIER in SWEEP and BY_NAME["promotion_never_reported"].layout == EXAMPLE_TIER

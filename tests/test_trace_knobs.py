@@ -95,7 +95,8 @@ def test_the_request_level_traffic_leaves_the_organic_stream_as_it_was():
     ("full@offload_limit_p=0.3", "0.22.1", "0.23.0 offloading/scheduler.py:183,197-207"),
     ("full-tiering-fs", "0.29.0", "TransferJob(keys, chunk_ids), which arrived in 0.30"),  # shadow KV's need
     ("full-tiering-fs@shadow=false", "0.21.0", "0.22.1 v1/kv_offload/tiering/spec.py"),
-    ("full-tiering-fs@shadow=false,tier_lookup_late_p=0.5", "0.23.0", "0.24.0 v1/kv_offload/tiering/fs/manager.py:45,133"),
+    ("full-tiering-fs@shadow=false,tier_lookup_late_p=0.5", "0.23.0",
+     "0.24.0 v1/kv_offload/tiering/fs/manager.py:45,133"),
 ])
 def test_a_release_without_the_knob_is_one_line(point, version, says):
     line = S.support(point, version)

@@ -28,9 +28,9 @@ promise (vLLM #52290, from 0.30.0; 0.33.0 v1/kv_offload/tiering/manager.py:1268-
 reaches the caller, and the primary tier is kept (a failed tier may still read its region). Before
 it (0.22.1 - 0.29.0 ``TieringOffloadingManager.shutdown``, 0.22.1 tiering/manager.py:501-505) the first
 tier that fails ends the loop: every tier after it runs on. With ``tier_stop_fail`` on, the harness
-first starts the run's engine with ``STUCK_TIER`` before the layout's tiers (its shutdown raises ``TierStopFailed``), tears the
-engine down as the engine core does, and reports each ``lifecycle:failed_stop_unclean``: a tier
-that was not given its shutdown, or the failure lost or replaced. It then releases the tiers left
+first starts the run's engine with ``STUCK_TIER`` before the layout's tiers (its shutdown raises
+``TierStopFailed``), tears the engine down as the engine core does, and reports each
+``lifecycle:failed_stop_unclean``: a tier that was not given its shutdown, or the failure lost or replaced. It then releases the tiers left
 and the primary tier, and the run goes on as above.
 
 Part of the side package (standard library; vLLM's classes are imported when a run installs it).
