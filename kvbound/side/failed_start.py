@@ -30,8 +30,8 @@ it (0.22.1 - 0.29.0 ``TieringOffloadingManager.shutdown``, 0.22.1 tiering/manage
 tier that fails ends the loop: every tier after it runs on. With ``tier_stop_fail`` on, the harness
 first starts the run's engine with ``STUCK_TIER`` before the layout's tiers (its shutdown raises
 ``TierStopFailed``), tears the engine down as the engine core does, and reports each
-``lifecycle:failed_stop_unclean``: a tier that was not given its shutdown, or the failure lost or replaced. It then releases the tiers left
-and the primary tier, and the run goes on as above.
+``lifecycle:failed_stop_unclean``: a tier that was not given its shutdown, or the failure lost or
+replaced. It then releases the tiers left and the primary tier, and the run goes on as above.
 
 Part of the side package (standard library; vLLM's classes are imported when a run installs it).
 """
